@@ -1,0 +1,1 @@
+"""HTTP front end: validate, persist, enqueue, read back, stream progress."""

@@ -1,0 +1,61 @@
+"""Request dependencies as `Annotated` aliases: settings, DB session, the caller's project, Celery."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader
+from sqlalchemy.orm import Session
+
+from api.problems import Problem
+from jobs import queries
+from jobs.config import Settings
+from jobs.db import get_sessionmaker
+from jobs.models import Project
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_session(settings: SettingsDep) -> Iterator[Session]:
+    session = get_sessionmaker(settings.resolved_database_url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="A project's API key.")
+
+
+def get_project(session: SessionDep, api_key: Annotated[str | None, Security(_api_key_header)]) -> Project:
+    if not api_key:
+        raise Problem(401, "missing X-API-Key header", slug="missing-api-key", headers={"WWW-Authenticate": "ApiKey"})
+    project = queries.project_for_key(session=session, key=api_key)
+    if project is None:
+        raise Problem(401, "unknown or revoked API key", slug="invalid-api-key", headers={"WWW-Authenticate": "ApiKey"})
+    session.commit()  # persist last_used_at even if the request later fails
+    return project
+
+
+ProjectDep = Annotated[Project, Depends(get_project)]
+
+
+def get_celery(request: Request) -> Celery:
+    return request.app.state.celery
+
+
+CeleryDep = Annotated[Celery, Depends(get_celery)]

@@ -1,0 +1,107 @@
+"""RFC 9457 problem details: every error the API returns is `application/problem+json`.
+
+    {"type": "https://quant.example/problems/<slug>", "title": ..., "status": ..., "detail": ...,
+     "instance": "/api/v1/...", "errors": [{"field": "recipe.calibration.percentile", "message": ...}]}
+
+`errors` appears on validation failures and names each offending field by its dotted path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "https://quantservice.dev/problems/"
+log = logging.getLogger(__name__)
+
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    411: "Length required",
+    413: "Content too large",
+    415: "Unsupported media type",
+    416: "Range not satisfiable",
+    422: "Unprocessable content",
+    500: "Internal server error",
+    503: "Service unavailable",
+}
+
+
+class Problem(Exception):
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        slug: str | None = None,
+        title: str | None = None,
+        errors: list[dict[str, str]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.slug = slug or _TITLES.get(status, "error").lower().replace(" ", "-")
+        self.title = title or _TITLES.get(status, "Error")
+        self.errors = errors
+        self.headers = headers
+
+
+def problem_response(request: Request, problem: Problem) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + problem.slug,
+        "title": problem.title,
+        "status": problem.status,
+        "detail": problem.detail,
+        "instance": request.url.path,
+    }
+    if problem.errors:
+        body["errors"] = problem.errors
+    return JSONResponse(body, status_code=problem.status, media_type=MEDIA_TYPE, headers=problem.headers)
+
+
+def field_errors(errors: Any, *, drop_prefix: tuple[str, ...] = ("body",)) -> list[dict[str, str]]:
+    """Pydantic errors as [{field, message}], the field a dotted path the client sent."""
+    out = []
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ())]
+        while loc and loc[0] in drop_prefix:
+            loc = loc[1:]
+        message = error.get("msg", "invalid")
+        if error.get("type") == "extra_forbidden":
+            message = "unknown field"
+        out.append({"field": ".".join(loc) or "(body)", "message": message})
+    return out
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = field_errors(exc.errors())
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        return problem_response(
+            request, Problem(422, f"invalid request: {detail}", slug="validation-error", errors=errors)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return problem_response(request, Problem(exc.status_code, detail, headers=getattr(exc, "headers", None)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(request, Problem(500, "an unexpected error occurred; it has been logged"))

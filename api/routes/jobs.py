@@ -1,0 +1,191 @@
+"""`/jobs`: create with a recipe, list, read, cancel, follow events, read the report and artifacts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+
+from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
+from api.events import stream_events
+from api.problems import Problem
+from api.schemas import ArtifactPublic, JobCreate, JobPublic, Page
+from jobs import queries, storage
+from jobs.compat import dataset_mismatches
+from jobs.models import Job, JobStatus, ModelStatus
+from jobs.queue import enqueue_job
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+log = logging.getLogger(__name__)
+
+
+def _job_or_404(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> Job:
+    job = queries.get_job(session=session, project_id=project.id, job_id=job_id)
+    if job is None:
+        raise Problem(404, f"job {job_id} not found", slug="job-not-found")
+    return job
+
+
+@router.post("", status_code=202, response_model=JobPublic, summary="Create a quantization job")
+def create_job(body: JobCreate, session: SessionDep, project: ProjectDep, celery: CeleryDep) -> Job:
+    """Validates the recipe and that the dataset fits the model, commits the job, then queues it."""
+    model = queries.get_model(session=session, project_id=project.id, model_id=body.model_id)
+    if model is None:
+        raise Problem(
+            404,
+            f"model_id: model {body.model_id} not found",
+            slug="model-not-found",
+            errors=[{"field": "model_id", "message": "not found"}],
+        )
+    if model.status != ModelStatus.ready:
+        raise Problem(
+            409,
+            f"model_id: model {model.id} is {model.status.value}, not ready",
+            slug="model-not-ready",
+            errors=[{"field": "model_id", "message": f"model is {model.status.value}"}],
+        )
+    dataset = queries.get_dataset(session=session, project_id=project.id, dataset_id=body.dataset_id)
+    if dataset is None:
+        raise Problem(
+            404,
+            f"dataset_id: dataset {body.dataset_id} not found",
+            slug="dataset-not-found",
+            errors=[{"field": "dataset_id", "message": "not found"}],
+        )
+    problems = dataset_mismatches(model.info or {}, dataset.arrays)
+    if problems:
+        raise Problem(
+            422,
+            "dataset does not fit the model: " + "; ".join(problems),
+            slug="dataset-mismatch",
+            errors=[{"field": "dataset_id", "message": p} for p in problems],
+        )
+    job = queries.create_job(
+        session=session,
+        project_id=project.id,
+        model_id=model.id,
+        dataset_id=dataset.id,
+        recipe=body.recipe.model_dump(mode="json"),
+    )
+    session.commit()
+    try:
+        enqueue_job(celery, job.id)
+    except Exception as exc:
+        log.exception("could not enqueue job %s", job.id)
+        queries.request_cancel(session=session, job=job)
+        session.commit()
+        raise Problem(
+            503,
+            f"the job queue is unreachable ({type(exc).__name__}); the job was not started",
+            slug="queue-unavailable",
+        ) from exc
+    return job
+
+
+@router.get("", response_model=Page[JobPublic], summary="List jobs, newest first")
+def list_jobs(
+    session: SessionDep,
+    project: ProjectDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> dict:
+    try:
+        items, next_cursor = queries.list_jobs(
+            session=session, project_id=project.id, status=status, limit=limit, cursor=cursor
+        )
+    except queries.InvalidCursor as exc:
+        raise Problem(400, str(exc), slug="invalid-cursor") from exc
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/{job_id}", response_model=JobPublic, summary="Read a job: status, stage, progress, error")
+def read_job(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> Job:
+    return _job_or_404(session, project, job_id)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, summary="Cancel a job")
+def cancel_job(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> Job:
+    """A queued job is canceled at once; a running one stops at its next check (status `canceling`)."""
+    job = _job_or_404(session, project, job_id)
+    if job.status.terminal:
+        raise Problem(409, f"job {job_id} already ended ({job.status.value})", slug="job-ended")
+    return queries.request_cancel(session=session, job=job)
+
+
+@router.get(
+    "/{job_id}/events",
+    summary="Follow a job as Server-Sent Events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "status, stage, progress and log events"}},
+)
+def job_events(
+    session: SessionDep,
+    project: ProjectDep,
+    settings: SettingsDep,
+    job_id: uuid.UUID,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[int | None, Query(ge=0, description="Resume after this event id (as Last-Event-ID).")] = None,
+) -> StreamingResponse:
+    """Each event carries `id:` (resume with `Last-Event-ID`), `event:` (status | stage | progress |
+    log) and a JSON `data:` line. The stream closes after the job's terminal status event."""
+    job = _job_or_404(session, project, job_id)
+    start = after or 0
+    if last_event_id:
+        if not last_event_id.isdigit():
+            raise Problem(400, "Last-Event-ID must be an event id this stream sent", slug="invalid-last-event-id")
+        start = int(last_event_id)
+    return StreamingResponse(
+        stream_events(settings.resolved_database_url, job.id, start),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/{job_id}/report", summary="The job's accuracy report (JSON)")
+def read_report(session: SessionDep, project: ProjectDep, settings: SettingsDep, job_id: uuid.UUID) -> dict:
+    job = _job_or_404(session, project, job_id)
+    artifact = queries.get_artifact(session=session, job_id=job.id, name="report.json")
+    if artifact is None:
+        raise Problem(404, f"job {job_id} has no report yet (status {job.status.value})", slug="report-not-ready")
+    return json.loads(storage.resolve(settings.artifact_root, artifact.path).read_text())
+
+
+@router.get("/{job_id}/artifacts", response_model=list[ArtifactPublic], summary="List the files a job produced")
+def list_artifacts(request: Request, session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> list[dict]:
+    job = _job_or_404(session, project, job_id)
+    return [
+        {
+            "name": a.name,
+            "media_type": a.media_type,
+            "size_bytes": a.size_bytes,
+            "sha256": a.sha256,
+            "url": str(request.url_for("download_artifact", job_id=job.id, name=a.name).path),
+        }
+        for a in queries.list_artifacts(session=session, job_id=job.id)
+    ]
+
+
+@router.get(
+    "/{job_id}/artifacts/{name}",
+    response_class=FileResponse,
+    summary="Download one artifact (supports Range)",
+    responses={200: {"content": {"application/octet-stream": {}}}, 206: {"description": "Partial content"}},
+)
+def download_artifact(
+    session: SessionDep, project: ProjectDep, settings: SettingsDep, job_id: uuid.UUID, name: str
+) -> FileResponse:
+    job = _job_or_404(session, project, job_id)
+    artifact = queries.get_artifact(session=session, job_id=job.id, name=name)
+    if artifact is None:
+        raise Problem(404, f"job {job_id} has no artifact named '{name}'", slug="artifact-not-found")
+    return FileResponse(
+        storage.resolve(settings.artifact_root, artifact.path),
+        media_type=artifact.media_type,
+        filename=artifact.name,
+        headers={"ETag": f'"{artifact.sha256}"'},
+    )

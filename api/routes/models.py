@@ -1,0 +1,124 @@
+"""`/models`: upload an ONNX file, wait briefly for its validation task, read models back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
+from api.problems import Problem
+from api.schemas import ModelPublic, Page
+from api.uploads import UPLOAD_BODY, receive_upload
+from jobs import queries, storage
+from jobs.config import Settings
+from jobs.db import session_scope
+from jobs.models import Model, ModelStatus
+from jobs.queue import enqueue_validation
+
+router = APIRouter(prefix="/models", tags=["models"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=ModelPublic,
+    openapi_extra=UPLOAD_BODY,
+    responses={202: {"model": ModelPublic, "description": "Stored; validation still running (poll the model)."}},
+    summary="Upload an ONNX model",
+)
+async def upload_model(
+    request: Request, response: Response, settings: SettingsDep, project: ProjectDep, celery: CeleryDep
+) -> Model:
+    """Streams the file to disk (size cap, SHA-256 on the fly), then a worker validates it: protobuf
+    parse, `onnx.checker`, opset range, external data confined to the upload. An invalid file is
+    removed and answered with 422 naming the reason."""
+    root = settings.artifact_root
+    upload = await receive_upload(
+        request, directory=root / ".uploads", limit=settings.max_model_bytes, fallback_name="model.onnx"
+    )
+    model_id = uuid.uuid4()
+    relative = storage.model_path(project.id, model_id)
+    try:
+        target = storage.resolve(root, relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        upload.path.replace(target)
+        model = await run_in_threadpool(_create, settings, project.id, model_id, upload, relative)
+        enqueue_validation(celery, model_id)
+    except BaseException:
+        upload.path.unlink(missing_ok=True)
+        await run_in_threadpool(_discard, settings, model_id, relative)
+        raise
+    model = await _wait_for_validation(settings, model.id)
+    if model.status == ModelStatus.invalid:
+        await run_in_threadpool(_discard, settings, model_id, relative)
+        raise Problem(422, f"not a usable ONNX model: {model.error}", slug="invalid-model")
+    if model.status == ModelStatus.pending:
+        response.status_code = 202
+    return model
+
+
+@router.get("", response_model=Page[ModelPublic], summary="List the project's models, newest first")
+def list_models(
+    session: SessionDep,
+    project: ProjectDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> dict:
+    try:
+        items, next_cursor = queries.list_models(session=session, project_id=project.id, limit=limit, cursor=cursor)
+    except queries.InvalidCursor as exc:
+        raise Problem(400, str(exc), slug="invalid-cursor") from exc
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/{model_id}", response_model=ModelPublic, summary="Read one model")
+def read_model(session: SessionDep, project: ProjectDep, model_id: uuid.UUID) -> Model:
+    model = queries.get_model(session=session, project_id=project.id, model_id=model_id)
+    if model is None:
+        raise Problem(404, f"model {model_id} not found", slug="model-not-found")
+    return model
+
+
+def _create(settings: Settings, project_id: uuid.UUID, model_id: uuid.UUID, upload, relative: str) -> Model:
+    with session_scope(settings.resolved_database_url) as session:
+        return queries.create_model(
+            session=session,
+            project_id=project_id,
+            model_id=model_id,
+            filename=upload.filename,
+            sha256=upload.sha256,
+            size_bytes=upload.size_bytes,
+            path=relative,
+        )
+
+
+def _discard(settings: Settings, model_id: uuid.UUID, relative: str) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        model = queries.get_model_unscoped(session=session, model_id=model_id)
+        if model is not None:
+            queries.delete_model(session=session, model=model)
+    storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
+
+
+async def _wait_for_validation(settings: Settings, model_id: uuid.UUID) -> Model:
+    deadline = time.monotonic() + settings.validation_wait_seconds
+    delay = 0.05
+    while True:
+        model = await run_in_threadpool(_load, settings, model_id)
+        if model.status != ModelStatus.pending or time.monotonic() >= deadline:
+            return model
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def _load(settings: Settings, model_id: uuid.UUID) -> Model:
+    with session_scope(settings.resolved_database_url) as session:
+        model = queries.get_model_unscoped(session=session, model_id=model_id)
+        assert model is not None
+        return model

@@ -1,0 +1,1 @@
+"""The contract between the API and the worker: settings, DB models and queries, recipe, tasks."""

@@ -1,0 +1,93 @@
+"""Service settings: one validated object, read from the environment and `.env`.
+
+Every process (API, worker, migrations, CLI admin commands) imports `settings` from here.
+Names map to environment variables in upper case with the `QUANT_` prefix, except the two
+conventional ones, `DATABASE_URL` and `BROKER_URL`, which are read without a prefix too.
+
+With nothing set, the service runs embedded: SQLite under `./var`, Redis at 127.0.0.1:6379
+when it answers, otherwise kombu's filesystem transport under `./var/broker`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QUANT_", env_file=".env", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = "development"
+    var_dir: Path = Path("var")
+    database_url: str | None = Field(default=None, validation_alias=AliasChoices("DATABASE_URL", "QUANT_DATABASE_URL"))
+    broker_url: str | None = Field(default=None, validation_alias=AliasChoices("BROKER_URL", "QUANT_BROKER_URL"))
+    # Redis probed when broker_url is unset; the embedded filesystem broker otherwise.
+    local_redis_url: str = "redis://127.0.0.1:6379/0"
+
+    # Uploads
+    max_model_bytes: int = 2048 * MiB
+    max_dataset_bytes: int = 1024 * MiB
+    max_dataset_arrays: int = 64
+    min_opset: int = 7
+    max_opset: int = 23
+    # Seconds POST /models waits for the validation task before answering 202 (pending).
+    validation_wait_seconds: float = 60.0
+
+    # Jobs
+    job_soft_time_limit: int = 6 * 3600
+    job_time_limit: int = 6 * 3600 + 300
+    heartbeat_interval: float = 10.0
+    # A running job whose heartbeat is older than this is considered orphaned by the reaper.
+    heartbeat_timeout: float = 120.0
+    reaper_interval: float = 30.0
+    max_attempts: int = 3
+
+    # API
+    cors_origins: list[str] = []
+    page_size_max: int = 200
+
+    @field_validator("heartbeat_timeout")
+    @classmethod
+    def _timeout_above_interval(cls, value: float, info) -> float:
+        interval = info.data.get("heartbeat_interval", 10.0)
+        if value <= 2 * interval:
+            raise ValueError(f"heartbeat_timeout ({value}) must exceed twice heartbeat_interval ({interval})")
+        return value
+
+    @model_validator(mode="after")
+    def _production_needs_servers(self) -> Settings:
+        if self.environment == "production":
+            if not self.database_url or self.database_url.startswith("sqlite"):
+                raise ValueError("production needs DATABASE_URL pointing at PostgreSQL, not SQLite")
+            if not self.broker_url or self.broker_url.startswith("filesystem"):
+                raise ValueError("production needs BROKER_URL pointing at Redis, not the embedded broker")
+        if self.job_time_limit <= self.job_soft_time_limit:
+            raise ValueError("job_time_limit must exceed job_soft_time_limit")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.var_dir / 'quant.db').resolve()}"
+
+    @property
+    def artifact_root(self) -> Path:
+        return (self.var_dir / "storage").resolve()
+
+    @property
+    def broker_dir(self) -> Path:
+        return (self.var_dir / "broker").resolve()
+
+    @property
+    def visibility_timeout(self) -> int:
+        """Redis redelivers an unacknowledged message after this; it must outlast any job."""
+        return self.job_time_limit + 600
+
+
+settings = Settings()

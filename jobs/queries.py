@@ -1,0 +1,473 @@
+"""Every read and write of the service's tables, keyword-only, used by both API and worker.
+
+Routes and tasks write no SQL. Functions flush but do not commit unless their docstring says so:
+the caller owns the transaction (an API request, a task step), so a job's terminal state and the
+event announcing it land together or not at all.
+
+Job state changes are compare-and-set UPDATEs, so two processes racing on one job (a redelivered
+duplicate, the reaper, a cancel request) cannot both win, and a terminal state never changes again.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session
+
+from jobs.keys import display_prefix, generate_key, hash_key
+from jobs.models import (
+    TERMINAL_STATUSES,
+    ApiKey,
+    Artifact,
+    Dataset,
+    Job,
+    JobEvent,
+    JobStatus,
+    Model,
+    ModelStatus,
+    Project,
+    utcnow,
+)
+
+# Projects and keys ----------------------------------------------------------------------------
+
+
+def create_project(*, session: Session, name: str) -> Project:
+    project = Project(name=name)
+    session.add(project)
+    session.flush()
+    return project
+
+
+def get_project_by_name(*, session: Session, name: str) -> Project | None:
+    return session.scalar(select(Project).where(Project.name == name))
+
+
+def create_api_key(*, session: Session, project: Project, name: str = "") -> tuple[ApiKey, str]:
+    """Returns the row and the plaintext key; the plaintext is not stored anywhere."""
+    key = generate_key()
+    row = ApiKey(project_id=project.id, name=name, prefix=display_prefix(key), key_hash=hash_key(key))
+    session.add(row)
+    session.flush()
+    return row, key
+
+
+def project_for_key(*, session: Session, key: str) -> Project | None:
+    """The project a live key belongs to, recording when the key was last used."""
+    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None)))
+    if row is None:
+        return None
+    row.last_used_at = utcnow()
+    return row.project
+
+
+# Models and datasets --------------------------------------------------------------------------
+
+
+def create_model(
+    *,
+    session: Session,
+    project_id: uuid.UUID,
+    model_id: uuid.UUID,
+    filename: str,
+    sha256: str,
+    size_bytes: int,
+    path: str,
+) -> Model:
+    model = Model(
+        id=model_id, project_id=project_id, filename=filename, sha256=sha256, size_bytes=size_bytes, path=path
+    )
+    session.add(model)
+    session.flush()
+    return model
+
+
+def get_model(*, session: Session, project_id: uuid.UUID, model_id: uuid.UUID) -> Model | None:
+    return session.scalar(select(Model).where(Model.id == model_id, Model.project_id == project_id))
+
+
+def get_model_unscoped(*, session: Session, model_id: uuid.UUID) -> Model | None:
+    """For the worker, which acts on ids it was handed by the API (already scoped)."""
+    return session.get(Model, model_id)
+
+
+def list_models(
+    *, session: Session, project_id: uuid.UUID, limit: int, cursor: str | None
+) -> tuple[list[Model], str | None]:
+    query = select(Model).where(Model.project_id == project_id)
+    return _paginate(session=session, query=query, entity=Model, limit=limit, cursor=cursor)
+
+
+def record_model_validation(
+    *, session: Session, model_id: uuid.UUID, info: dict[str, Any] | None, error: str | None
+) -> Model | None:
+    model = session.get(Model, model_id)
+    if model is None:
+        return None
+    model.status = ModelStatus.ready if error is None else ModelStatus.invalid
+    model.info = info
+    model.error = error
+    session.flush()
+    return model
+
+
+def delete_model(*, session: Session, model: Model) -> None:
+    session.delete(model)
+    session.flush()
+
+
+def create_dataset(
+    *,
+    session: Session,
+    project_id: uuid.UUID,
+    dataset_id: uuid.UUID,
+    filename: str,
+    sha256: str,
+    size_bytes: int,
+    path: str,
+    arrays: list[dict[str, Any]],
+    num_samples: int,
+) -> Dataset:
+    dataset = Dataset(
+        id=dataset_id,
+        project_id=project_id,
+        filename=filename,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        path=path,
+        arrays=arrays,
+        num_samples=num_samples,
+    )
+    session.add(dataset)
+    session.flush()
+    return dataset
+
+
+def get_dataset(*, session: Session, project_id: uuid.UUID, dataset_id: uuid.UUID) -> Dataset | None:
+    return session.scalar(select(Dataset).where(Dataset.id == dataset_id, Dataset.project_id == project_id))
+
+
+def list_datasets(
+    *, session: Session, project_id: uuid.UUID, limit: int, cursor: str | None
+) -> tuple[list[Dataset], str | None]:
+    query = select(Dataset).where(Dataset.project_id == project_id)
+    return _paginate(session=session, query=query, entity=Dataset, limit=limit, cursor=cursor)
+
+
+# Jobs -----------------------------------------------------------------------------------------
+
+
+def create_job(
+    *, session: Session, project_id: uuid.UUID, model_id: uuid.UUID, dataset_id: uuid.UUID, recipe: dict[str, Any]
+) -> Job:
+    job = Job(project_id=project_id, model_id=model_id, dataset_id=dataset_id, recipe=recipe)
+    session.add(job)
+    session.flush()
+    add_event(session=session, job_id=job.id, kind="status", message="queued", data={"status": "queued"})
+    return job
+
+
+def get_job(*, session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Job | None:
+    return session.scalar(select(Job).where(Job.id == job_id, Job.project_id == project_id))
+
+
+def get_job_unscoped(*, session: Session, job_id: uuid.UUID) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def list_jobs(
+    *, session: Session, project_id: uuid.UUID, status: JobStatus | None, limit: int, cursor: str | None
+) -> tuple[list[Job], str | None]:
+    query = select(Job).where(Job.project_id == project_id)
+    if status is not None:
+        query = query.where(Job.status == status)
+    return _paginate(session=session, query=query, entity=Job, limit=limit, cursor=cursor)
+
+
+def request_cancel(*, session: Session, job: Job) -> Job:
+    """queued → canceled at once; running → canceling (the worker stops at its next check)."""
+    now = utcnow()
+    if job.status == JobStatus.queued:
+        done = _transition(
+            session=session,
+            job_id=job.id,
+            allowed=(JobStatus.queued,),
+            status=JobStatus.canceled,
+            values={"cancel_requested": True, "finished_at": now, "error": "canceled before it started"},
+        )
+        if done:
+            add_event(session=session, job_id=job.id, kind="status", message="canceled", data={"status": "canceled"})
+    elif job.status == JobStatus.running:
+        done = _transition(
+            session=session,
+            job_id=job.id,
+            allowed=(JobStatus.running,),
+            status=JobStatus.canceling,
+            values={"cancel_requested": True},
+        )
+        if done:
+            add_event(session=session, job_id=job.id, kind="status", message="canceling", data={"status": "canceling"})
+    session.refresh(job)
+    return job
+
+
+def claim_job(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    worker_id: str,
+    heartbeat_timeout: float,
+    max_attempts: int,
+    dead_owner: bool = False,
+) -> Job | None:
+    """Make `worker_id` the job's only runner, or return None when someone else holds it.
+
+    A job is claimable when queued, or running with a heartbeat older than `heartbeat_timeout`
+    (its worker died), or running under an owner the caller has proven dead (`dead_owner`, same
+    host, pid gone). A job that has used up `max_attempts` fails instead of starting again.
+    Commits.
+    """
+    job = session.get(Job, job_id)
+    if job is None or job.status not in (JobStatus.queued, JobStatus.running):
+        return None
+    now = utcnow()
+    stale = now - timedelta(seconds=heartbeat_timeout)
+    condition = or_(
+        Job.status == JobStatus.queued,
+        and_(Job.status == JobStatus.running, Job.heartbeat_at < stale),
+    )
+    if dead_owner and job.claimed_by:
+        condition = or_(condition, and_(Job.status == JobStatus.running, Job.claimed_by == job.claimed_by))
+    if job.attempts >= max_attempts:
+        failed = _transition(
+            session=session,
+            job_id=job_id,
+            allowed=(JobStatus.queued, JobStatus.running),
+            status=JobStatus.failed,
+            values={"finished_at": now, "error": f"worker lost {job.attempts} times; giving up"},
+            extra=condition,
+        )
+        if failed:
+            add_event(session=session, job_id=job_id, kind="status", message="failed", data={"status": "failed"})
+        session.commit()
+        return None
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, condition)
+        .values(
+            status=JobStatus.running,
+            claimed_by=worker_id,
+            heartbeat_at=now,
+            attempts=Job.attempts + 1,
+            started_at=job.started_at or now,
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        session.rollback()
+        return None
+    session.commit()
+    session.refresh(job)
+    add_event(
+        session=session,
+        job_id=job_id,
+        kind="status",
+        message=f"running (attempt {job.attempts}) on {worker_id}",
+        data={"status": "running", "attempt": job.attempts, "worker": worker_id},
+    )
+    session.commit()
+    return job
+
+
+def heartbeat(*, session: Session, job_id: uuid.UUID, worker_id: str) -> bool:
+    """Refresh the claim; False when the job is no longer ours (reaped, finished). Commits."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.claimed_by == worker_id, Job.status.in_((JobStatus.running, JobStatus.canceling)))
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def cancel_requested(*, session: Session, job_id: uuid.UUID) -> bool:
+    return bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+
+def set_progress(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    worker_id: str,
+    stage: str,
+    progress: float,
+    message: str = "",
+    kind: str = "progress",
+) -> None:
+    """Record stage/progress on the row and as an event (kind `stage` at a stage boundary)."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.claimed_by == worker_id, Job.status.in_((JobStatus.running, JobStatus.canceling)))
+        .values(stage=stage, progress=progress, heartbeat_at=utcnow(), updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    add_event(session=session, job_id=job_id, kind=kind, stage=stage, progress=progress, message=message)
+
+
+def finish_job(
+    *, session: Session, job_id: uuid.UUID, worker_id: str | None, status: JobStatus, error: str | None = None
+) -> bool:
+    """Make a running job terminal and announce it; False if it was not ours to finish."""
+    assert status in TERMINAL_STATUSES
+    values: dict[str, Any] = {"finished_at": utcnow(), "error": error}
+    if status == JobStatus.succeeded:
+        values["progress"] = 1.0
+    extra = Job.claimed_by == worker_id if worker_id is not None else None
+    done = _transition(
+        session=session,
+        job_id=job_id,
+        allowed=(JobStatus.running, JobStatus.canceling),
+        status=status,
+        values=values,
+        extra=extra,
+    )
+    if done:
+        add_event(
+            session=session,
+            job_id=job_id,
+            kind="status",
+            message=error or status.value,
+            data={"status": status.value, "error": error},
+        )
+    return done
+
+
+def requeue_job(*, session: Session, job_id: uuid.UUID, reason: str) -> bool:
+    """Put an orphaned running job back in the queue (the caller then enqueues it)."""
+    done = _transition(
+        session=session,
+        job_id=job_id,
+        allowed=(JobStatus.running,),
+        status=JobStatus.queued,
+        values={"claimed_by": None, "stage": None, "progress": 0.0},
+    )
+    if done:
+        add_event(session=session, job_id=job_id, kind="status", message=reason, data={"status": "queued"})
+    return done
+
+
+def orphaned_jobs(*, session: Session, heartbeat_timeout: float) -> Sequence[Job]:
+    """Running or canceling jobs whose worker stopped beating."""
+    stale = utcnow() - timedelta(seconds=heartbeat_timeout)
+    return session.scalars(
+        select(Job).where(Job.status.in_((JobStatus.running, JobStatus.canceling)), Job.heartbeat_at < stale)
+    ).all()
+
+
+def _transition(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    allowed: tuple[JobStatus, ...],
+    status: JobStatus,
+    values: dict[str, Any],
+    extra: Any = None,
+) -> bool:
+    query = update(Job).where(Job.id == job_id, Job.status.in_(allowed))
+    if extra is not None:
+        query = query.where(extra)
+    result = session.execute(
+        query.values(status=status, updated_at=utcnow(), **values).execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1
+
+
+# Events ---------------------------------------------------------------------------------------
+
+
+def add_event(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    kind: str,
+    message: str = "",
+    stage: str | None = None,
+    progress: float | None = None,
+    data: dict[str, Any] | None = None,
+) -> JobEvent:
+    event = JobEvent(job_id=job_id, kind=kind, stage=stage, progress=progress, message=message, data=data)
+    session.add(event)
+    session.flush()
+    return event
+
+
+def events_after(*, session: Session, job_id: uuid.UUID, after_id: int, limit: int = 500) -> Sequence[JobEvent]:
+    return session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after_id).order_by(JobEvent.id).limit(limit)
+    ).all()
+
+
+# Artifacts ------------------------------------------------------------------------------------
+
+
+def add_artifact(
+    *, session: Session, job_id: uuid.UUID, name: str, media_type: str, path: str, size_bytes: int, sha256: str
+) -> Artifact:
+    existing = session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+    if existing is not None:  # a retried attempt replaces what an earlier one recorded
+        session.delete(existing)
+        session.flush()
+    artifact = Artifact(
+        job_id=job_id, name=name, media_type=media_type, path=path, size_bytes=size_bytes, sha256=sha256
+    )
+    session.add(artifact)
+    session.flush()
+    return artifact
+
+
+def list_artifacts(*, session: Session, job_id: uuid.UUID) -> Sequence[Artifact]:
+    return session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.name)).all()
+
+
+def get_artifact(*, session: Session, job_id: uuid.UUID, name: str) -> Artifact | None:
+    return session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+
+
+# Pagination -----------------------------------------------------------------------------------
+
+
+class InvalidCursor(ValueError):
+    pass
+
+
+def _encode_cursor(created_at: datetime, row_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{row_id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        created, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return datetime.fromisoformat(created), uuid.UUID(row_id)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidCursor("cursor is not one this API returned") from exc
+
+
+def _paginate(*, session: Session, query: Any, entity: Any, limit: int, cursor: str | None) -> tuple[list, str | None]:
+    """Newest first, keyset pagination on (created_at, id): stable while rows are added."""
+    if cursor:
+        created_at, row_id = _decode_cursor(cursor)
+        query = query.where(
+            or_(entity.created_at < created_at, and_(entity.created_at == created_at, entity.id < row_id))
+        )
+    rows = list(session.scalars(query.order_by(entity.created_at.desc(), entity.id.desc()).limit(limit + 1)))
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, _encode_cursor(rows[-1].created_at, rows[-1].id)

@@ -1,0 +1,81 @@
+"""Celery wiring shared by the API (which enqueues) and the worker (which consumes).
+
+Queues are explicit: `gpu` runs quantization jobs (one message at a time per worker process),
+`default` runs model validation and the reaper. Job state lives in SQL, never in a result backend.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from urllib.parse import urlparse
+
+from celery import Celery
+from kombu import Queue
+
+from jobs.config import Settings
+
+RUN_JOB = "worker.run_job"
+VALIDATE_MODEL = "worker.validate_model"
+REAP_ORPHANS = "worker.reap_orphans"
+
+GPU_QUEUE = "gpu"
+DEFAULT_QUEUE = "default"
+
+
+def resolve_broker_url(settings: Settings) -> str:
+    """BROKER_URL when set; else a local Redis that answers; else the embedded filesystem broker."""
+    if settings.broker_url:
+        return settings.broker_url
+    parsed = urlparse(settings.local_redis_url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=0.5):
+            return settings.local_redis_url
+    except OSError:
+        return "filesystem://"
+
+
+def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
+    url = broker_url or resolve_broker_url(settings)
+    app = Celery("quantservice", broker=url, set_as_current=False)
+    transport_options: dict[str, object] = {"visibility_timeout": settings.visibility_timeout}
+    if url.startswith("filesystem"):
+        folder = settings.broker_dir
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+        }
+    app.conf.update(
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_queues=(Queue(DEFAULT_QUEUE), Queue(GPU_QUEUE)),
+        task_default_queue=DEFAULT_QUEUE,
+        task_create_missing_queues=False,
+        task_routes={RUN_JOB: {"queue": GPU_QUEUE}, VALIDATE_MODEL: {"queue": DEFAULT_QUEUE}},
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        task_soft_time_limit=settings.job_soft_time_limit,
+        task_time_limit=settings.job_time_limit,
+        worker_prefetch_multiplier=1,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        task_serializer="json",
+        accept_content=["json"],
+        beat_schedule={
+            "reap-orphans": {"task": REAP_ORPHANS, "schedule": settings.reaper_interval},
+        },
+    )
+    return app
+
+
+def enqueue_job(app: Celery, job_id: uuid.UUID) -> None:
+    """Call only after the job row is committed: the worker re-fetches it by id."""
+    app.send_task(RUN_JOB, args=[str(job_id)], queue=GPU_QUEUE)
+
+
+def enqueue_validation(app: Celery, model_id: uuid.UUID) -> None:
+    app.send_task(VALIDATE_MODEL, args=[str(model_id)], queue=DEFAULT_QUEUE)

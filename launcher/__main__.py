@@ -1,0 +1,76 @@
+"""`make run`: start the whole service on this machine and quantize the bundled sample model.
+
+    python -m launcher [--port 8000] [--once]
+
+Embedded defaults: SQLite and artifacts under ./var, Redis at 127.0.0.1:6379 when it answers,
+otherwise kombu's filesystem broker. Set DATABASE_URL / BROKER_URL to use PostgreSQL / Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobs.config import settings
+from jobs.queue import resolve_broker_url
+from launcher.stack import ROOT, Stack
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("QUANT_PORT", "8000")))
+    parser.add_argument("--once", action="store_true", help="stop the service after the sample job")
+    args = parser.parse_args()
+
+    var_dir = Path(os.environ.get("QUANT_VAR_DIR", ROOT / "var")).resolve()
+    env = dict(os.environ, QUANT_VAR_DIR=str(var_dir))
+    # Every process must agree on one broker: decide once, here.
+    env["BROKER_URL"] = resolve_broker_url(settings)
+    env.setdefault("DATABASE_URL", settings.resolved_database_url)
+    stack = Stack(env=env, log_dir=var_dir / "logs")
+    print(f"database: {env['DATABASE_URL']}\nbroker:   {env['BROKER_URL']}\nlogs:     {stack.log_dir}")
+    try:
+        stack.migrate()
+        stack.start_worker("gpu", "gpu")
+        stack.start_worker("default", "default", beat=True)
+        url = stack.start_api(args.port)
+        print(f"API:      {url}  (OpenAPI docs at {url}/docs)")
+        key = subprocess.run(
+            [sys.executable, "-m", "jobs.admin", "create-key", "--project", "demo", "--name", "make run"],
+            env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+        ).stdout.strip()
+        print(f"API key:  {key}  (project 'demo')")
+        sample_dir = var_dir / "sample"
+        model, data = sample_dir / "model.onnx", sample_dir / "digits.npz"
+        if not (model.exists() and data.exists()):
+            print("building the sample model (a small CNN trained on scikit-learn's digits)...")
+            subprocess.run([sys.executable, "-m", "samples.digits", str(sample_dir)], cwd=ROOT, env=env, check=True)
+        out_dir = sample_dir / "out"
+        client_env = dict(env, QUANT_API_URL=url, QUANT_API_KEY=key)
+        done = subprocess.run(
+            [sys.executable, "-m", "cli.quantctl", "quantize", str(model), str(data), "-o", str(out_dir)],
+            cwd=ROOT, env=client_env,
+        )
+        if done.returncode != 0:
+            print(f"the sample job did not succeed; see {stack.log_dir}", file=sys.stderr)
+            return done.returncode
+        print(f"\nartifacts: {out_dir}\nreport:    {out_dir / 'report.json'}")
+        if args.once:
+            return 0
+        print("\nthe service keeps running; Ctrl-C stops it")
+        while all(p.poll() is None for p in stack.processes.values()):
+            time.sleep(1)
+        print("a service process exited; stopping", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""A set of service processes sharing one environment (database, broker, storage root)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    log_dir: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    api_url: str | None = None
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.log_dir / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.processes[name] = process
+        return process
+
+    def migrate(self) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini"), "upgrade", "head"],
+            cwd=ROOT, env=self.env, check=True, capture_output=True,
+        )
+
+    def start_api(self, port: int | None = None, workers: int = 1) -> str:
+        port = port or free_port()
+        self._spawn(
+            "api",
+            [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", str(workers), "--log-level", "warning"],
+        )
+        self.api_url = f"http://127.0.0.1:{port}"
+        self.wait_ready()
+        return self.api_url
+
+    def start_worker(self, name: str, queues: str, *, concurrency: int = 1, beat: bool = False) -> subprocess.Popen:
+        argv = [
+            sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", queues, "-c", str(concurrency),
+            "--prefetch-multiplier", "1", "-n", f"{name}@%h", "--loglevel", "INFO", "--without-gossip",
+            "--without-mingle",
+        ]
+        if beat:
+            schedule = Path(self.env.get("QUANT_VAR_DIR", "var")) / f"beat-{name}.db"
+            argv += ["-B", "-s", str(schedule)]
+        return self._spawn(name, argv)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.api_url}/api/v1/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.processes["api"].poll() is not None:
+                raise RuntimeError(f"the API exited; see {self.log_dir / 'api.log'}")
+            time.sleep(0.2)
+        raise TimeoutError(f"the API did not answer within {timeout} s; see {self.log_dir / 'api.log'}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal a process and everything it started (its session)."""
+        process = self.processes.pop(name)
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+
+    def stop(self) -> None:
+        for name in list(self.processes):
+            process = self.processes[name]
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=15)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=15)
+            self.processes.pop(name)

@@ -1,0 +1,128 @@
+"""Stage 3, calibrate: derive every annotated tensor's scale and offset.
+
+Weights (``annotation.parameters``) are read directly from their initializers: per-channel
+amax[c] = max |W[c, ...]| over all but the channel axis, scale[c] = amax[c] / 127.
+
+Activations: ONNX Runtime runs the prepared graph with the observed tensors added as extra graph
+outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax`` or
+``percentile``) and are dropped, so memory holds one batch of activations, never the dataset.
+Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
+chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
+``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+
+from quantcore.annotation import Annotation
+from quantcore.batching import Batches, input_specs
+from quantcore.config import QuantizeConfig, QuantState, TensorQuantConfig
+from quantcore.errors import InvalidDataError
+from quantcore.graph import GraphIndex
+from quantcore.observers import OBSERVERS, Observer
+from quantcore.preparation import PreparedModel
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.scaling import scale_offset
+from quantcore.session import open_session
+
+STAGE = "calibrate"
+
+
+def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig) -> Observer:
+    """The observer named by ``tqc.observer`` (percentile taken from the run's config)."""
+    return OBSERVERS[tqc.observer](axis=tqc.channel_axis if tqc.per_channel else None,
+                                   percentile=config.percentile)
+
+
+def dominator_root(name: str, configs: Mapping[str, TensorQuantConfig]) -> str:
+    """Follow ``dominator`` links from ``name`` to the tensor that owns the shared scale."""
+    seen = [name]
+    while configs[seen[-1]].dominator is not None:
+        nxt = configs[seen[-1]].dominator
+        if nxt not in configs:
+            raise ValueError(f"tensor {seen[-1]!r} names dominator {nxt!r}, which is not annotated")
+        if nxt in seen:
+            raise ValueError(f"dominator cycle: {' -> '.join([*seen, nxt])}")
+        seen.append(nxt)
+    return seen[-1]
+
+
+def calibrate_weights(prepared: PreparedModel, annotation: Annotation, config: QuantizeConfig,
+                      ) -> dict[str, TensorQuantConfig]:
+    """Calibrated configs of every annotated parameter, straight from the initializer values."""
+    index = GraphIndex(prepared.model.graph)
+    calibrated = {}
+    for name in sorted(annotation.parameters):
+        tqc = annotation.configs[name]
+        observer = make_observer(tqc, config)
+        observer.observe(index.array(name))
+        if observer.nonfinite:
+            raise InvalidDataError(f"weight {name!r} contains {observer.nonfinite} NaN/infinite values")
+        scale, offset = scale_offset(tqc, *observer.bounds())
+        calibrated[name] = tqc.with_scale(scale, offset, state=QuantState.ACTIVATED)
+    return calibrated
+
+
+def _with_observed_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
+    """Serialised ``model`` with ``names`` appended to the graph outputs (typed where shape inference
+    knew the type). The model itself is restored before returning."""
+    graph = model.graph
+    known = {v.name: v for v in graph.value_info}
+    existing = {o.name for o in graph.output}
+    added = [n for n in names if n not in existing]
+    graph.output.extend(known.get(n, onnx.ValueInfoProto(name=n)) for n in added)
+    try:
+        return model.SerializeToString()
+    finally:
+        for _ in added:
+            graph.output.pop()
+
+
+def calibrate(prepared: PreparedModel, annotation: Annotation, calibration: Mapping[str, np.ndarray] | Batches,
+              config: QuantizeConfig, *, progress: ProgressCallback | None = None,
+              should_cancel: CancelCheck | None = None) -> Annotation:
+    """Return ``annotation`` with every config calibrated (states ACTIVATED or PASSIVE).
+
+    ``calibration``: ``{input name: array}`` (first axis samples) or prepared ``Batches``.
+    Raises ``InvalidDataError`` for data that doesn't fit the model or drives a tensor non-finite,
+    ``Canceled`` when ``should_cancel()`` turns True between batches.
+    """
+    monitor = Monitor(progress, should_cancel)
+    batches = calibration if isinstance(calibration, Batches) else Batches(
+        calibration, input_specs(prepared.model), config.batch_size, what="calibration")
+    configs = dict(annotation.configs)
+    configs.update(calibrate_weights(prepared, annotation, config))
+
+    activations = annotation.activations
+    roots = {name: dominator_root(name, annotation.configs) for name in activations}
+    observers = {root: make_observer(annotation.configs[root], config) for root in set(roots.values())}
+    graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
+    fetched = [name for name in activations if name not in graph_inputs]
+
+    if activations:
+        model_bytes = _with_observed_outputs(prepared.model, fetched)
+        with open_session(model_bytes, device=config.device) as session:
+            total = len(batches)
+            for i, batch in enumerate(batches):
+                monitor.check(STAGE)
+                values = dict(zip(fetched, session.run(fetched, batch), strict=True)) if fetched else {}
+                for name in activations:
+                    observers[roots[name]].observe(batch[name] if name in graph_inputs else values[name])
+                del values  # this batch's activations are released before the next run
+                monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
+
+    for root, observer in observers.items():
+        if observer.nonfinite:
+            raise InvalidDataError(f"tensor {root!r} took {observer.nonfinite} NaN/infinite values on the "
+                                   f"calibration data")
+        scale, offset = scale_offset(annotation.configs[root], *observer.bounds())
+        configs[root] = annotation.configs[root].with_scale(scale, offset, state=QuantState.ACTIVATED)
+    for name, root in roots.items():
+        if name != root:
+            configs[name] = annotation.configs[name].with_scale(configs[root].scale, configs[root].offset,
+                                                                state=QuantState.PASSIVE)
+    return annotation.with_configs(configs)

@@ -1,0 +1,131 @@
+"""``quantize``: the five stages in one call, with progress, cancellation and atomic outputs.
+
+    prepare → annotate → calibrate → export → evaluate
+
+Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
+end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
+between batches. Files appear in ``out_dir`` only complete (written under a temporary name, then
+renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``report.json``.
+A run canceled or failed after export leaves the exported files in place; ``report.json`` is written
+last, so its presence marks a finished run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantcore import atomic
+from quantcore.annotation import annotate
+from quantcore.batching import Batches, input_specs
+from quantcore.calibration import calibrate
+from quantcore.config import QuantizeConfig
+from quantcore.evaluation import check_labels, evaluate
+from quantcore.preparation import prepare
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.qdq import export
+from quantcore.report import REPORT_FORMAT, jsonable
+
+STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate")
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    model_path: Path  # the QDQ ONNX model
+    tqc_path: Path  # every quantized tensor's config, JSON
+    report_path: Path  # the report below, JSON
+    report: dict[str, Any]
+
+
+class _Stages:
+    """Runs the stage protocol: cancel check, start/end progress, wall-clock time per stage."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+        self.seconds: dict[str, float] = {}
+
+    def begin(self, stage: str) -> float:
+        self.monitor.check(stage)
+        self.monitor.report(stage, 0.0, f"{stage} started")
+        return time.perf_counter()
+
+    def end(self, stage: str, started: float, message: str) -> None:
+        self.seconds[stage] = round(time.perf_counter() - started, 3)
+        self.monitor.report(stage, 1.0, message)
+
+
+def quantize(model_path: str | Path, calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray],
+             config: QuantizeConfig, out_dir: str | Path, *, labels: np.ndarray | None = None,
+             progress: ProgressCallback | None = None, should_cancel: CancelCheck | None = None) -> QuantizeResult:
+    """Quantize the FP32 ONNX model at ``model_path`` to an INT8 QDQ model in ``out_dir``.
+
+    calibration / evaluation: ``{input name: array}``, first axis samples (batched by
+    ``config.batch_size`` or the model's fixed batch dimension). labels: optional (N_eval,) integer
+    class ids for top-1 accuracy. Raises ``InvalidModelError``, ``UnsupportedModelError``,
+    ``InvalidDataError`` (checked before any slow stage), or ``Canceled``.
+    """
+    monitor = Monitor(progress, should_cancel)
+    stages = _Stages(monitor)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    started = stages.begin("prepare")
+    prepared = prepare(model_path)
+    specs = input_specs(prepared.model)
+    calibration_batches = Batches(calibration, specs, config.batch_size, what="calibration")
+    evaluation_batches = Batches(evaluation, specs, config.batch_size, what="evaluation")
+    check_labels(labels, evaluation_batches.total_samples, evaluation_batches.num_samples)
+    stages.end("prepare", started, f"folded {len(prepared.folded_batchnorms)} BatchNormalization, "
+                                   f"{prepared.folded_constants} constant nodes")
+
+    started = stages.begin("annotate")
+    annotation = annotate(prepared, config)
+    stages.end("annotate", started, f"{len(annotation.activations)} activations, "
+                                    f"{len(annotation.parameters)} weights to quantize")
+
+    started = stages.begin("calibrate")
+    calibrated = calibrate(prepared, annotation, calibration_batches, config, progress=progress,
+                           should_cancel=should_cancel)
+    stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
+
+    started = stages.begin("export")
+    exported = export(prepared, calibrated, out_dir, platform=config.platform)
+    stages.end("export", started, f"{exported.quantize_linear_nodes} QuantizeLinear, "
+                                  f"{exported.dequantize_linear_nodes} DequantizeLinear")
+
+    started = stages.begin("evaluate")
+    evaluation_report = evaluate(model_path, exported.model_path, evaluation, config, labels=labels,
+                                 progress=progress, should_cancel=should_cancel)
+    stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")
+
+    report = jsonable({
+        "format": REPORT_FORMAT,
+        "config": config.to_dict(),
+        "prepare": {
+            "source_opset": prepared.source_opset,
+            "opset": prepared.opset,
+            "folded_batchnorms": [{"node": f.node, "batchnorm": f.batchnorm, "output": f.output}
+                                  for f in prepared.folded_batchnorms],
+            "folded_constants": prepared.folded_constants,
+            "renamed_nodes": prepared.renamed_nodes,
+        },
+        "annotation": annotation.summary(),
+        "calibration": {
+            "num_samples": calibration_batches.num_samples,
+            "batch_size": calibration_batches.batch_size,
+            "num_batches": len(calibration_batches),
+        },
+        "evaluation": evaluation_report,
+        "stage_seconds": stages.seconds,
+        "warnings": [*prepared.warnings, *annotation.warnings],
+    })
+    report_path = out_dir / REPORT_FILE
+    atomic.write_json(report_path, report)
+    return QuantizeResult(model_path=exported.model_path, tqc_path=exported.tqc_path, report_path=report_path,
+                          report=report)

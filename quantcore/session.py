@@ -1,0 +1,70 @@
+"""ONNX Runtime sessions: the executor that runs whole graphs (FP32 references, calibration, and the
+exported QDQ model both as exact Q/DQ arithmetic and as deployed with integer kernels).
+
+Models under 2 GB go to ONNX Runtime as bytes; bigger ones are written, with external data, to a
+temporary directory that lives as long as the session's ``with`` block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from quantcore.errors import QuantcoreError
+
+PROTOBUF_LIMIT = 2**31 - 1 - 64 * 2**20  # serialised size above which a model must use external data
+
+
+def providers_for(device: str) -> list[str]:
+    """Execution providers for ``device`` ("cpu" or "cuda"); cuda falls back to CPU for unsupported ops."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise QuantcoreError(f"device 'cuda' requested but ONNX Runtime offers only {available}")
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+@contextlib.contextmanager
+def open_session(model: onnx.ModelProto | bytes | str | Path, *, device: str = "cpu", exact_qdq: bool = False,
+                 optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                 optimized_model_path: str | Path | None = None) -> Iterator[ort.InferenceSession]:
+    """An inference session for ``model``.
+
+    exact_qdq=True sets ``session.disable_quant_qdq``: QuantizeLinear/DequantizeLinear run as written
+    (float arithmetic with exact rounding) instead of being fused into integer kernels.
+    optimized_model_path: where ONNX Runtime saves the graph it actually runs (after fusions).
+    """
+    options = ort.SessionOptions()
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = str(optimized_model_path)
+    options.graph_optimization_level = optimization
+    options.log_severity_level = 3  # errors only
+    if exact_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    providers = providers_for(device)
+    with contextlib.ExitStack() as stack:
+        if isinstance(model, bytes):
+            source: str | bytes = model
+        elif isinstance(model, onnx.ModelProto):
+            if model.ByteSize() < PROTOBUF_LIMIT:
+                source = model.SerializeToString()
+            else:
+                directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="quantcore-"))
+                path = Path(directory) / "model.onnx"
+                copy = onnx.ModelProto()
+                copy.CopyFrom(model)  # saving with external data rewrites the tensors in place
+                onnx.save_model(copy, str(path), save_as_external_data=True, location="model.onnx.data")
+                source = str(path)
+        else:
+            source = str(model)
+        try:
+            session = ort.InferenceSession(source, sess_options=options, providers=providers)
+        except Exception as error:  # ONNX Runtime raises its own exception types
+            raise QuantcoreError(f"ONNX Runtime cannot load the model: {str(error).strip()[:500]}") from error
+        yield session

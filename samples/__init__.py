@@ -1,0 +1,1 @@
+"""Bundled sample models for demos and tests."""

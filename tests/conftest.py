@@ -1,0 +1,122 @@
+"""Shared fixtures: real PostgreSQL / SQLite databases, real Redis, real API and worker processes.
+
+`service` is parametrized by database (SQLite file, fresh PostgreSQL database), so every test that
+uses it runs against both. Each service gets its own storage root, its own Redis database number
+and its own processes, started the way `make run` starts them (`launcher.stack`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+
+from jobs import queries
+from jobs.db import session_scope
+from launcher.stack import Stack
+
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+REDIS_DB = {"sqlite": 13, "postgresql": 14}
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The sample CNN trained on scikit-learn's digits, exported to ONNX, and its .npz (built once)."""
+    from samples.digits import build_digits
+
+    return build_digits(tmp_path_factory.mktemp("digits"))
+
+
+@contextmanager
+def make_database(kind: str) -> Iterator[str]:
+    """A fresh, migrated-from-nothing database URL of the given kind; dropped afterwards."""
+    if kind == "sqlite":
+        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"quant-test-{uuid.uuid4().hex[:8]}.db"
+        try:
+            yield f"sqlite:///{path}"
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return
+    name = f"quant_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        from jobs.db import get_engine
+
+        get_engine.cache_clear()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@dataclass
+class Service:
+    kind: str
+    url: str
+    database_url: str
+    var_dir: Path
+    stack: Stack
+
+    def new_key(self, project: str | None = None) -> str:
+        with session_scope(self.database_url) as session:
+            name = project or f"project-{uuid.uuid4().hex[:8]}"
+            row = queries.get_project_by_name(session=session, name=name) or queries.create_project(
+                session=session, name=name
+            )
+            _key, plaintext = queries.create_api_key(session=session, project=row)
+        return plaintext
+
+    def client(self, key: str | None = None, **kwargs) -> httpx.Client:  # noqa: ANN003
+        headers = {"X-API-Key": key if key is not None else self.new_key()}
+        return httpx.Client(base_url=f"{self.url}/api/v1", headers=headers, timeout=120, **kwargs)
+
+    def start_job_worker(self, name: str = "gpu") -> None:
+        self.stack.start_worker(name, "gpu", concurrency=1)
+
+
+SERVICE_ENV = {
+    "QUANT_ENVIRONMENT": "test",
+    "QUANT_MAX_MODEL_BYTES": str(4 * 1024 * 1024),
+    "QUANT_MAX_DATASET_BYTES": str(32 * 1024 * 1024),
+    # Short beats so the crash tests finish in seconds; the timeout stays several beats long.
+    "QUANT_HEARTBEAT_INTERVAL": "0.5",
+    "QUANT_HEARTBEAT_TIMEOUT": "4",
+    "QUANT_REAPER_INTERVAL": "1",
+}
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    kind = request.param
+    broker_url = f"redis://127.0.0.1:6379/{REDIS_DB[kind]}"
+    redis.Redis.from_url(broker_url).flushdb()
+    var_dir = tmp_path_factory.mktemp(f"var-{kind}")
+    with make_database(kind) as database_url:
+        env = dict(
+            os.environ, DATABASE_URL=database_url, BROKER_URL=broker_url, QUANT_VAR_DIR=str(var_dir), **SERVICE_ENV
+        )
+        log_dir = ARTIFACTS / "logs" / kind
+        shutil.rmtree(log_dir, ignore_errors=True)
+        stack = Stack(env=env, log_dir=log_dir)
+        try:
+            stack.migrate()
+            stack.start_worker("default", "default", beat=True)
+            stack.start_worker("gpu", "gpu")
+            url = stack.start_api()
+            yield Service(kind=kind, url=url, database_url=database_url, var_dir=var_dir, stack=stack)
+        finally:
+            stack.stop()

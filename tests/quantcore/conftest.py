@@ -1,0 +1,39 @@
+"""Fixtures shared by quantcore's tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from samples.digits import TRAIN_SAMPLES
+
+
+@dataclass(frozen=True)
+class Digits:
+    model_path: Path
+    images: np.ndarray  # (1797, 1, 8, 8) float32
+    labels: np.ndarray  # (1797,) int64
+
+    @property
+    def calibration(self) -> dict[str, np.ndarray]:
+        return {"input": self.images[:256]}  # training samples, as calibration data usually is
+
+    @property
+    def evaluation(self) -> dict[str, np.ndarray]:
+        return {"input": self.images[TRAIN_SAMPLES:]}  # the 500 held-out samples
+
+    @property
+    def evaluation_labels(self) -> np.ndarray:
+        return self.labels[TRAIN_SAMPLES:]
+
+
+@pytest.fixture(scope="session")
+def digits_sample(digits: tuple[Path, Path]) -> Digits:
+    """The sample CNN and its data, trained once per test session (about 6 s) by the suite-wide
+    ``digits`` fixture of tests/conftest.py, i.e. ``samples.digits.build_digits(dir)``."""
+    model_path, data_path = digits
+    data = np.load(data_path)
+    return Digits(model_path=model_path, images=data["input"], labels=data["labels"])

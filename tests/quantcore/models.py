@@ -1,0 +1,163 @@
+"""Small ONNX models built by hand with onnx.helper, independent of torch and of quantcore."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+
+
+def conv_bn_residual(seed: int = 0, opset: int = 17, channels: int = 4) -> onnx.ModelProto:
+    """input (N, 3, 8, 8) → Conv+BN → Relu → Conv+BN → Add(residual) → Relu → Flatten → Gemm(transB=1) → logits (N, 5).
+
+    Node names "conv1", "bn1", "relu1", "conv2", "bn2", "add", "relu2", "flatten", "fc".
+    """
+    rng = np.random.default_rng(seed)
+    c = channels
+
+    def bn_params(prefix: str) -> list[onnx.TensorProto]:
+        return [
+            _init(f"{prefix}.gamma", rng.uniform(0.5, 1.5, c)),
+            _init(f"{prefix}.beta", rng.normal(0, 0.1, c)),
+            _init(f"{prefix}.mean", rng.normal(0, 0.2, c)),
+            _init(f"{prefix}.var", rng.uniform(0.5, 2.0, c)),
+        ]
+
+    initializers = [
+        _init("conv1.w", rng.normal(0, 0.3, (c, 3, 3, 3))),
+        _init("conv1.b", rng.normal(0, 0.1, c)),
+        *bn_params("bn1"),
+        _init("conv2.w", rng.normal(0, 0.3, (c, c, 3, 3))),
+        *bn_params("bn2"),
+        _init("fc.w", rng.normal(0, 0.1, (5, c * 64))),
+        _init("fc.b", rng.normal(0, 0.1, 5)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv1.w", "conv1.b"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization",
+            ["c1", "bn1.gamma", "bn1.beta", "bn1.mean", "bn1.var"],
+            ["b1"],
+            name="bn1",
+            epsilon=1e-5,
+        ),
+        helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "conv2.w"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization",
+            ["c2", "bn2.gamma", "bn2.beta", "bn2.mean", "bn2.var"],
+            ["b2"],
+            name="bn2",
+            epsilon=1e-3,
+        ),
+        helper.make_node("Add", ["b2", "r1"], ["sum"], name="add"),
+        helper.make_node("Relu", ["sum"], ["r2"], name="relu2"),
+        helper.make_node("Flatten", ["r2"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_bn_residual",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = 8
+    helper.set_model_props(model, {"author": "tests", "purpose": "metadata must survive"})
+    return model
+
+
+def conv_relu_gemm(seed: int = 0, transB: int = 1) -> onnx.ModelProto:
+    """input (N, 2, 6, 6) → Conv(2→3, 3x3, no pad, bias) → Relu → Flatten → Gemm(48→4) → out (N, 4).
+
+    Small enough for a numpy reference in the tests.
+    """
+    rng = np.random.default_rng(seed)
+    fc = rng.normal(0, 0.2, (4, 48))
+    initializers = [
+        _init("w", rng.normal(0, 0.4, (3, 2, 3, 3))),
+        _init("b", rng.normal(0, 0.1, 3)),
+        _init("fc.w", fc if transB else fc.T),
+        _init("fc.b", rng.normal(0, 0.1, 4)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w", "b"], ["conv"], name="conv"),
+        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+        helper.make_node("Flatten", ["relu"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["out"], name="fc", transB=transB),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_relu_gemm",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 2, 6, 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def matmul_convtranspose(seed: int = 0) -> onnx.ModelProto:
+    """input (N, 4, 5, 5) → ConvTranspose(4→6) → Relu → Flatten → MatMul(W (6·7·7, 3)) → Add(bias) → out."""
+    rng = np.random.default_rng(seed)
+    initializers = [
+        _init("deconv.w", rng.normal(0, 0.3, (4, 6, 3, 3))),  # (C_in, C_out, kH, kW)
+        _init("mm.w", rng.normal(0, 0.05, (6 * 7 * 7, 3))),  # (K, N)
+        _init("mm.b", rng.normal(0, 0.1, 3)),
+    ]
+    nodes = [
+        helper.make_node("ConvTranspose", ["input", "deconv.w"], ["deconv"], name="deconv"),
+        helper.make_node("Relu", ["deconv"], ["relu"], name="relu"),
+        helper.make_node("Flatten", ["relu"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "mm.w"], ["mm"], name="matmul"),
+        helper.make_node("Add", ["mm", "mm.b"], ["out"], name="bias_add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "matmul_convtranspose",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 5, 5])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def gemm_bn(seed: int = 0, transB: int = 0) -> onnx.ModelProto:
+    """input (N, 6) → Gemm(alpha=0.5, beta=2, transB) → BN → out (N, 4)."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.5, (4, 6))
+    initializers = [
+        _init("w", w if transB else w.T),
+        _init("c", rng.normal(0, 0.1, 4)),
+        _init("gamma", rng.uniform(0.5, 1.5, 4)),
+        _init("beta", rng.normal(0, 0.1, 4)),
+        _init("mean", rng.normal(0, 0.2, 4)),
+        _init("var", rng.uniform(0.5, 2.0, 4)),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["input", "w", "c"], ["y"], name="gemm", alpha=0.5, beta=2.0, transB=transB),
+        helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["out"], name="bn"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gemm_bn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    return model
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save_model(model, str(path))
+    return str(path)

@@ -1,0 +1,90 @@
+"""TensorQuantConfig and QuantizeConfig validate themselves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quantcore.config import PLATFORM_NAMES, QuantizeConfig, QuantState, TensorQuantConfig
+from quantcore.platforms import PLATFORMS
+
+
+def test_symmetric_int8_defaults() -> None:
+    tqc = TensorQuantConfig()
+    assert (tqc.quant_min, tqc.quant_max) == (-128, 127)
+    assert tqc.state is QuantState.INITIAL and tqc.scale is None
+
+
+def test_asymmetric_defaults_to_unsigned_range() -> None:
+    tqc = TensorQuantConfig(symmetric=False)
+    assert (tqc.quant_min, tqc.quant_max) == (0, 255)
+
+
+def test_scale_is_stored_read_only_float32_with_zero_offset() -> None:
+    source = np.array([0.5, 0.25])
+    tqc = TensorQuantConfig(per_channel=True, channel_axis=0, scale=source, state=QuantState.ACTIVATED)
+    assert tqc.scale.dtype == np.float32 and not tqc.scale.flags.writeable
+    assert tqc.offset.tolist() == [0, 0]
+    source[0] = 9.0  # the config holds its own copy
+    assert tqc.scale[0] == np.float32(0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_bits": 9}, "num_bits"),
+        ({"num_bits": 8.0}, "num_bits"),
+        ({"per_channel": True}, "channel_axis"),
+        ({"channel_axis": 0}, "channel_axis"),
+        ({"observer": "kl-typo"}, "observer"),
+        ({"quant_min": 5, "quant_max": 5}, "quant_min"),
+        ({"quant_min": -200}, "does not fit"),
+        ({"symmetric": True, "quant_min": 0, "quant_max": 255}, "symmetric"),
+        ({"scale": 0.0, "state": QuantState.ACTIVATED}, "positive"),
+        ({"scale": float("nan"), "state": QuantState.ACTIVATED}, "finite"),
+        ({"scale": [0.1, 0.2]}, "scalar"),
+        ({"scale": 0.1, "offset": 3}, "offset 0"),
+        ({"state": QuantState.ACTIVATED}, "requires a scale"),
+        ({"state": "activated"}, "QuantState"),
+        ({"dominator": ""}, "dominator"),
+    ],
+)
+def test_tensor_quant_config_rejects(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TensorQuantConfig(**kwargs)
+
+
+def test_tensor_quant_config_equality_is_by_value() -> None:
+    a = TensorQuantConfig(scale=0.5, state=QuantState.ACTIVATED)
+    b = TensorQuantConfig(scale=np.float64(0.5), state=QuantState.ACTIVATED)
+    assert a == b
+    assert a != a.with_scale(0.25)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"platform": "tensorrt8"}, "platform"),
+        ({"precision": "int4"}, "precision"),
+        ({"observer": "kl"}, "observer"),
+        ({"percentile": 0.0}, "percentile"),
+        ({"percentile": 100.5}, "percentile"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": True}, "batch_size"),
+        ({"exclude_op_types": "Conv"}, "exclude_op_types"),
+        ({"exclude_node_patterns": ("",)}, "exclude_node_patterns"),
+        ({"device": "gpu"}, "device"),
+    ],
+)
+def test_quantize_config_rejects(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        QuantizeConfig(**kwargs)
+
+
+def test_quantize_config_normalises_lists_to_tuples() -> None:
+    config = QuantizeConfig(exclude_op_types=["Gemm"], percentile=99)
+    assert config.exclude_op_types == ("Gemm",) and config.percentile == 99.0
+
+
+def test_platform_names_match_the_registry() -> None:
+    assert set(PLATFORM_NAMES) == set(PLATFORMS)

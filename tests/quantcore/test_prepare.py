@@ -1,0 +1,131 @@
+"""prepare: BN folding (structure and numerics), constant folding, opset upgrade, names kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from quantcore import UnsupportedModelError, prepare
+from quantcore.errors import InvalidModelError
+from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, gemm_bn, save
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def assert_close_relative(actual: np.ndarray, expected: np.ndarray, rtol: float) -> None:
+    # Relative to the output's magnitude, not per element: folding reorders float32 arithmetic, so
+    # each element may move by a few ulps of the largest values it was computed from.
+    scale = float(np.abs(expected).max())
+    assert float(np.abs(actual - expected).max()) <= rtol * scale
+
+
+def test_batchnorm_is_folded_and_names_are_kept(tmp_path) -> None:
+    prepared = prepare(save(conv_bn_residual(), tmp_path / "m.onnx"))
+    ops = [n.op_type for n in prepared.model.graph.node]
+    assert "BatchNormalization" not in ops
+    assert {(f.node, f.batchnorm) for f in prepared.folded_batchnorms} == {("conv1", "bn1"), ("conv2", "bn2")}
+    graph = prepared.model.graph
+    assert [i.name for i in graph.input] == ["input"] and [o.name for o in graph.output] == ["logits"]
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    # the folded Conv now produces the BN's output name, so downstream names are unchanged
+    producers = {o: n.name for n in graph.node for o in n.output}
+    assert producers["b1"] == "conv1" and producers["b2"] == "conv2"
+    # bn params are gone; conv2 (no bias before) gained one
+    names = {t.name for t in graph.initializer}
+    assert not any(n.startswith(("bn1.", "bn2.")) for n in names)
+    assert len(next(n for n in graph.node if n.name == "conv2").input) == 3
+
+
+def test_batchnorm_folding_matches_unfolded_model(tmp_path) -> None:
+    model = conv_bn_residual(seed=3)
+    prepared = prepare(save(model, tmp_path / "m.onnx"))
+    x = np.random.default_rng(0).normal(size=(5, 3, 8, 8)).astype(np.float32)
+    (expected,) = run(model, {"input": x})
+    (actual,) = run(prepared.model, {"input": x})
+    assert_close_relative(actual, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_batchnorm_folding_matches(trans_b: int) -> None:
+    model = gemm_bn(transB=trans_b)
+    prepared = prepare(model)
+    assert [n.op_type for n in prepared.model.graph.node] == ["Gemm"]
+    x = np.random.default_rng(1).normal(size=(7, 6)).astype(np.float32)
+    (expected,) = run(model, {"input": x})
+    (actual,) = run(prepared.model, {"input": x})
+    assert_close_relative(actual, expected, rtol=1e-5)
+
+
+def test_batchnorm_with_a_second_consumer_of_the_conv_output_is_kept() -> None:
+    model = conv_bn_residual()
+    # conv1's output "c1" also becomes a graph output: folding would change its value, so no fold
+    model.graph.output.append(helper.make_tensor_value_info("c1", onnx.TensorProto.FLOAT, None))
+    prepared = prepare(model)
+    assert [f.batchnorm for f in prepared.folded_batchnorms] == ["bn2"]
+    assert sum(n.op_type == "BatchNormalization" for n in prepared.model.graph.node) == 1
+
+
+def test_constants_fed_through_identity_are_folded() -> None:
+    model = conv_bn_residual()
+    graph = model.graph
+    # the TorchScript exporter's idiom: parameters reach the BN through Identity nodes
+    identity = helper.make_node("Identity", ["bn1.mean"], ["bn1.mean_copy"], name="copy_mean")
+    graph.node.insert(0, identity)
+    bn1 = next(n for n in graph.node if n.name == "bn1")
+    bn1.input[3] = "bn1.mean_copy"
+    prepared = prepare(model)
+    assert prepared.folded_constants == 1
+    assert "Identity" not in [n.op_type for n in prepared.model.graph.node]
+    assert {f.batchnorm for f in prepared.folded_batchnorms} == {"bn1", "bn2"}
+
+
+def test_old_opset_is_upgraded_to_13(tmp_path) -> None:
+    model = conv_relu_gemm()
+    model.opset_import[0].version = 11
+    prepared = prepare(save(model, tmp_path / "m.onnx"))
+    assert prepared.source_opset == 11 and prepared.opset == 13
+    assert any("opset upgraded" in w for w in prepared.warnings)
+    x = np.random.default_rng(0).normal(size=(2, 2, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(run(prepared.model, {"input": x})[0], run(model, {"input": x})[0], rtol=1e-6)
+
+
+def test_failed_opset_conversion_is_unsupported() -> None:
+    model = conv_relu_gemm()
+    model.opset_import[0].version = 11
+    model.graph.node[0].attribute.append(helper.make_attribute("bogus", 1))
+    with pytest.raises(UnsupportedModelError, match=r"opset 11.*conversion failed"):
+        prepare(model)
+
+
+def test_already_quantized_model_is_unsupported() -> None:
+    model = conv_relu_gemm()
+    graph = model.graph
+    graph.initializer.extend([numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.int8(0), "z")])
+    graph.node.insert(0, helper.make_node("QuantizeLinear", ["input", "s", "z"], ["q"], name="q"))
+    graph.node.insert(1, helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"], name="dq"))
+    graph.node[2].input[0] = "dq"
+    with pytest.raises(UnsupportedModelError, match="already quantized"):
+        prepare(model)
+
+
+def test_unnamed_nodes_get_unique_names_and_tensors_keep_theirs() -> None:
+    model = conv_relu_gemm()
+    for node in model.graph.node:
+        node.name = ""
+    prepared = prepare(model)
+    names = [n.name for n in prepared.model.graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    assert [n.output[0] for n in prepared.model.graph.node] == ["conv", "relu", "flat", "out"]
+
+
+def test_garbage_file_is_an_invalid_model(tmp_path) -> None:
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(b"\xff\xfe not a protobuf at all \x00\x01")
+    with pytest.raises(InvalidModelError):
+        prepare(path)

@@ -1,0 +1,64 @@
+"""The public surface, the error tree and the import rules of quantcore."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+
+import quantcore
+from quantcore import errors
+
+PACKAGE = Path(quantcore.__file__).parent
+ALLOWED_THIRD_PARTY = {"numpy", "onnx", "onnxruntime", "torch"}
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    for name in quantcore.__all__:
+        assert hasattr(quantcore, name), name
+    public = {n for n in vars(quantcore) if not n.startswith("_") and not inspect.ismodule(getattr(quantcore, n))}
+    assert public == set(quantcore.__all__)
+
+
+def test_quantize_signature() -> None:
+    parameters = inspect.signature(quantcore.quantize).parameters
+    assert list(parameters) == [
+        "model_path",
+        "calibration",
+        "evaluation",
+        "config",
+        "out_dir",
+        "labels",
+        "progress",
+        "should_cancel",
+    ]
+    assert all(parameters[p].kind is inspect.Parameter.KEYWORD_ONLY for p in ("labels", "progress", "should_cancel"))
+
+
+def test_error_tree() -> None:
+    for error in (errors.InvalidModelError, errors.InvalidDataError, errors.Canceled, errors.UnsupportedModelError):
+        assert issubclass(error, errors.QuantcoreError)
+    assert errors.__doc__.lstrip().startswith("Exceptions raised by quantcore")
+
+
+def test_module_names_are_concepts() -> None:
+    banned = {"utils", "util", "helpers", "helper", "common", "misc"}
+    assert not [p for p in PACKAGE.rglob("*.py") if p.stem in banned]
+
+
+def test_quantcore_imports_only_its_allowed_libraries() -> None:
+    stdlib = set(sys.stdlib_module_names)
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            for root in roots:
+                if root not in stdlib | ALLOWED_THIRD_PARTY | {"quantcore"}:
+                    offenders.append(f"{path.relative_to(PACKAGE)}: {root}")
+    assert not offenders

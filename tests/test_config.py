@@ -1,0 +1,27 @@
+"""Settings refuse unsafe combinations instead of starting with them."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from jobs.config import Settings
+
+
+def test_production_refuses_embedded_database_and_broker() -> None:
+    with pytest.raises(ValidationError, match="PostgreSQL"):
+        Settings(environment="production", database_url="sqlite:///x.db", broker_url="redis://r:6379/0")
+    with pytest.raises(ValidationError, match="Redis"):
+        Settings(environment="production", database_url="postgresql+psycopg://h/db", broker_url="filesystem://")
+    ok = Settings(environment="production", database_url="postgresql+psycopg://h/db", broker_url="redis://r/0")
+    assert ok.visibility_timeout > ok.job_time_limit
+
+
+def test_heartbeat_timeout_must_cover_several_beats() -> None:
+    with pytest.raises(ValidationError, match="heartbeat_timeout"):
+        Settings(heartbeat_interval=10, heartbeat_timeout=15)
+
+
+def test_embedded_default_is_sqlite_under_var(tmp_path) -> None:  # noqa: ANN001
+    settings = Settings(var_dir=tmp_path, database_url=None)
+    assert settings.resolved_database_url == f"sqlite:///{tmp_path.resolve() / 'quant.db'}"

@@ -1,0 +1,1 @@
+"""Celery tasks: thin adapters from job rows to quantcore calls."""

@@ -1,0 +1,260 @@
+"""Run one job: claim the row, heartbeat, run quantcore's stages, store artifacts, end the job.
+
+    claim ─▶ load data ─▶ quantcore.quantize (prepare, annotate, calibrate, export, evaluate)
+          ─▶ store artifacts (temp name, rename) ─▶ succeeded | failed | canceled
+
+A redelivered duplicate finds the job claimed by a live worker and does nothing. A job whose
+worker died is claimable again (same host: the owner pid is gone; elsewhere: the heartbeat is
+stale), and the reaper requeues it. Cancellation is checked between stages and inside every
+batch loop, through quantcore's `should_cancel`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from jobs import queries, storage
+from jobs.config import settings
+from jobs.db import session_scope
+from jobs.models import JobStatus
+from quantcore import quantize
+from quantcore.errors import Canceled, QuantcoreError
+from worker.splits import split_dataset
+from worker.translate import parse_recipe, to_quantize_config
+
+log = logging.getLogger(__name__)
+
+# Share of the overall progress bar each stage takes (measured on the digits CNN, rounded).
+STAGE_WEIGHTS = {
+    "load": 0.03,
+    "prepare": 0.04,
+    "annotate": 0.02,
+    "calibrate": 0.45,
+    "export": 0.04,
+    "evaluate": 0.37,
+    "store": 0.05,
+}
+ARTIFACTS = {
+    "model.qdq.onnx": "application/octet-stream",
+    "tqc.json": "application/json",
+    "report.json": "application/json",
+}
+EVENT_MIN_INTERVAL = 0.5  # seconds between progress events inside a stage
+
+
+class Abandoned(Exception):
+    """The job is no longer ours (reaped after a stall, or finished elsewhere): stop quietly."""
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_is_dead(claimed_by: str | None) -> bool:
+    """True when the job's owner ran on this host and its process is gone (or it is us)."""
+    if not claimed_by or ":" not in claimed_by:
+        return False
+    host, _, pid = claimed_by.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Progress:
+    """Turns quantcore's (stage, fraction) callbacks into job progress, events and cancel checks."""
+
+    def __init__(self, job_id: uuid.UUID, owner: str) -> None:
+        self.job_id = job_id
+        self.owner = owner
+        self.url = settings.resolved_database_url
+        self.stage: str | None = None
+        self.last_event = 0.0
+        self.lost = threading.Event()
+        self.starts = {}
+        total = 0.0
+        for name, weight in STAGE_WEIGHTS.items():
+            self.starts[name] = total
+            total += weight
+
+    def overall(self, stage: str, fraction: float) -> float:
+        return min(1.0, self.starts.get(stage, 0.0) + STAGE_WEIGHTS.get(stage, 0.0) * max(0.0, min(1.0, fraction)))
+
+    def __call__(self, stage: str, fraction: float, message: str = "") -> None:
+        now = time.monotonic()
+        new_stage = stage != self.stage
+        if not new_stage and now - self.last_event < EVENT_MIN_INTERVAL and fraction < 1.0:
+            return
+        self.stage = stage
+        self.last_event = now
+        with session_scope(self.url) as session:
+            queries.set_progress(
+                session=session,
+                job_id=self.job_id,
+                worker_id=self.owner,
+                stage=stage,
+                progress=self.overall(stage, fraction),
+                message=message or f"{stage} {fraction:.0%}",
+                kind="stage" if new_stage else "progress",
+            )
+
+    def should_cancel(self) -> bool:
+        if self.lost.is_set():
+            raise Abandoned(f"job {self.job_id} was taken from this worker")
+        with session_scope(self.url) as session:
+            return queries.cancel_requested(session=session, job_id=self.job_id)
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, progress: Progress) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{progress.job_id}")
+        self.progress = progress
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(settings.heartbeat_interval):
+            try:
+                with session_scope(self.progress.url) as session:
+                    ours = queries.heartbeat(
+                        session=session, job_id=self.progress.job_id, worker_id=self.progress.owner
+                    )
+            except Exception:  # a DB blip: try again next beat; the timeout is several beats long
+                log.warning("heartbeat for job %s failed", self.progress.job_id, exc_info=True)
+                continue
+            if not ours:
+                self.progress.lost.set()
+                return
+
+
+def run_job(job_id: uuid.UUID) -> None:
+    owner = worker_id()
+    url = settings.resolved_database_url
+    with session_scope(url) as session:
+        current = queries.get_job_unscoped(session=session, job_id=job_id)
+        if current is None or current.status not in (JobStatus.queued, JobStatus.running):
+            log.info("job %s is %s; nothing to do", job_id, current and current.status)
+            return
+        job = queries.claim_job(
+            session=session,
+            job_id=job_id,
+            worker_id=owner,
+            heartbeat_timeout=settings.heartbeat_timeout,
+            max_attempts=settings.max_attempts,
+            dead_owner=_owner_is_dead(current.claimed_by),
+        )
+        if job is None:
+            log.info("job %s is held by a live worker (%s); dropping duplicate delivery", job_id, current.claimed_by)
+            return
+        model_path = storage.resolve(settings.artifact_root, job.model.path)
+        dataset_path = storage.resolve(settings.artifact_root, job.dataset.path)
+        input_names = [spec["name"] for spec in (job.model.info or {}).get("inputs", [])]
+        recipe_data, project_id = job.recipe, job.project_id
+
+    progress = Progress(job_id, owner)
+    heartbeat = Heartbeat(progress)
+    heartbeat.start()
+    work_dir = settings.artifact_root / ".work" / f"{job_id}-{uuid.uuid4().hex[:8]}"
+    try:
+        status, error, stored = _execute(
+            progress, model_path, dataset_path, input_names, recipe_data, work_dir, project_id
+        )
+    except Abandoned as exc:
+        log.warning("%s", exc)
+        return
+    finally:
+        heartbeat.stopped.set()
+        shutil.rmtree(work_dir, ignore_errors=True)
+    if status != JobStatus.succeeded:  # a canceled or failed job leaves no partial artifacts
+        storage.remove_tree(settings.artifact_root, storage.job_dir(project_id, job_id))
+    # Artifact rows and the terminal state commit together: a reader never sees one without the other.
+    with session_scope(url) as session:
+        for artifact in stored:
+            queries.add_artifact(session=session, job_id=job_id, **artifact)
+        if not queries.finish_job(session=session, job_id=job_id, worker_id=owner, status=status, error=error):
+            session.rollback()
+            log.warning("job %s was no longer ours to finish", job_id)
+
+
+def _execute(
+    progress: Progress,
+    model_path: Path,
+    dataset_path: Path,
+    input_names: list[str],
+    recipe_data: dict,
+    work_dir: Path,
+    project_id: uuid.UUID,
+) -> tuple[JobStatus, str | None, list[dict]]:
+    try:
+        recipe = parse_recipe(recipe_data)
+        progress("load", 0.0, "reading the dataset")
+        split = split_dataset(dataset_path, input_names, recipe)
+        progress(
+            "load",
+            1.0,
+            f"{len(split.calibration_indices)} calibration, {len(split.evaluation_indices)} evaluation samples",
+        )
+
+        def should_cancel() -> bool:
+            return progress.should_cancel()
+
+        if should_cancel():
+            raise Canceled("canceled")
+        work_dir.mkdir(parents=True, exist_ok=True)
+        result = quantize(
+            model_path,
+            split.calibration,
+            split.evaluation,
+            to_quantize_config(recipe),
+            work_dir,
+            labels=split.labels,
+            progress=progress,
+            should_cancel=should_cancel,
+        )
+        progress("store", 0.0, "storing artifacts")
+        stored = _store(progress, project_id, result)
+        if should_cancel():
+            raise Canceled("canceled")
+        return JobStatus.succeeded, None, stored
+    except Canceled:
+        return JobStatus.canceled, "canceled by request", []
+    except SoftTimeLimitExceeded:
+        limit = settings.job_soft_time_limit
+        return JobStatus.failed, f"time limit of {limit} s exceeded during {progress.stage}", []
+    except QuantcoreError as exc:
+        return JobStatus.failed, f"{progress.stage}: {exc}", []
+    except Abandoned:
+        raise
+    except Exception as exc:
+        log.exception("job %s crashed", progress.job_id)
+        return JobStatus.failed, f"internal error during {progress.stage}: {type(exc).__name__}: {exc}", []
+
+
+def _store(progress: Progress, project_id: uuid.UUID, result) -> list[dict]:
+    """Copy each artifact into the job's directory under a temporary name and rename it into place."""
+    directory = storage.job_dir(project_id, progress.job_id)
+    files = {"model.qdq.onnx": result.model_path, "tqc.json": result.tqc_path, "report.json": result.report_path}
+    stored = []
+    for name, source in files.items():
+        relative = f"{directory}/{name}"
+        size, digest = storage.store_file(settings.artifact_root, Path(source), relative)
+        stored.append(
+            {"name": name, "media_type": ARTIFACTS[name], "path": relative, "size_bytes": size, "sha256": digest}
+        )
+    progress("store", 1.0, f"stored {len(stored)} artifacts")
+    return stored

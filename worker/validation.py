@@ -1,0 +1,33 @@
+"""Validate an uploaded model with quantcore and record the verdict on its row."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from jobs import queries, storage
+from jobs.config import settings
+from jobs.db import session_scope
+from quantcore import inspect_model
+from quantcore.errors import InvalidModelError
+
+log = logging.getLogger(__name__)
+
+
+def validate_model(model_id: uuid.UUID) -> None:
+    url = settings.resolved_database_url
+    with session_scope(url) as session:
+        model = queries.get_model_unscoped(session=session, model_id=model_id)
+        if model is None:
+            return  # discarded meanwhile
+        path = storage.resolve(settings.artifact_root, model.path)
+    info, error = None, None
+    try:
+        info = inspect_model(path, min_opset=settings.min_opset, max_opset=settings.max_opset)
+    except InvalidModelError as exc:
+        error = str(exc)
+    except Exception as exc:  # a validator crash must still end in a verdict, never a stuck 'pending'
+        log.exception("validation of model %s crashed", model_id)
+        error = f"the model could not be read ({type(exc).__name__}: {exc})"
+    with session_scope(url) as session:
+        queries.record_model_validation(session=session, model_id=model_id, info=info, error=error)
