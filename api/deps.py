@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from api.problems import Problem
 from jobs import queries
 from jobs.config import Settings
-from jobs.db import get_sessionmaker
+from jobs.db import session_scope
 from jobs.models import Project
 
 
@@ -25,15 +25,8 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 def get_session(settings: SettingsDep) -> Iterator[Session]:
-    session = get_sessionmaker(settings.resolved_database_url)()
-    try:
+    with session_scope(settings.resolved_database_url) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -41,7 +41,11 @@ def main() -> int:
         print(f"API:      {url}  (OpenAPI docs at {url}/docs)")
         key = subprocess.run(
             [sys.executable, "-m", "jobs.admin", "create-key", "--project", "demo", "--name", "make run"],
-            env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         print(f"API key:  {key}  (project 'demo')")
         sample_dir = var_dir / "sample"
@@ -53,7 +57,8 @@ def main() -> int:
         client_env = dict(env, QUANT_API_URL=url, QUANT_API_KEY=key)
         done = subprocess.run(
             [sys.executable, "-m", "cli.quantctl", "quantize", str(model), str(data), "-o", str(out_dir)],
-            cwd=ROOT, env=client_env,
+            cwd=ROOT,
+            env=client_env,
         )
         if done.returncode != 0:
             print(f"the sample job did not succeed; see {stack.log_dir}", file=sys.stderr)

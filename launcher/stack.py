@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -41,15 +42,30 @@ class Stack:
     def migrate(self) -> None:
         subprocess.run(
             [sys.executable, "-m", "alembic", "-c", str(ROOT / "alembic.ini"), "upgrade", "head"],
-            cwd=ROOT, env=self.env, check=True, capture_output=True,
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
         )
 
     def start_api(self, port: int | None = None, workers: int = 1) -> str:
         port = port or free_port()
         self._spawn(
             "api",
-            [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers), "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "api.main:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                str(workers),
+                "--log-level",
+                "warning",
+            ],
         )
         self.api_url = f"http://127.0.0.1:{port}"
         self.wait_ready()
@@ -57,8 +73,23 @@ class Stack:
 
     def start_worker(self, name: str, queues: str, *, concurrency: int = 1, beat: bool = False) -> subprocess.Popen:
         argv = [
-            sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", queues, "-c", str(concurrency),
-            "--prefetch-multiplier", "1", "-n", f"{name}@%h", "--loglevel", "INFO", "--without-gossip",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.app",
+            "worker",
+            "-Q",
+            queues,
+            "-c",
+            str(concurrency),
+            "--prefetch-multiplier",
+            "1",
+            "-n",
+            f"{name}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
             "--without-mingle",
         ]
         if beat:
@@ -82,10 +113,8 @@ class Stack:
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal a process and everything it started (its session)."""
         process = self.processes.pop(name)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
         process.wait(timeout=30)
 
     def stop(self) -> None:

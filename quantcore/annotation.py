@@ -113,8 +113,10 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
             name = node.input[request.input_index]
             existing = configs.get(name)
             if existing is not None and not existing.same_quantization(request.config):
-                warnings.append(f"{node.name} input {request.input_index} ({name}) left float: the tensor is "
-                                f"already quantized differently for another consumer")
+                warnings.append(
+                    f"{node.name} input {request.input_index} ({name}) left float: the tensor is "
+                    f"already quantized differently for another consumer"
+                )
                 continue
             configs.setdefault(name, request.config)
             consumers.setdefault(name, []).append(NodeInput(node.name, request.input_index))
@@ -125,5 +127,10 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
             decisions[node.name] = QUANTIZED
         else:
             decisions[node.name] = PASS_THROUGH if rule is pass_through else FLOAT
-    return Annotation(configs=configs, consumers=consumers, parameters=frozenset(parameters),
-                      decisions=decisions, warnings=tuple(warnings))
+    return Annotation(
+        configs=configs,
+        consumers=consumers,
+        parameters=frozenset(parameters),
+        decisions=decisions,
+        warnings=tuple(warnings),
+    )

@@ -52,8 +52,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
 class Batches:
     """Checked, re-iterable batches over ``arrays``; ``what`` ("calibration", ...) prefixes messages."""
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], specs: list[InputSpec], batch_size: int, *,
-                 what: str) -> None:
+    def __init__(self, arrays: Mapping[str, np.ndarray], specs: list[InputSpec], batch_size: int, *, what: str) -> None:
         self.what = what
         self.specs = specs
         self.arrays = self._check(arrays, specs)
@@ -64,11 +63,11 @@ class Batches:
         self.fixed = bool(fixed)
         self.batch_size = fixed.pop() if fixed else batch_size
         if self.fixed and self.total_samples < self.batch_size:
-            raise InvalidDataError(f"{what} data has {self.total_samples} samples but the model's fixed batch "
-                                   f"size is {self.batch_size}")
+            raise InvalidDataError(
+                f"{what} data has {self.total_samples} samples but the model's fixed batch size is {self.batch_size}"
+            )
         # samples actually used: with a fixed batch dimension a trailing partial batch is dropped
-        self.num_samples = (self.total_samples // self.batch_size * self.batch_size if self.fixed
-                            else self.total_samples)
+        self.num_samples = self.total_samples // self.batch_size * self.batch_size if self.fixed else self.total_samples
 
     def _check(self, arrays: Mapping[str, np.ndarray], specs: list[InputSpec]) -> dict[str, np.ndarray]:
         what = self.what
@@ -80,8 +79,9 @@ class Batches:
                 raise InvalidDataError(f"{what} data has no array for model input {spec.name!r} (inputs: {names})")
         for name in arrays:
             if name not in names:
-                raise InvalidDataError(f"{what} data has an array {name!r} but the model has no such input "
-                                       f"(inputs: {names})")
+                raise InvalidDataError(
+                    f"{what} data has an array {name!r} but the model has no such input (inputs: {names})"
+                )
         checked: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}
         for spec in specs:
@@ -90,15 +90,20 @@ class Batches:
                 raise InvalidDataError(f"{what} array {spec.name!r} is a scalar; the first axis must be samples")
             if spec.shape is not None:
                 if array.ndim != len(spec.shape):
-                    raise InvalidDataError(f"{what} array {spec.name!r} has shape {array.shape}, the model "
-                                           f"expects rank {len(spec.shape)} {list(spec.shape)}")
+                    raise InvalidDataError(
+                        f"{what} array {spec.name!r} has shape {array.shape}, the model "
+                        f"expects rank {len(spec.shape)} {list(spec.shape)}"
+                    )
                 for axis, (got, want) in enumerate(zip(array.shape[1:], spec.shape[1:], strict=True), start=1):
                     if isinstance(want, int) and want > 0 and got != want:
-                        raise InvalidDataError(f"{what} array {spec.name!r} has shape {array.shape}; dimension "
-                                               f"{axis} must be {want} (model shape {list(spec.shape)})")
+                        raise InvalidDataError(
+                            f"{what} array {spec.name!r} has shape {array.shape}; dimension "
+                            f"{axis} must be {want} (model shape {list(spec.shape)})"
+                        )
             if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
-                raise InvalidDataError(f"{what} array {spec.name!r} has dtype {array.dtype}, the model input is "
-                                       f"{spec.dtype}")
+                raise InvalidDataError(
+                    f"{what} array {spec.name!r} has dtype {array.dtype}, the model input is {spec.dtype}"
+                )
             if array.shape[0] == 0:
                 raise InvalidDataError(f"{what} array {spec.name!r} has no samples")
             counts[spec.name] = array.shape[0]
@@ -117,7 +122,8 @@ class Batches:
             for spec in self.specs:
                 part = np.ascontiguousarray(self.arrays[spec.name][start:stop], dtype=spec.dtype)
                 if part.dtype.kind == "f" and not np.all(np.isfinite(part)):
-                    raise InvalidDataError(f"{self.what} array {spec.name!r} has NaN or infinite values in "
-                                           f"samples {start}..{stop - 1}")
+                    raise InvalidDataError(
+                        f"{self.what} array {spec.name!r} has NaN or infinite values in samples {start}..{stop - 1}"
+                    )
                 batch[spec.name] = part
             yield batch

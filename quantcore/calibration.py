@@ -34,8 +34,7 @@ STAGE = "calibrate"
 
 def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig) -> Observer:
     """The observer named by ``tqc.observer`` (percentile taken from the run's config)."""
-    return OBSERVERS[tqc.observer](axis=tqc.channel_axis if tqc.per_channel else None,
-                                   percentile=config.percentile)
+    return OBSERVERS[tqc.observer](axis=tqc.channel_axis if tqc.per_channel else None, percentile=config.percentile)
 
 
 def dominator_root(name: str, configs: Mapping[str, TensorQuantConfig]) -> str:
@@ -51,8 +50,11 @@ def dominator_root(name: str, configs: Mapping[str, TensorQuantConfig]) -> str:
     return seen[-1]
 
 
-def calibrate_weights(prepared: PreparedModel, annotation: Annotation, config: QuantizeConfig,
-                      ) -> dict[str, TensorQuantConfig]:
+def calibrate_weights(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    config: QuantizeConfig,
+) -> dict[str, TensorQuantConfig]:
     """Calibrated configs of every annotated parameter, straight from the initializer values."""
     index = GraphIndex(prepared.model.graph)
     calibrated = {}
@@ -82,9 +84,15 @@ def _with_observed_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
             graph.output.pop()
 
 
-def calibrate(prepared: PreparedModel, annotation: Annotation, calibration: Mapping[str, np.ndarray] | Batches,
-              config: QuantizeConfig, *, progress: ProgressCallback | None = None,
-              should_cancel: CancelCheck | None = None) -> Annotation:
+def calibrate(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    calibration: Mapping[str, np.ndarray] | Batches,
+    config: QuantizeConfig,
+    *,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> Annotation:
     """Return ``annotation`` with every config calibrated (states ACTIVATED or PASSIVE).
 
     ``calibration``: ``{input name: array}`` (first axis samples) or prepared ``Batches``.
@@ -92,8 +100,11 @@ def calibrate(prepared: PreparedModel, annotation: Annotation, calibration: Mapp
     ``Canceled`` when ``should_cancel()`` turns True between batches.
     """
     monitor = Monitor(progress, should_cancel)
-    batches = calibration if isinstance(calibration, Batches) else Batches(
-        calibration, input_specs(prepared.model), config.batch_size, what="calibration")
+    batches = (
+        calibration
+        if isinstance(calibration, Batches)
+        else Batches(calibration, input_specs(prepared.model), config.batch_size, what="calibration")
+    )
     configs = dict(annotation.configs)
     configs.update(calibrate_weights(prepared, annotation, config))
 
@@ -117,12 +128,14 @@ def calibrate(prepared: PreparedModel, annotation: Annotation, calibration: Mapp
 
     for root, observer in observers.items():
         if observer.nonfinite:
-            raise InvalidDataError(f"tensor {root!r} took {observer.nonfinite} NaN/infinite values on the "
-                                   f"calibration data")
+            raise InvalidDataError(
+                f"tensor {root!r} took {observer.nonfinite} NaN/infinite values on the calibration data"
+            )
         scale, offset = scale_offset(annotation.configs[root], *observer.bounds())
         configs[root] = annotation.configs[root].with_scale(scale, offset, state=QuantState.ACTIVATED)
     for name, root in roots.items():
         if name != root:
-            configs[name] = annotation.configs[name].with_scale(configs[root].scale, configs[root].offset,
-                                                                state=QuantState.PASSIVE)
+            configs[name] = annotation.configs[name].with_scale(
+                configs[root].scale, configs[root].offset, state=QuantState.PASSIVE
+            )
     return annotation.with_configs(configs)

@@ -147,8 +147,13 @@ class TensorQuantConfig:
         """True when this config inserts quantization (any state but FP32)."""
         return self.state is not QuantState.FP32
 
-    def with_scale(self, scale: np.ndarray | float, offset: np.ndarray | int | None = None, *,
-                   state: QuantState = QuantState.ACTIVATED) -> TensorQuantConfig:
+    def with_scale(
+        self,
+        scale: np.ndarray | float,
+        offset: np.ndarray | int | None = None,
+        *,
+        state: QuantState = QuantState.ACTIVATED,
+    ) -> TensorQuantConfig:
         """A copy carrying ``scale``/``offset`` in ``state`` (validated again)."""
         return replace(self, scale=scale, offset=offset, state=state)
 
@@ -157,8 +162,16 @@ class TensorQuantConfig:
 
     def same_quantization(self, other: TensorQuantConfig) -> bool:
         """True when both would quantize a tensor identically, ignoring state and calibrated values."""
-        keys = ("num_bits", "symmetric", "per_channel", "channel_axis", "observer", "quant_min", "quant_max",
-                "dominator")
+        keys = (
+            "num_bits",
+            "symmetric",
+            "per_channel",
+            "channel_axis",
+            "observer",
+            "quant_min",
+            "quant_max",
+            "dominator",
+        )
         return all(getattr(self, k) == getattr(other, k) for k in keys)
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,8 +203,9 @@ class TensorQuantConfig:
             return False
         if (self.scale is None) != (other.scale is None):
             return False
-        return self.scale is None or (np.array_equal(self.scale, other.scale)
-                                      and np.array_equal(self.offset, other.offset))
+        return self.scale is None or (
+            np.array_equal(self.scale, other.scale) and np.array_equal(self.offset, other.offset)
+        )
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays; equality is by value
 
@@ -231,8 +245,9 @@ class QuantizeConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         object.__setattr__(self, "exclude_op_types", _string_tuple("exclude_op_types", self.exclude_op_types))
-        object.__setattr__(self, "exclude_node_patterns",
-                           _string_tuple("exclude_node_patterns", self.exclude_node_patterns))
+        object.__setattr__(
+            self, "exclude_node_patterns", _string_tuple("exclude_node_patterns", self.exclude_node_patterns)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

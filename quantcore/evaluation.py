@@ -74,9 +74,16 @@ def check_labels(labels: np.ndarray | None, total: int, used: int) -> np.ndarray
     return labels[:used]
 
 
-def evaluate(fp32_model: str | Path, qdq_model: str | Path, evaluation: Mapping[str, np.ndarray],
-             config: QuantizeConfig, *, labels: np.ndarray | None = None,
-             progress: ProgressCallback | None = None, should_cancel: CancelCheck | None = None) -> dict[str, Any]:
+def evaluate(
+    fp32_model: str | Path,
+    qdq_model: str | Path,
+    evaluation: Mapping[str, np.ndarray],
+    config: QuantizeConfig,
+    *,
+    labels: np.ndarray | None = None,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> dict[str, Any]:
     """Compare ``qdq_model`` with ``fp32_model`` on ``evaluation`` (``{input: array}``, first axis samples).
 
     Returns a JSON-ready dict (SQNR etc. may be None, see ``quantcore.metrics``). Raises
@@ -94,10 +101,12 @@ def evaluate(fp32_model: str | Path, qdq_model: str | Path, evaluation: Mapping[
     top1_output: str | None = None
     scratch = tempfile.TemporaryDirectory(prefix="quantcore-eval-")
     deployed_graph = Path(scratch.name) / "deployed.onnx"
-    with (scratch,
-          open_session(fp32_model, device=config.device) as fp32,
-          open_session(qdq_model, device=config.device, exact_qdq=True) as exact,
-          open_session(qdq_model, device=config.device, optimized_model_path=deployed_graph) as deployed):
+    with (
+        scratch,
+        open_session(fp32_model, device=config.device) as fp32,
+        open_session(qdq_model, device=config.device, exact_qdq=True) as exact,
+        open_session(qdq_model, device=config.device, optimized_model_path=deployed_graph) as deployed,
+    ):
         deployed_kernels = kernel_histogram(deployed_graph)
         sessions = {"qdq_exact": exact, "qdq_deployed": deployed}
         start = 0
@@ -110,7 +119,7 @@ def evaluate(fp32_model: str | Path, qdq_model: str | Path, evaluation: Mapping[
                 top1_output = next((n for n in output_names if reference[n].ndim >= 2), None)
                 if top1_output is None:
                     raise InvalidDataError("labels were given but no model output has rank >= 2 to take argmax of")
-            batch_labels = labels[start:start + size] if labels is not None else None
+            batch_labels = labels[start : start + size] if labels is not None else None
             if batch_labels is not None:
                 top1["fp32"].update(reference[top1_output], batch_labels)
             for mode, session in sessions.items():

@@ -25,8 +25,9 @@ def _broadcast(param: torch.Tensor, ndim: int, axis: int | None) -> torch.Tensor
     return param.reshape(shape)
 
 
-def quantize(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, quant_min: int, quant_max: int,
-             axis: int | None = None) -> torch.Tensor:
+def quantize(
+    x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, quant_min: int, quant_max: int, axis: int | None = None
+) -> torch.Tensor:
     """Integer codes q (int32 tensor) of ``x``; not differentiable."""
     s = _broadcast(scale.to(torch.float32), x.ndim, axis)
     o = _broadcast(offset.to(torch.int32), x.ndim, axis)
@@ -41,8 +42,9 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, axis:
     return (q.to(torch.int32) - o).to(torch.float32) * s
 
 
-def fake_quantize(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, quant_min: int, quant_max: int,
-                  axis: int | None = None) -> torch.Tensor:
+def fake_quantize(
+    x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, quant_min: int, quant_max: int, axis: int | None = None
+) -> torch.Tensor:
     """x̂ = dequantize(quantize(x)), with straight-through gradients for x inside the range."""
     s = _broadcast(scale.to(x.dtype), x.ndim, axis)
     o = _broadcast(offset.to(x.dtype), x.ndim, axis)
@@ -56,7 +58,13 @@ def quantize_array(x: np.ndarray, tqc: TensorQuantConfig) -> np.ndarray:
     """Integer codes of a numpy array under a calibrated ``tqc``, as int8 (signed) or uint8."""
     if tqc.scale is None:
         raise ValueError("quantize_array needs a calibrated config (scale is None)")
-    q = quantize(torch.tensor(np.asarray(x), dtype=torch.float32), torch.tensor(tqc.scale),
-                 torch.tensor(tqc.offset), tqc.quant_min, tqc.quant_max, tqc.channel_axis)
+    q = quantize(
+        torch.tensor(np.asarray(x), dtype=torch.float32),
+        torch.tensor(tqc.scale),
+        torch.tensor(tqc.offset),
+        tqc.quant_min,
+        tqc.quant_max,
+        tqc.channel_axis,
+    )
     dtype = np.int8 if tqc.quant_min < 0 else np.uint8
     return q.numpy().astype(dtype)

@@ -27,10 +27,29 @@ from quantcore.graph import GraphIndex, NameScope, default_opset
 # Ops cheap and safe to evaluate when every input is constant: deterministic, no subgraphs, and an
 # output no bigger than their inputs (broadcasting ops are checked before evaluation). Ops whose
 # output size is set by an input's *values* (ConstantOfShape, Expand, Tile, Range) are left alone.
-FOLDABLE_OPS = frozenset({
-    "Constant", "Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat",
-    "Gather", "Slice", "Shape", "Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal",
-})
+FOLDABLE_OPS = frozenset(
+    {
+        "Constant",
+        "Identity",
+        "Cast",
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Concat",
+        "Gather",
+        "Slice",
+        "Shape",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Neg",
+        "Sqrt",
+        "Reciprocal",
+    }
+)
 BROADCASTING_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 MAX_FOLD_ELEMENTS = 1 << 24  # don't materialise constants bigger than this (64 MB of float32)
 
@@ -69,8 +88,9 @@ def fold_constants(model: onnx.ModelProto) -> int:
     for node in graph.node:
         if node.op_type not in FOLDABLE_OPS or node.domain not in ("", "ai.onnx"):
             continue
-        if any(o in graph_outputs for o in node.output) or any(a.type == onnx.AttributeProto.GRAPH
-                                                                for a in node.attribute):
+        if any(o in graph_outputs for o in node.output) or any(
+            a.type == onnx.AttributeProto.GRAPH for a in node.attribute
+        ):
             continue
         inputs = {name: constant(name) for name in node.input if name}
         if any(v is None for v in inputs.values()):

@@ -61,8 +61,14 @@ class OutputAgreement:
 
     def result(self) -> dict[str, Any]:
         if self.nonfinite:
-            return {"sqnr_db": None, "cosine": None, "max_abs_error": None, "mean_abs_error": None,
-                    "argmax_agreement": None, "nonfinite": self.nonfinite}
+            return {
+                "sqnr_db": None,
+                "cosine": None,
+                "max_abs_error": None,
+                "mean_abs_error": None,
+                "argmax_agreement": None,
+                "nonfinite": self.nonfinite,
+            }
         sqnr = 10.0 * math.log10(self.sum_x2 / self.sum_e2) if self.sum_x2 > 0 and self.sum_e2 > 0 else None
         norms = self.sum_x2 * self.sum_y2
         cosine = self.sum_xy / math.sqrt(norms) if norms > 0 else None

@@ -60,9 +60,17 @@ class _Stages:
         self.monitor.report(stage, 1.0, message)
 
 
-def quantize(model_path: str | Path, calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray],
-             config: QuantizeConfig, out_dir: str | Path, *, labels: np.ndarray | None = None,
-             progress: ProgressCallback | None = None, should_cancel: CancelCheck | None = None) -> QuantizeResult:
+def quantize(
+    model_path: str | Path,
+    calibration: Mapping[str, np.ndarray],
+    evaluation: Mapping[str, np.ndarray],
+    config: QuantizeConfig,
+    out_dir: str | Path,
+    *,
+    labels: np.ndarray | None = None,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to an INT8 QDQ model in ``out_dir``.
 
     calibration / evaluation: ``{input name: array}``, first axis samples (batched by
@@ -81,51 +89,72 @@ def quantize(model_path: str | Path, calibration: Mapping[str, np.ndarray], eval
     calibration_batches = Batches(calibration, specs, config.batch_size, what="calibration")
     evaluation_batches = Batches(evaluation, specs, config.batch_size, what="evaluation")
     check_labels(labels, evaluation_batches.total_samples, evaluation_batches.num_samples)
-    stages.end("prepare", started, f"folded {len(prepared.folded_batchnorms)} BatchNormalization, "
-                                   f"{prepared.folded_constants} constant nodes")
+    stages.end(
+        "prepare",
+        started,
+        f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes",
+    )
 
     started = stages.begin("annotate")
     annotation = annotate(prepared, config)
-    stages.end("annotate", started, f"{len(annotation.activations)} activations, "
-                                    f"{len(annotation.parameters)} weights to quantize")
+    stages.end(
+        "annotate",
+        started,
+        f"{len(annotation.activations)} activations, {len(annotation.parameters)} weights to quantize",
+    )
 
     started = stages.begin("calibrate")
-    calibrated = calibrate(prepared, annotation, calibration_batches, config, progress=progress,
-                           should_cancel=should_cancel)
+    calibrated = calibrate(
+        prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
+    )
     stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
 
     started = stages.begin("export")
     exported = export(prepared, calibrated, out_dir, platform=config.platform)
-    stages.end("export", started, f"{exported.quantize_linear_nodes} QuantizeLinear, "
-                                  f"{exported.dequantize_linear_nodes} DequantizeLinear")
+    stages.end(
+        "export",
+        started,
+        f"{exported.quantize_linear_nodes} QuantizeLinear, {exported.dequantize_linear_nodes} DequantizeLinear",
+    )
 
     started = stages.begin("evaluate")
-    evaluation_report = evaluate(model_path, exported.model_path, evaluation, config, labels=labels,
-                                 progress=progress, should_cancel=should_cancel)
+    evaluation_report = evaluate(
+        model_path,
+        exported.model_path,
+        evaluation,
+        config,
+        labels=labels,
+        progress=progress,
+        should_cancel=should_cancel,
+    )
     stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")
 
-    report = jsonable({
-        "format": REPORT_FORMAT,
-        "config": config.to_dict(),
-        "prepare": {
-            "source_opset": prepared.source_opset,
-            "opset": prepared.opset,
-            "folded_batchnorms": [{"node": f.node, "batchnorm": f.batchnorm, "output": f.output}
-                                  for f in prepared.folded_batchnorms],
-            "folded_constants": prepared.folded_constants,
-            "renamed_nodes": prepared.renamed_nodes,
-        },
-        "annotation": annotation.summary(),
-        "calibration": {
-            "num_samples": calibration_batches.num_samples,
-            "batch_size": calibration_batches.batch_size,
-            "num_batches": len(calibration_batches),
-        },
-        "evaluation": evaluation_report,
-        "stage_seconds": stages.seconds,
-        "warnings": [*prepared.warnings, *annotation.warnings],
-    })
+    report = jsonable(
+        {
+            "format": REPORT_FORMAT,
+            "config": config.to_dict(),
+            "prepare": {
+                "source_opset": prepared.source_opset,
+                "opset": prepared.opset,
+                "folded_batchnorms": [
+                    {"node": f.node, "batchnorm": f.batchnorm, "output": f.output} for f in prepared.folded_batchnorms
+                ],
+                "folded_constants": prepared.folded_constants,
+                "renamed_nodes": prepared.renamed_nodes,
+            },
+            "annotation": annotation.summary(),
+            "calibration": {
+                "num_samples": calibration_batches.num_samples,
+                "batch_size": calibration_batches.batch_size,
+                "num_batches": len(calibration_batches),
+            },
+            "evaluation": evaluation_report,
+            "stage_seconds": stages.seconds,
+            "warnings": [*prepared.warnings, *annotation.warnings],
+        }
+    )
     report_path = out_dir / REPORT_FILE
     atomic.write_json(report_path, report)
-    return QuantizeResult(model_path=exported.model_path, tqc_path=exported.tqc_path, report_path=report_path,
-                          report=report)
+    return QuantizeResult(
+        model_path=exported.model_path, tqc_path=exported.tqc_path, report_path=report_path, report=report
+    )

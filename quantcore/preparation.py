@@ -30,10 +30,17 @@ from quantcore.validate import check_external_data
 
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear gained the per-channel ``axis`` attribute in opset 13
 MIN_QDQ_IR_VERSION = 7  # the IR version that opset 13 requires
-QUANTIZED_OPS = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
-    "DynamicQuantizeLinear",
-})
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "ConvInteger",
+        "MatMulInteger",
+        "DynamicQuantizeLinear",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -50,13 +50,14 @@ class ExportResult:
 
 def _zero_point_type(tqc: TensorQuantConfig, name: str, *, parameter: bool) -> int:
     if tqc.num_bits != 8:
-        raise UnsupportedModelError(f"tensor {name!r}: {tqc.num_bits}-bit quantization can't be exported as "
-                                    f"int8 QDQ")
+        raise UnsupportedModelError(f"tensor {name!r}: {tqc.num_bits}-bit quantization can't be exported as int8 QDQ")
     if parameter:  # stored codes already respect the range; only the storage type matters
         return onnx.TensorProto.INT8 if tqc.quant_min < 0 else onnx.TensorProto.UINT8
     if (tqc.quant_min, tqc.quant_max) not in INT8_RANGES:
-        raise UnsupportedModelError(f"tensor {name!r}: quant range [{tqc.quant_min}, {tqc.quant_max}] differs from "
-                                    f"what QuantizeLinear saturates to")
+        raise UnsupportedModelError(
+            f"tensor {name!r}: quant range [{tqc.quant_min}, {tqc.quant_max}] differs from "
+            f"what QuantizeLinear saturates to"
+        )
     return INT8_RANGES[(tqc.quant_min, tqc.quant_max)]
 
 
@@ -93,15 +94,32 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
         if parameter:
             codes_name = scope.fresh(f"{name}_quantized")
             graph.initializer.append(numpy_helper.from_array(quantize_array(index.array(name), tqc), codes_name))
-            head.append(helper.make_node("DequantizeLinear", [codes_name, scale_name, zero_name], [dq_out],
-                                         name=scope.fresh(f"{name}_DequantizeLinear"), **axis))
+            head.append(
+                helper.make_node(
+                    "DequantizeLinear",
+                    [codes_name, scale_name, zero_name],
+                    [dq_out],
+                    name=scope.fresh(f"{name}_DequantizeLinear"),
+                    **axis,
+                )
+            )
         else:
             q_out = scope.fresh(f"{name}_quantized")
             pair = [
-                helper.make_node("QuantizeLinear", [name, scale_name, zero_name], [q_out],
-                                 name=scope.fresh(f"{name}_QuantizeLinear"), **axis),
-                helper.make_node("DequantizeLinear", [q_out, scale_name, zero_name], [dq_out],
-                                 name=scope.fresh(f"{name}_DequantizeLinear"), **axis),
+                helper.make_node(
+                    "QuantizeLinear",
+                    [name, scale_name, zero_name],
+                    [q_out],
+                    name=scope.fresh(f"{name}_QuantizeLinear"),
+                    **axis,
+                ),
+                helper.make_node(
+                    "DequantizeLinear",
+                    [q_out, scale_name, zero_name],
+                    [dq_out],
+                    name=scope.fresh(f"{name}_DequantizeLinear"),
+                    **axis,
+                ),
             ]
             producer = index.producers.get(name)
             if producer is None:
@@ -112,8 +130,10 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
         for use in annotation.consumers[name]:
             node = nodes_by_name[use.node]
             if node.input[use.index] != name:
-                raise ValueError(f"annotation says {use.node} input {use.index} reads {name!r}, the graph says "
-                                 f"{node.input[use.index]!r}")
+                raise ValueError(
+                    f"annotation says {use.node} input {use.index} reads {name!r}, the graph says "
+                    f"{node.input[use.index]!r}"
+                )
             node.input[use.index] = dq_out
 
     ordered = list(head)
@@ -158,8 +178,13 @@ def _check(model: onnx.ModelProto | str) -> None:
         raise QuantcoreError(f"the exported QDQ model fails the ONNX checker: {error}") from error
 
 
-def export(prepared: PreparedModel, annotation: Annotation, out_dir: str | Path, *, platform: str | None = None,
-           ) -> ExportResult:
+def export(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    out_dir: str | Path,
+    *,
+    platform: str | None = None,
+) -> ExportResult:
     """Write ``model.qdq.onnx`` and ``tqc.json`` into ``out_dir`` (atomically) and return their paths."""
     out_dir = Path(out_dir)
     model = build_qdq_model(prepared, annotation)

@@ -31,9 +31,14 @@ def providers_for(device: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def open_session(model: onnx.ModelProto | bytes | str | Path, *, device: str = "cpu", exact_qdq: bool = False,
-                 optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                 optimized_model_path: str | Path | None = None) -> Iterator[ort.InferenceSession]:
+def open_session(
+    model: onnx.ModelProto | bytes | str | Path,
+    *,
+    device: str = "cpu",
+    exact_qdq: bool = False,
+    optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    optimized_model_path: str | Path | None = None,
+) -> Iterator[ort.InferenceSession]:
     """An inference session for ``model``.
 
     exact_qdq=True sets ``session.disable_quant_qdq``: QuantizeLinear/DequantizeLinear run as written

@@ -39,11 +39,13 @@ def _parse(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # DecodeError and friends on garbage input
-        raise InvalidModelError(f"not a valid ONNX file (protobuf parse failed: {error}); the upload may be "
-                                f"truncated or not an ONNX model") from error
+        raise InvalidModelError(
+            f"not a valid ONNX file (protobuf parse failed: {error}); the upload may be truncated or not an ONNX model"
+        ) from error
     if model.ir_version <= 0:
-        raise InvalidModelError("not a valid ONNX file: no IR version (the upload may be truncated or not an "
-                                "ONNX model)")
+        raise InvalidModelError(
+            "not a valid ONNX file: no IR version (the upload may be truncated or not an ONNX model)"
+        )
     if not model.HasField("graph") or not model.graph.node:
         raise InvalidModelError("not a valid ONNX file: the model has no graph nodes")
     return model
@@ -71,16 +73,23 @@ def check_external_data(model: onnx.ModelProto, directory: Path) -> None:
         label = f"tensor {tensor.name!r}"
         if not location:
             raise InvalidModelError(f"{label} is stored externally but names no location")
-        if (os.path.isabs(location) or PurePosixPath(location).is_absolute()
-                or PureWindowsPath(location).is_absolute() or PureWindowsPath(location).drive):
-            raise InvalidModelError(f"{label}: external data location {location!r} is an absolute path; "
-                                    f"locations must be relative to the model file")
+        if (
+            os.path.isabs(location)
+            or PurePosixPath(location).is_absolute()
+            or PureWindowsPath(location).is_absolute()
+            or PureWindowsPath(location).drive
+        ):
+            raise InvalidModelError(
+                f"{label}: external data location {location!r} is an absolute path; "
+                f"locations must be relative to the model file"
+            )
         if ".." in PurePosixPath(location.replace("\\", "/")).parts:
             raise InvalidModelError(f"{label}: external data location {location!r} leaves the model's directory")
         target = (root / location).resolve()
         if not target.is_relative_to(root):
-            raise InvalidModelError(f"{label}: external data location {location!r} resolves outside the "
-                                    f"model's directory")
+            raise InvalidModelError(
+                f"{label}: external data location {location!r} resolves outside the model's directory"
+            )
         if not target.is_file():
             raise InvalidModelError(f"{label}: external data file {location!r} is missing")
         try:
@@ -90,8 +99,9 @@ def check_external_data(model: onnx.ModelProto, directory: Path) -> None:
             raise InvalidModelError(f"{label}: malformed external data offset/length") from error
         size = target.stat().st_size
         if offset < 0 or offset > size or (length is not None and (length < 0 or offset + length > size)):
-            raise InvalidModelError(f"{label}: external data range (offset {offset}, length {length}) exceeds "
-                                    f"{location!r} ({size} bytes)")
+            raise InvalidModelError(
+                f"{label}: external data range (offset {offset}, length {length}) exceeds {location!r} ({size} bytes)"
+            )
 
 
 def _count_nodes(graph: onnx.GraphProto, histogram: Counter) -> None:
@@ -115,8 +125,9 @@ def _describe(values, skip: set[str]) -> list[dict[str, Any]]:
     return described
 
 
-def inspect_model(path: str | Path, *, min_opset: int = DEFAULT_MIN_OPSET,
-                  max_opset: int = DEFAULT_MAX_OPSET) -> dict[str, Any]:
+def inspect_model(
+    path: str | Path, *, min_opset: int = DEFAULT_MIN_OPSET, max_opset: int = DEFAULT_MAX_OPSET
+) -> dict[str, Any]:
     """Validate the ONNX file at ``path`` (steps in the module docstring) and describe it.
 
     Returns ``{"opset", "ir_version", "producer", "inputs", "outputs", "op_histogram",

@@ -91,7 +91,7 @@ def _train(images: np.ndarray, labels: np.ndarray, *, epochs: int, seed: int) ->
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=generator)
         for start in range(0, len(y), batch):
-            index = order[start:start + batch]
+            index = order[start : start + batch]
             loss = nn.functional.cross_entropy(model(x[index]), y[index])
             optimizer.zero_grad()
             loss.backward()
@@ -107,9 +107,16 @@ def export_onnx(model: DigitsNet, path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter warns that it is deprecated
         torch.onnx.export(
-            model, (example,), str(path), input_names=["input"], output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=OPSET,
-            do_constant_folding=False, training=torch.onnx.TrainingMode.EVAL, dynamo=False,
+            model,
+            (example,),
+            str(path),
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=OPSET,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.EVAL,
+            dynamo=False,
         )
 
 

@@ -80,9 +80,18 @@ class Service:
             _key, plaintext = queries.create_api_key(session=session, project=row)
         return plaintext
 
-    def client(self, key: str | None = None, **kwargs) -> httpx.Client:  # noqa: ANN003
+    def client(self, key: str | None = None, **kwargs) -> httpx.Client:
         headers = {"X-API-Key": key if key is not None else self.new_key()}
         return httpx.Client(base_url=f"{self.url}/api/v1", headers=headers, timeout=120, **kwargs)
+
+    def upload(self, key: str, model: bytes, dataset: bytes) -> tuple[dict, dict]:
+        """Upload a model and a dataset into the key's project; both must be accepted."""
+        with self.client(key) as client:
+            model_response = client.post("/models", files={"file": ("model.onnx", model)})
+            assert model_response.status_code == 201, model_response.text
+            dataset_response = client.post("/datasets", files={"file": ("data.npz", dataset)})
+            assert dataset_response.status_code == 201, dataset_response.text
+        return model_response.json(), dataset_response.json()
 
     def start_job_worker(self, name: str = "gpu") -> None:
         self.stack.start_worker(name, "gpu", concurrency=1)

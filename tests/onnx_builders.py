@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def tiny_conv_model(*, opset: int = 17, input_name: str = "image") -> onnx.ModelProto:
-    """image (N,3,8,8) → Conv 3→4 3×3 → Relu → GlobalAveragePool → Flatten → Gemm 4→2 → logits."""
+    """image (N,3,8,8) → Conv 3→4 3x3 → Relu → GlobalAveragePool → Flatten → Gemm 4→2 → logits."""
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "conv.weight")
     bias = numpy_helper.from_array(np.zeros(4, np.float32), "conv.bias")
@@ -34,5 +34,5 @@ def tiny_conv_model(*, opset: int = 17, input_name: str = "image") -> onnx.Model
     return model
 
 
-def tiny_conv_bytes(**kwargs) -> bytes:  # noqa: ANN003
+def tiny_conv_bytes(**kwargs) -> bytes:
     return tiny_conv_model(**kwargs).SerializeToString()

@@ -51,12 +51,8 @@ def leftovers(service: Service) -> list[Path]:
 def tiny(service: Service) -> dict:
     """A project with the tiny model and a matching dataset uploaded."""
     key = service.new_key()
-    with service.client(key) as client:
-        model = client.post("/models", files={"file": ("tiny.onnx", tiny_conv_bytes())})
-        assert model.status_code == 201, model.text
-        dataset = client.post("/datasets", files={"file": ("tiny.npz", tiny_dataset())})
-        assert dataset.status_code == 201, dataset.text
-    return {"key": key, "model": model.json(), "dataset": dataset.json()}
+    model, dataset = service.upload(key, tiny_conv_bytes(), tiny_dataset())
+    return {"key": key, "model": model, "dataset": dataset}
 
 
 def test_health_and_readiness(service: Service) -> None:
@@ -243,9 +239,8 @@ def test_unknown_and_foreign_ids_are_404(service: Service, tiny: dict) -> None:
 
 def test_jobs_list_filters_and_paginates(service: Service, tiny: dict) -> None:
     key = service.new_key()
+    model, dataset = service.upload(key, tiny_conv_bytes(), tiny_dataset())
     with service.client(key) as client:
-        model = client.post("/models", files={"file": ("tiny.onnx", tiny_conv_bytes())}).json()
-        dataset = client.post("/datasets", files={"file": ("tiny.npz", tiny_dataset())}).json()
         created = [
             client.post(
                 "/jobs", json={"model_id": model["id"], "dataset_id": dataset["id"], "recipe": {"seed": i}}

@@ -22,6 +22,6 @@ def test_heartbeat_timeout_must_cover_several_beats() -> None:
         Settings(heartbeat_interval=10, heartbeat_timeout=15)
 
 
-def test_embedded_default_is_sqlite_under_var(tmp_path) -> None:  # noqa: ANN001
+def test_embedded_default_is_sqlite_under_var(tmp_path) -> None:
     settings = Settings(var_dir=tmp_path, database_url=None)
     assert settings.resolved_database_url == f"sqlite:///{tmp_path.resolve() / 'quant.db'}"

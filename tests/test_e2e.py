@@ -58,7 +58,10 @@ def finished_job(service: Service, digits: tuple[Path, Path]) -> dict:
         assert model.status_code == 201, model.text
         dataset = client.post("/datasets", files={"file": ("digits.npz", data_path.read_bytes())})
         assert dataset.status_code == 201, dataset.text
-        recipe = {"calibration": {"observer": "percentile", "num_samples": 512}, "evaluation": {"holdout_fraction": 0.3}}
+        recipe = {
+            "calibration": {"observer": "percentile", "num_samples": 512},
+            "evaluation": {"holdout_fraction": 0.3},
+        }
         job = client.post(
             "/jobs", json={"model_id": model.json()["id"], "dataset_id": dataset.json()["id"], "recipe": recipe}
         )
@@ -72,9 +75,18 @@ def finished_job(service: Service, digits: tuple[Path, Path]) -> dict:
         downloaded = client.get(f"/jobs/{job_id}/artifacts/model.qdq.onnx").content
         tqc = client.get(f"/jobs/{job_id}/artifacts/tqc.json").json()
         partial = client.get(f"/jobs/{job_id}/artifacts/model.qdq.onnx", headers={"Range": "bytes=0-99"})
-    return {"key": key, "job": final, "events": events, "artifacts": artifacts, "report": report,
-            "model_bytes": downloaded, "tqc": tqc, "partial": partial, "data_path": data_path,
-            "fp32_path": model_path}
+    return {
+        "key": key,
+        "job": final,
+        "events": events,
+        "artifacts": artifacts,
+        "report": report,
+        "model_bytes": downloaded,
+        "tqc": tqc,
+        "partial": partial,
+        "data_path": data_path,
+        "fp32_path": model_path,
+    }
 
 
 def test_job_succeeds_with_stage_progress_events(finished_job: dict) -> None:

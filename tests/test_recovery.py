@@ -33,19 +33,15 @@ SLOW_RECIPE = {
 
 
 @pytest.fixture(scope="module")
-def slow_job_inputs(service: Service, digits) -> dict:  # noqa: ANN001
+def slow_job_inputs(service: Service, digits) -> dict:
     model_path, data_path = digits
     with np.load(data_path) as archive:
         images = np.tile(archive["input"], (4, 1, 1, 1))  # 7188 samples
     buffer = io.BytesIO()
     np.savez(buffer, input=images)
     key = service.new_key()
-    with service.client(key) as client:
-        model = client.post("/models", files={"file": ("digits.onnx", model_path.read_bytes())})
-        assert model.status_code == 201, model.text
-        dataset = client.post("/datasets", files={"file": ("digits.npz", buffer.getvalue())})
-        assert dataset.status_code == 201, dataset.text
-    return {"key": key, "model_id": model.json()["id"], "dataset_id": dataset.json()["id"]}
+    model, dataset = service.upload(key, model_path.read_bytes(), buffer.getvalue())
+    return {"key": key, "model_id": model["id"], "dataset_id": dataset["id"]}
 
 
 def _start_and_wait_for_calibration(client: httpx.Client, inputs: dict) -> str:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import ProjectDep, SessionDep, SettingsDep
+from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import DatasetPublic, Page
-from api.uploads import UPLOAD_BODY, receive_upload
+from api.uploads import UPLOAD_BODY, Upload, receive_upload
 from jobs import queries, storage
+from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.models import Dataset
 from jobs.npz import InvalidArchive, inspect_npz
@@ -24,25 +25,33 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
 async def upload_dataset(request: Request, settings: SettingsDep, project: ProjectDep) -> Dataset:
     """An `.npz` whose arrays are named after the model's inputs, first axis = samples; other
     arrays (e.g. `labels`) may ride along. Object arrays are refused (they would unpickle)."""
-    root = settings.artifact_root
     upload = await receive_upload(
-        request, directory=root / ".uploads", limit=settings.max_dataset_bytes, fallback_name="data.npz"
+        request,
+        directory=settings.artifact_root / ".uploads",
+        limit=settings.max_dataset_bytes,
+        fallback_name="data.npz",
     )
     try:
-        arrays, num_samples = await run_in_threadpool(inspect_npz, upload.path, max_arrays=settings.max_dataset_arrays)
+        return await run_in_threadpool(_store, settings, project.id, upload)
+    finally:
+        upload.path.unlink(missing_ok=True)  # moved into place on success, discarded otherwise
+
+
+def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset:
+    try:
+        arrays, num_samples = inspect_npz(upload.path, max_arrays=settings.max_dataset_arrays)
     except InvalidArchive as exc:
-        upload.path.unlink(missing_ok=True)
         raise Problem(422, f"not a usable dataset: {exc}", slug="invalid-dataset") from exc
     dataset_id = uuid.uuid4()
-    relative = storage.dataset_path(project.id, dataset_id)
-    target = storage.resolve(root, relative)
+    relative = storage.dataset_path(project_id, dataset_id)
+    target = storage.resolve(settings.artifact_root, relative)
     target.parent.mkdir(parents=True, exist_ok=True)
     upload.path.replace(target)
     try:
         with session_scope(settings.resolved_database_url) as session:
             return queries.create_dataset(
                 session=session,
-                project_id=project.id,
+                project_id=project_id,
                 dataset_id=dataset_id,
                 filename=upload.filename,
                 sha256=upload.sha256,
@@ -52,22 +61,13 @@ async def upload_dataset(request: Request, settings: SettingsDep, project: Proje
                 num_samples=num_samples,
             )
     except BaseException:
-        storage.remove_tree(root, relative.rsplit("/", 1)[0])
+        storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
         raise
 
 
 @router.get("", response_model=Page[DatasetPublic], summary="List the project's datasets, newest first")
-def list_datasets(
-    session: SessionDep,
-    project: ProjectDep,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: str | None = None,
-) -> dict:
-    try:
-        items, next_cursor = queries.list_datasets(session=session, project_id=project.id, limit=limit, cursor=cursor)
-    except queries.InvalidCursor as exc:
-        raise Problem(400, str(exc), slug="invalid-cursor") from exc
-    return {"items": items, "next_cursor": next_cursor}
+def list_datasets(session: SessionDep, project: ProjectDep, limit: LimitQuery = 50, cursor: CursorQuery = None) -> dict:
+    return page(queries.list_datasets, session=session, project_id=project.id, limit=limit, cursor=cursor)
 
 
 @router.get("/{dataset_id}", response_model=DatasetPublic, summary="Read one dataset")

@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.events import stream_events
+from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import ArtifactPublic, JobCreate, JobPublic, Page
 from jobs import queries, storage
@@ -91,16 +92,10 @@ def list_jobs(
     session: SessionDep,
     project: ProjectDep,
     status: JobStatus | None = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: str | None = None,
+    limit: LimitQuery = 50,
+    cursor: CursorQuery = None,
 ) -> dict:
-    try:
-        items, next_cursor = queries.list_jobs(
-            session=session, project_id=project.id, status=status, limit=limit, cursor=cursor
-        )
-    except queries.InvalidCursor as exc:
-        raise Problem(400, str(exc), slug="invalid-cursor") from exc
-    return {"items": items, "next_cursor": next_cursor}
+    return page(queries.list_jobs, session=session, project_id=project.id, status=status, limit=limit, cursor=cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="Read a job: status, stage, progress, error")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
+from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import ModelPublic, Page
 from api.uploads import UPLOAD_BODY, receive_upload
@@ -63,18 +63,8 @@ async def upload_model(
 
 
 @router.get("", response_model=Page[ModelPublic], summary="List the project's models, newest first")
-def list_models(
-    session: SessionDep,
-    project: ProjectDep,
-    settings: SettingsDep,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: str | None = None,
-) -> dict:
-    try:
-        items, next_cursor = queries.list_models(session=session, project_id=project.id, limit=limit, cursor=cursor)
-    except queries.InvalidCursor as exc:
-        raise Problem(400, str(exc), slug="invalid-cursor") from exc
-    return {"items": items, "next_cursor": next_cursor}
+def list_models(session: SessionDep, project: ProjectDep, limit: LimitQuery = 50, cursor: CursorQuery = None) -> dict:
+    return page(queries.list_models, session=session, project_id=project.id, limit=limit, cursor=cursor)
 
 
 @router.get("/{model_id}", response_model=ModelPublic, summary="Read one model")

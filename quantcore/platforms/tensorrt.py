@@ -33,8 +33,9 @@ def _weight(axis: int | None) -> TensorQuantConfig:
     return TensorQuantConfig(num_bits=8, symmetric=True, per_channel=True, channel_axis=axis, observer="minmax")
 
 
-def _operand(node: onnx.NodeProto, position: int, index: GraphIndex, config: QuantizeConfig,
-             weight_axis: int | None) -> list[QuantRequest]:
+def _operand(
+    node: onnx.NodeProto, position: int, index: GraphIndex, config: QuantizeConfig, weight_axis: int | None
+) -> list[QuantRequest]:
     """Request for one operand: per-channel weight (axis ``weight_axis``) if it is an initializer,
     per-tensor activation otherwise; nothing if it isn't float32."""
     if len(node.input) <= position or not node.input[position]:
@@ -88,8 +89,22 @@ def quantize_residual_add(node: onnx.NodeProto, index: GraphIndex, config: Quant
     return [QuantRequest(0, _activation(config)), QuantRequest(1, _activation(config))]
 
 
-PASS_THROUGH_OPS = ("Identity", "Relu", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool",
-                    "Slice", "Split", "Pad", "Expand", "Tile", "Dropout")
+PASS_THROUGH_OPS = (
+    "Identity",
+    "Relu",
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "MaxPool",
+    "Slice",
+    "Split",
+    "Pad",
+    "Expand",
+    "Tile",
+    "Dropout",
+)
 
 RULES: dict[str, Rule] = {
     "Conv": quantize_conv,
