@@ -17,7 +17,7 @@ Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors
 
 from quantcore.annotation import Annotation, annotate
 from quantcore.calibration import calibrate
-from quantcore.config import QuantizeConfig, QuantState, TensorQuantConfig
+from quantcore.config import QuantizeConfig
 from quantcore.errors import (
     Canceled,
     InvalidDataError,
@@ -29,6 +29,7 @@ from quantcore.evaluation import evaluate
 from quantcore.pipeline import STAGES, QuantizeResult, quantize
 from quantcore.preparation import PreparedModel, prepare
 from quantcore.qdq import ExportResult, export
+from quantcore.tqc import QuantState, TensorQuantConfig
 from quantcore.validate import inspect_model
 
 __all__ = [

@@ -18,11 +18,12 @@ from types import MappingProxyType
 
 import onnx
 
-from quantcore.config import QuantizeConfig, TensorQuantConfig
+from quantcore.config import QuantizeConfig
 from quantcore.graph import GraphIndex
 from quantcore.platforms import PLATFORMS
 from quantcore.preparation import PreparedModel
 from quantcore.rules import pass_through
+from quantcore.tqc import TensorQuantConfig
 
 # Per-node decisions recorded in Annotation.decisions
 QUANTIZED, PASS_THROUGH, FLOAT, EXCLUDED = "quantized", "pass_through", "float", "excluded"

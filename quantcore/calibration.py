@@ -20,7 +20,7 @@ import onnx
 
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches, input_specs
-from quantcore.config import QuantizeConfig, QuantState, TensorQuantConfig
+from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.graph import GraphIndex
 from quantcore.observers import OBSERVERS, Observer
@@ -28,6 +28,7 @@ from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.scaling import scale_offset
 from quantcore.session import open_session
+from quantcore.tqc import QuantState, TensorQuantConfig
 
 STAGE = "calibrate"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quantcore.config import TensorQuantConfig
+from quantcore.tqc import TensorQuantConfig
 
 
 def _broadcast(param: torch.Tensor, ndim: int, axis: int | None) -> torch.Tensor:

@@ -26,12 +26,12 @@ from onnx import helper, numpy_helper
 
 from quantcore import atomic
 from quantcore.annotation import Annotation
-from quantcore.config import QuantState, TensorQuantConfig
 from quantcore.errors import QuantcoreError, UnsupportedModelError
 from quantcore.fake_quant import quantize_array
 from quantcore.graph import GraphIndex, NameScope
 from quantcore.preparation import PreparedModel
 from quantcore.session import PROTOBUF_LIMIT
+from quantcore.tqc import QuantState, TensorQuantConfig
 
 MODEL_FILE = "model.qdq.onnx"
 TQC_FILE = "tqc.json"

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from quantcore.config import QuantizeConfig, TensorQuantConfig
+from quantcore.config import QuantizeConfig
 from quantcore.graph import GraphIndex
+from quantcore.tqc import TensorQuantConfig
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantcore.config import TensorQuantConfig
+from quantcore.tqc import TensorQuantConfig
 
 MIN_SCALE = 1e-30
 

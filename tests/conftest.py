@@ -8,7 +8,6 @@ and its own processes, started the way `make run` starts them (`launcher.stack`)
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from jobs.db import session_scope
 from launcher.stack import Stack
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REDIS_DB = {"sqlite": 13, "postgresql": 14}
+REDIS_LOCK = "quant-test:lock"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
@@ -61,6 +60,28 @@ def make_database(kind: str) -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@contextmanager
+def redis_database() -> Iterator[str]:
+    """A Redis database number no other test run on this machine holds, emptied for this run.
+
+    Test runs may overlap (a developer's and CI's); each claims a free database with a lock key
+    that expires by itself if the run is killed.
+    """
+    for number in range(1, 16):
+        url = f"redis://127.0.0.1:6379/{number}"
+        client = redis.Redis.from_url(url)
+        if client.set(REDIS_LOCK, os.getpid(), nx=True, ex=3600):
+            for key in client.scan_iter():
+                if key != REDIS_LOCK.encode():
+                    client.delete(key)
+            try:
+                yield url
+            finally:
+                client.delete(REDIS_LOCK)
+            return
+    raise RuntimeError("every Redis database 1-15 is held by another test run")
 
 
 @dataclass
@@ -111,15 +132,12 @@ SERVICE_ENV = {
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
 def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     kind = request.param
-    broker_url = f"redis://127.0.0.1:6379/{REDIS_DB[kind]}"
-    redis.Redis.from_url(broker_url).flushdb()
     var_dir = tmp_path_factory.mktemp(f"var-{kind}")
-    with make_database(kind) as database_url:
+    with make_database(kind) as database_url, redis_database() as broker_url:
         env = dict(
             os.environ, DATABASE_URL=database_url, BROKER_URL=broker_url, QUANT_VAR_DIR=str(var_dir), **SERVICE_ENV
         )
-        log_dir = ARTIFACTS / "logs" / kind
-        shutil.rmtree(log_dir, ignore_errors=True)
+        log_dir = ARTIFACTS / "logs" / f"{kind}-{os.getpid()}"  # overlapping runs keep their own logs
         stack = Stack(env=env, log_dir=log_dir)
         try:
             stack.migrate()

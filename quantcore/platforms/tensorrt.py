@@ -18,9 +18,10 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from quantcore.config import QuantizeConfig, TensorQuantConfig
+from quantcore.config import QuantizeConfig
 from quantcore.graph import GraphIndex
 from quantcore.rules import Platform, QuantRequest, Rule, pass_through
+from quantcore.tqc import TensorQuantConfig
 
 
 def _activation(config: QuantizeConfig) -> TensorQuantConfig:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantcore.config import PLATFORM_NAMES, QuantizeConfig, QuantState, TensorQuantConfig
+from quantcore.config import PLATFORM_NAMES, QuantizeConfig
 from quantcore.platforms import PLATFORMS
+from quantcore.tqc import QuantState, TensorQuantConfig
 
 
 def test_symmetric_int8_defaults() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantcore.config import TensorQuantConfig
 from quantcore.observers import MinMaxObserver, PercentileObserver
 from quantcore.scaling import scale_offset
+from quantcore.tqc import TensorQuantConfig
 
 
 def test_minmax_per_tensor_and_per_channel() -> None:
