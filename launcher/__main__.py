@@ -49,7 +49,7 @@ def main() -> int:
         ).stdout.strip()
         print(f"API key:  {key}  (project 'demo')")
         sample_dir = var_dir / "sample"
-        model, data = sample_dir / "model.onnx", sample_dir / "digits.npz"
+        model, data = sample_dir / "model.onnx", sample_dir / "heldout.npz"  # never seen in training
         if not (model.exists() and data.exists()):
             print("building the sample model (a small CNN trained on scikit-learn's digits)...")
             subprocess.run([sys.executable, "-m", "samples.digits", str(sample_dir)], cwd=ROOT, env=env, check=True)

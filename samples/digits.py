@@ -10,6 +10,9 @@ README and of quantcore's accuracy tests.
 - ``digits.npz``: ``input`` (1797, 1, 8, 8) float32 and ``labels`` (1797,) int64, all samples in an
   order shuffled by ``seed``. The model is trained on the first ``TRAIN_SAMPLES`` only; the remaining
   ``1797 - TRAIN_SAMPLES`` are held out (use them for evaluation, the first ones for calibration).
+- ``heldout.npz``: only those held-out samples (``input``, ``labels``): the dataset to upload to the
+  service, which splits one dataset into calibration and evaluation parts, so that no sample the
+  model was trained on inflates the reported accuracy.
 
 Training is deterministic for a given seed (one CPU thread, about 6 s).
 Command line: ``python -m samples.digits OUT_DIR [--epochs N] [--seed S]``.
@@ -28,6 +31,7 @@ from torch import nn
 
 TRAIN_SAMPLES = 1297  # of 1797; the last 500 of digits.npz are held out from training
 OPSET = 17
+HELDOUT_FILE = "heldout.npz"
 
 
 class DigitsNet(nn.Module):
@@ -130,6 +134,7 @@ def build_digits(out_dir: Path, *, epochs: int = 30, seed: int = 0) -> tuple[Pat
     data_path = out_dir / "digits.npz"
     export_onnx(model, model_path)
     np.savez(data_path, input=images, labels=labels)
+    np.savez(out_dir / HELDOUT_FILE, input=images[TRAIN_SAMPLES:], labels=labels[TRAIN_SAMPLES:])
     return model_path, data_path
 
 

@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from samples.digits import HELDOUT_FILE
 from tests.conftest import Service
 
 pytestmark = pytest.mark.e2e
@@ -51,19 +52,17 @@ def follow(client: httpx.Client, job_id: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def finished_job(service: Service, digits: tuple[Path, Path]) -> dict:
-    model_path, data_path = digits
+    model_path, _ = digits
+    data_path = model_path.parent / HELDOUT_FILE  # samples the model never saw in training
     key = service.new_key()
+    model, dataset = service.upload(key, model_path.read_bytes(), data_path.read_bytes())
     with service.client(key) as client:
-        model = client.post("/models", files={"file": ("digits.onnx", model_path.read_bytes())})
-        assert model.status_code == 201, model.text
-        dataset = client.post("/datasets", files={"file": ("digits.npz", data_path.read_bytes())})
-        assert dataset.status_code == 201, dataset.text
         recipe = {
             "calibration": {"observer": "percentile", "num_samples": 512},
             "evaluation": {"holdout_fraction": 0.3},
         }
         job = client.post(
-            "/jobs", json={"model_id": model.json()["id"], "dataset_id": dataset.json()["id"], "recipe": recipe}
+            "/jobs", json={"model_id": model["id"], "dataset_id": dataset["id"], "recipe": recipe}
         )
         assert job.status_code == 202, job.text
         assert job.json()["status"] == "queued"
