@@ -114,6 +114,13 @@ class Progress:
                 kind="stage" if new_stage else "progress",
             )
 
+    def log(self, message: str, **data: object) -> None:
+        """A `log` event: something the user should read (a warning from the engine, say)."""
+        with session_scope(self.url) as session:
+            queries.add_event(
+                session=session, job_id=self.job_id, kind="log", stage=self.stage, message=message, data=data or None
+            )
+
     def should_cancel(self) -> bool:
         if self.lost.is_set():
             raise Abandoned(f"job {self.job_id} was taken from this worker")
@@ -226,6 +233,8 @@ def _execute(
             progress=progress,
             should_cancel=should_cancel,
         )
+        for warning in result.report.get("warnings", []):
+            progress.log(str(warning))
         progress("store", 0.0, "storing artifacts")
         stored = _store(progress, project_id, result)
         if should_cancel():
