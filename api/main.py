@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 
 from api import problems
-from api.routes import datasets, health, jobs, models
+from api.dashboard import mount_dashboard
+from api.routes import datasets, health, jobs, models, webhooks
 from jobs.config import Settings
 from jobs.config import settings as default_settings
 from jobs.queue import make_celery
@@ -28,9 +29,10 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
     app.state.celery = make_celery(settings, broker_url)
     problems.install(app)
     api = APIRouter(prefix=API_PREFIX)
-    for router in (models.router, datasets.router, jobs.router, health.router):
+    for router in (models.router, datasets.router, jobs.router, health.router, webhooks.router):
         api.include_router(router)
     app.include_router(api)
+    mount_dashboard(app)  # the built frontend at /, for paths no API route answers
     return app
 
 

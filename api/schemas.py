@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AnyUrl, BaseModel, ConfigDict, Field, UrlConstraints
 
-from jobs.models import JobStatus, ModelStatus
+from jobs.models import DeliveryStatus, JobStatus, ModelStatus
+from jobs.outbox import EVENT_TYPES
 from jobs.recipe import Recipe
 
 T = TypeVar("T")
@@ -62,12 +63,21 @@ class DatasetPublic(_Public):
     created_at: datetime
 
 
+WebhookUrl = Annotated[AnyUrl, UrlConstraints(max_length=2048, allowed_schemes=["http", "https"], host_required=True)]
+EventType = Literal[EVENT_TYPES]  # job.succeeded | job.failed | job.canceled
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_id: uuid.UUID
     dataset_id: uuid.UUID
     recipe: Recipe = Field(default_factory=Recipe)
+    webhook_url: WebhookUrl | None = Field(
+        default=None,
+        description="Also notify this http(s) URL when the job ends (one-off; signed with `webhook_secret`, "
+        "returned once in the response).",
+    )
 
 
 class JobPublic(_Public):
@@ -84,6 +94,13 @@ class JobPublic(_Public):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    webhook_url: str | None = None
+
+
+class JobCreated(JobPublic):
+    webhook_secret: str | None = Field(
+        default=None, description="Signs the one-off webhook (Standard Webhooks). Shown only in this response."
+    )
 
 
 class ArtifactPublic(_Public):
@@ -113,3 +130,70 @@ class Health(BaseModel):
     status: str
     database: str
     broker: str
+
+
+class WebhookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: WebhookUrl
+    event_types: list[EventType] = Field(default_factory=lambda: list(EVENT_TYPES), min_length=1)
+    description: str = Field(default="", max_length=500)
+
+
+class WebhookUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: WebhookUrl | None = None
+    event_types: list[EventType] | None = Field(default=None, min_length=1)
+    description: str | None = Field(default=None, max_length=500)
+    enabled: bool | None = None
+
+
+class SecretRotation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    overlap_seconds: float = Field(
+        default=24 * 3600, ge=0, le=7 * 24 * 3600, description="How long the previous secret keeps signing too."
+    )
+
+
+class WebhookPublic(_Public):
+    id: uuid.UUID
+    url: str
+    description: str
+    event_types: list[str]
+    enabled: bool
+    disabled_reason: str | None
+    failing_since: datetime | None
+    previous_secret_expires_at: datetime | None = Field(
+        description="While in the future, deliveries carry a signature with the previous secret too."
+    )
+    created_at: datetime
+    updated_at: datetime
+
+
+class WebhookWithSecret(WebhookPublic):
+    secret: str = Field(description="`whsec_` + base64 key. Shown only when created or rotated.")
+
+
+class AttemptPublic(_Public):
+    attempted_at: datetime
+    status_code: int | None
+    latency_ms: float | None
+    response: str | None = Field(description="The first 1024 characters of the receiver's answer.")
+    error: str | None
+
+
+class DeliveryPublic(BaseModel):
+    id: uuid.UUID
+    webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt and replay.")
+    event_type: str
+    endpoint_id: uuid.UUID | None = Field(description="Null for a job's one-off webhook_url.")
+    job_id: uuid.UUID | None
+    url: str
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    attempt_log: list[AttemptPublic]

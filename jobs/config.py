@@ -10,6 +10,7 @@ when it answers, otherwise kombu's filesystem transport under `./var/broker`.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +51,26 @@ class Settings(BaseSettings):
     # API
     cors_origins: list[str] = []
     page_size_max: int = 200
+    # Base URL clients reach the API at; webhook payloads link to jobs, reports and artifacts under it.
+    public_url: str = "http://127.0.0.1:8000"
+
+    # Webhooks
+    # Seconds to wait before each attempt: the first at once, then growing (jittered) gaps, ~28 h in all.
+    webhook_retry_schedule: list[float] = [0, 5, 300, 1800, 7200, 18000, 36000, 36000]
+    # Each gap is scaled by a random factor in [1 - jitter, 1 + jitter] so retries do not arrive in herds.
+    webhook_jitter: float = Field(default=0.1, ge=0.0, le=0.5)
+    # Per attempt: connect + send + read the (truncated) answer.
+    webhook_timeout: float = Field(default=15.0, gt=0.0, le=30.0)
+    # The periodic task that sends due deliveries runs this often (seconds).
+    webhook_poll_interval: float = Field(default=2.0, gt=0.0)
+    webhook_poll_batch: int = Field(default=50, ge=1)
+    # An endpoint whose deliveries have failed continuously for this long is disabled (seconds).
+    webhook_disable_after: float = Field(default=5 * 24 * 3600, gt=0.0)
+    # A receiver's Retry-After is honoured up to this many seconds.
+    webhook_retry_after_max: float = Field(default=24 * 3600, ge=0.0)
+    # CIDRs a webhook may target although they are loopback/private/link-local (e.g. ["127.0.0.1/32"]).
+    # Empty by default: only public addresses are reachable.
+    webhook_allowed_networks: list[str] = []
 
     @field_validator("heartbeat_timeout")
     @classmethod
@@ -57,6 +78,25 @@ class Settings(BaseSettings):
         interval = info.data.get("heartbeat_interval", 10.0)
         if value <= 2 * interval:
             raise ValueError(f"heartbeat_timeout ({value}) must exceed twice heartbeat_interval ({interval})")
+        return value
+
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _schedule_is_sane(cls, value: list[float]) -> list[float]:
+        if not value:
+            raise ValueError("webhook_retry_schedule needs at least one attempt")
+        if any(delay < 0 for delay in value):
+            raise ValueError("webhook_retry_schedule delays must be >= 0 seconds")
+        return value
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks_parse(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"webhook_allowed_networks: {network!r} is not an IP network ({exc})") from exc
         return value
 
     @model_validator(mode="after")
@@ -68,7 +108,16 @@ class Settings(BaseSettings):
                 raise ValueError("production needs BROKER_URL pointing at Redis, not the embedded broker")
         if self.job_time_limit <= self.job_soft_time_limit:
             raise ValueError("job_time_limit must exceed job_soft_time_limit")
+        if self.environment == "production":
+            metadata = [ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254")]
+            for network in self.allowed_webhook_networks:
+                if any(address in network for address in metadata):
+                    raise ValueError(f"webhook_allowed_networks: {network} would expose the cloud metadata service")
         return self
+
+    @property
+    def allowed_webhook_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(network, strict=False) for network in self.webhook_allowed_networks]
 
     @property
     def resolved_database_url(self) -> str:

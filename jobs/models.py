@@ -3,8 +3,11 @@
     Project ─┬─ ApiKey            (only a SHA-256 of the key is stored)
              ├─ Model             (an uploaded ONNX file, validated by a task)
              ├─ Dataset           (an uploaded .npz of named input arrays)
-             └─ Job ─┬─ JobEvent  (stage / progress / log, the SSE stream; id is the event id)
-                     └─ Artifact  (files a job produced, under the storage root)
+             ├─ Job ─┬─ JobEvent  (stage / progress / log, the SSE stream; id is the event id)
+             │       └─ Artifact  (files a job produced, under the storage root)
+             ├─ WebhookEndpoint   (a URL, the event types it wants, its signing secret(s))
+             └─ WebhookMessage ── WebhookDelivery ── WebhookAttempt
+                (the outbox: one message per event, one delivery per target, one attempt per request)
 
 Job status: queued → running → succeeded | failed | canceled, with canceling between running
 and canceled. Terminal states never change again (enforced in `jobs.queries`).
@@ -144,6 +147,9 @@ class Job(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # A one-off webhook for this job's end, signed with its own secret (shown once at creation).
+    webhook_url: Mapped[str | None] = mapped_column(String(2048))
+    webhook_secret: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -179,3 +185,88 @@ class Artifact(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DeliveryStatus(enum.StrEnum):
+    pending = "pending"  # waiting for its next_attempt_at
+    succeeded = "succeeded"  # the receiver answered 2xx
+    failed = "failed"  # retries exhausted, endpoint gone (410) or disabled
+
+
+class WebhookEndpoint(Base):
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_project_created", "project_id", "created_at", "id"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(String(2048))
+    description: Mapped[str] = mapped_column(String(500), default="")
+    event_types: Mapped[list[Any]] = mapped_column(JSON)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    # `whsec_` + base64 key. During a rotation's overlap the previous secret signs too.
+    secret: Mapped[str] = mapped_column(String(100))
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_secret_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Start of the current run of failed attempts; None after a success.
+    failing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class WebhookMessage(Base):
+    """One event, written in the transaction that caused it; `id` is the stable `webhook-id`."""
+
+    __tablename__ = "webhook_messages"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    event_type: Mapped[str] = mapped_column(String(64))
+    # The body sent, as {type, timestamp, data}; identical on every attempt.
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """A message on its way to one target: an endpoint, or a job's one-off `webhook_url`."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at", "id"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    message_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_messages.id", ondelete="CASCADE"), index=True)
+    endpoint_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(String(2048))
+    status: Mapped[DeliveryStatus] = mapped_column(
+        _enum(DeliveryStatus, "delivery_status"), default=DeliveryStatus.pending
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # When the poller may send it next; pushed forward by a lease while an attempt is in flight.
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Which poll claimed the in-flight attempt: a stale task whose claim was taken over does nothing.
+    claim: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    message: Mapped[WebhookMessage] = relationship()
+    attempt_log: Mapped[list[WebhookAttempt]] = relationship(
+        order_by="WebhookAttempt.attempted_at", lazy="selectin", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class WebhookAttempt(Base):
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    delivery_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
+    attempted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    # The first bytes of the receiver's answer, decoded leniently.
+    response: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)

@@ -33,6 +33,8 @@ from jobs.models import (
     Project,
     utcnow,
 )
+from jobs.outbox import record_job_end
+from jobs.signing import generate_secret
 
 # Projects and keys ----------------------------------------------------------------------------
 
@@ -163,9 +165,23 @@ def list_datasets(
 
 
 def create_job(
-    *, session: Session, project_id: uuid.UUID, model_id: uuid.UUID, dataset_id: uuid.UUID, recipe: dict[str, Any]
+    *,
+    session: Session,
+    project_id: uuid.UUID,
+    model_id: uuid.UUID,
+    dataset_id: uuid.UUID,
+    recipe: dict[str, Any],
+    webhook_url: str | None = None,
 ) -> Job:
-    job = Job(project_id=project_id, model_id=model_id, dataset_id=dataset_id, recipe=recipe)
+    """A queued job; with `webhook_url`, also the secret that will sign its one-off webhook."""
+    job = Job(
+        project_id=project_id,
+        model_id=model_id,
+        dataset_id=dataset_id,
+        recipe=recipe,
+        webhook_url=webhook_url,
+        webhook_secret=generate_secret() if webhook_url else None,
+    )
     session.add(job)
     session.flush()
     add_event(session=session, job_id=job.id, kind="status", message="queued", data={"status": "queued"})
@@ -324,7 +340,11 @@ def set_progress(
 def finish_job(
     *, session: Session, job_id: uuid.UUID, worker_id: str | None, status: JobStatus, error: str | None = None
 ) -> bool:
-    """Make a running job terminal and announce it; False if it was not ours to finish."""
+    """Make a running job terminal and announce it; False if it was not ours to finish.
+
+    Announce means both the `status` event and, through `_transition`, the webhook outbox message:
+    they commit with the terminal state or not at all.
+    """
     assert status in TERMINAL_STATUSES
     values: dict[str, Any] = {"finished_at": utcnow(), "error": error}
     if status == JobStatus.succeeded:
@@ -386,7 +406,12 @@ def _transition(
     result = session.execute(
         query.values(status=status, updated_at=utcnow(), **values).execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    done = result.rowcount == 1
+    if done and status in TERMINAL_STATUSES:
+        # Every way a job ends (worker, reaper, cancel while queued, attempts used up) passes here,
+        # so the webhook message is written in the very transaction that makes the job terminal.
+        record_job_end(session=session, job_id=job_id, status=status)
+    return done
 
 
 # Events ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Celery wiring shared by the API (which enqueues) and the worker (which consumes).
 
 Queues are explicit: `gpu` runs quantization jobs (one message at a time per worker process),
-`default` runs model validation and the reaper. Job state lives in SQL, never in a result backend.
+`default` runs model validation, the reaper and webhook delivery. Job state lives in SQL, never
+in a result backend.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from jobs.config import Settings
 RUN_JOB = "worker.run_job"
 VALIDATE_MODEL = "worker.validate_model"
 REAP_ORPHANS = "worker.reap_orphans"
+POLL_WEBHOOKS = "worker.poll_webhooks"
+DELIVER_WEBHOOK = "worker.deliver_webhook"
 
 GPU_QUEUE = "gpu"
 DEFAULT_QUEUE = "default"
@@ -55,7 +58,12 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         task_queues=(Queue(DEFAULT_QUEUE), Queue(GPU_QUEUE)),
         task_default_queue=DEFAULT_QUEUE,
         task_create_missing_queues=False,
-        task_routes={RUN_JOB: {"queue": GPU_QUEUE}, VALIDATE_MODEL: {"queue": DEFAULT_QUEUE}},
+        task_routes={
+            RUN_JOB: {"queue": GPU_QUEUE},
+            VALIDATE_MODEL: {"queue": DEFAULT_QUEUE},
+            POLL_WEBHOOKS: {"queue": DEFAULT_QUEUE},
+            DELIVER_WEBHOOK: {"queue": DEFAULT_QUEUE},
+        },
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_ignore_result=True,
@@ -67,6 +75,13 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         accept_content=["json"],
         beat_schedule={
             "reap-orphans": {"task": REAP_ORPHANS, "schedule": settings.reaper_interval},
+            # Sends deliveries whose next_attempt_at has come. A poll not started within a few
+            # intervals is dropped (`expires`): the next one does the same work.
+            "poll-webhooks": {
+                "task": POLL_WEBHOOKS,
+                "schedule": settings.webhook_poll_interval,
+                "options": {"expires": max(4 * settings.webhook_poll_interval, 2.0)},
+            },
         },
     )
     return app
@@ -79,3 +94,12 @@ def enqueue_job(app: Celery, job_id: uuid.UUID) -> None:
 
 def enqueue_validation(app: Celery, model_id: uuid.UUID) -> None:
     app.send_task(VALIDATE_MODEL, args=[str(model_id)], queue=DEFAULT_QUEUE)
+
+
+def enqueue_webhook_poll(app: Celery) -> None:
+    """Look for due deliveries now rather than at the next beat (call after committing them)."""
+    app.send_task(POLL_WEBHOOKS, queue=DEFAULT_QUEUE, expires=60)
+
+
+def enqueue_delivery(app: Celery, delivery_id: uuid.UUID, claim: uuid.UUID) -> None:
+    app.send_task(DELIVER_WEBHOOK, args=[str(delivery_id), str(claim)], queue=DEFAULT_QUEUE)

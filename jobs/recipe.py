@@ -1,8 +1,16 @@
 """The user-facing recipe: what a job should do, validated before anything is queued.
 
 Unknown fields are refused (`extra="forbid"`) so a typo never silently does nothing; every bound
-is stated on the field, so a validation error names the field and the allowed range. The worker
-translates a `Recipe` into quantcore's own dataclasses in exactly one function
+is stated on the field, so a validation error names the field and the allowed range. Choices that
+depend on each other are checked on the later field, so the error names it too:
+
+    platform        tensorrt | tensorrt-fp8 | onnxruntime | academic
+    precision       tensorrt, onnxruntime: int8 (= w8a8);  tensorrt-fp8: fp8 only;
+                    academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8)
+    overrides.bits  not with fp8 (FP8 has one width)
+    reduce_range    on/off only with platform onnxruntime (7-bit weights for CPUs without VNNI)
+
+The worker translates a `Recipe` into quantcore's own dataclasses in exactly one function
 (`worker.translate.to_quantize_config`).
 """
 
@@ -10,7 +18,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+Platform = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "academic"]
+Observer = Literal["minmax", "ema_minmax", "percentile", "kl", "mse", "floating"]
+PRECISION_PATTERN = r"^(int8|fp8|w[2-8]a[2-8])$"
+# platform → precisions it accepts (None: int8 and any wXaY)
+PLATFORM_PRECISIONS: dict[str, tuple[str, ...] | None] = {
+    "tensorrt": ("int8", "w8a8"),
+    "tensorrt-fp8": ("fp8",),
+    "onnxruntime": ("int8", "w8a8"),
+    "academic": None,
+}
 
 
 class _Spec(BaseModel):
@@ -18,8 +37,11 @@ class _Spec(BaseModel):
 
 
 class CalibrationSpec(_Spec):
-    observer: Literal["minmax", "percentile"] = Field(
-        "percentile", description="How activation ranges are derived from the calibration data."
+    observer: Observer = Field(
+        "percentile",
+        description="How activation ranges are derived from the calibration data: minmax, ema_minmax "
+        "(moving average of batch ranges), percentile (of |x|), kl (TensorRT entropy), mse (error "
+        "minimizing), floating (FP8 scale search).",
     )
     percentile: float = Field(
         99.99, ge=90.0, le=100.0, description="With observer=percentile: the |x| percentile taken as range."
@@ -51,13 +73,80 @@ class ExcludeSpec(_Spec):
         description="Shell-style patterns over node names to keep in float, e.g. ['/head/*'].",
     )
 
+    @field_validator("op_types", "node_patterns")
+    @classmethod
+    def _non_empty(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not item or len(item) > 256:
+                raise ValueError("entries must be non-empty strings of at most 256 characters")
+        return value
+
+
+class NodeOverrideSpec(_Spec):
+    pattern: str = Field(
+        ..., min_length=1, max_length=256, description="Shell-style pattern over node names, e.g. '/stem/*'."
+    )
+    bits: int | None = Field(None, ge=2, le=8, description="Bits for the matching nodes' weights and activations.")
+    observer: Observer | None = Field(None, description="Observer for the matching nodes' activations.")
+
+    @model_validator(mode="after")
+    def _something_to_override(self) -> NodeOverrideSpec:
+        if self.bits is None and self.observer is None:
+            raise ValueError("an override sets bits and/or observer")
+        return self
+
 
 class Recipe(_Spec):
-    platform: Literal["tensorrt"] = Field(
-        "tensorrt", description="Target runtime whose quantization rules the model follows."
+    platform: Platform = Field(
+        "tensorrt",
+        description="Target runtime whose quantization rules the model follows: tensorrt (INT8), "
+        "tensorrt-fp8 (FP8 E4M3), onnxruntime (QDQ for the CPU EP's integer kernels), academic (2-8 bit).",
     )
-    precision: Literal["int8"] = Field("int8", description="Numeric format of quantized tensors.")
+    precision: str = Field(
+        "int8",
+        pattern=PRECISION_PATTERN,
+        validate_default=True,  # the default int8 must still fit the chosen platform
+        description="Numeric format: int8, fp8, or wXaY (weights X bits, activations Y bits, 2-8).",
+    )
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     exclude: ExcludeSpec = Field(default_factory=ExcludeSpec)
+    overrides: list[NodeOverrideSpec] = Field(
+        default_factory=list, max_length=256, description="Per-node bits/observer; the first matching pattern wins."
+    )
+    reduce_range: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="onnxruntime only: 7-bit weights [-64, 63] so that u8s8 kernels on x86 CPUs without VNNI "
+        "do not saturate; auto decides from the worker's CPU.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_fits_platform(cls, value: str, info: ValidationInfo) -> str:
+        platform = info.data.get("platform")
+        if platform is None:
+            return value
+        accepted = PLATFORM_PRECISIONS[platform]
+        if accepted is None:
+            if value == "fp8":
+                raise ValueError("fp8 needs platform tensorrt-fp8")
+        elif value not in accepted:
+            hint = " (fp8 needs platform tensorrt-fp8)" if value == "fp8" else ""
+            raise ValueError(f"platform {platform} accepts precision {' or '.join(accepted)}, not {value}{hint}")
+        return value
+
+    @field_validator("overrides")
+    @classmethod
+    def _bits_need_integer(cls, value: list[NodeOverrideSpec], info: ValidationInfo) -> list[NodeOverrideSpec]:
+        if info.data.get("precision") == "fp8" and any(o.bits is not None for o in value):
+            raise ValueError("bits cannot be overridden with precision fp8 (FP8 has one width)")
+        return value
+
+    @field_validator("reduce_range")
+    @classmethod
+    def _reduce_range_is_for_onnxruntime(cls, value: str, info: ValidationInfo) -> str:
+        platform = info.data.get("platform")
+        if value != "auto" and platform is not None and platform != "onnxruntime":
+            raise ValueError(f"reduce_range applies to platform onnxruntime only, not {platform}")
+        return value

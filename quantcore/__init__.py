@@ -1,8 +1,14 @@
-"""quantcore: FP32 ONNX in, INT8 QDQ ONNX out, with an honest report of what it cost.
+"""quantcore: FP32 ONNX in, quantized QDQ ONNX out (INT8, FP8, 2-8 bit), with an honest report of
+what it cost, measured on the exported model both as exact Q/DQ and as deployed on ONNX Runtime.
 
 One call does everything::
 
-    result = quantcore.quantize("model.onnx", calibration, evaluation, QuantizeConfig(), "out/")
+    config = QuantizeConfig(platform="onnxruntime", precision="int8", observer="percentile",
+                            overrides=(NodeOverride("/head/*", observer="minmax"),))
+    result = quantcore.quantize("model.onnx", calibration, evaluation, config, "out/",
+                                labels=labels, progress=print, should_cancel=lambda: False)
+
+Platforms (``PLATFORMS``): tensorrt, tensorrt-fp8, onnxruntime, academic.
 
 or compose the stages::
 
@@ -17,7 +23,7 @@ Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors
 
 from quantcore.annotation import Annotation, annotate
 from quantcore.calibration import calibrate
-from quantcore.config import QuantizeConfig
+from quantcore.config import NodeOverride, QuantizeConfig
 from quantcore.errors import (
     Canceled,
     InvalidDataError,
@@ -26,19 +32,25 @@ from quantcore.errors import (
     UnsupportedModelError,
 )
 from quantcore.evaluation import evaluate
+from quantcore.parity import ParityVerdict, check_parity
 from quantcore.pipeline import STAGES, QuantizeResult, quantize
+from quantcore.platforms import PLATFORMS, Platform
 from quantcore.preparation import PreparedModel, prepare
 from quantcore.qdq import ExportResult, export
 from quantcore.tqc import QuantState, TensorQuantConfig
 from quantcore.validate import inspect_model
 
 __all__ = [
+    "PLATFORMS",
     "STAGES",
     "Annotation",
     "Canceled",
     "ExportResult",
     "InvalidDataError",
     "InvalidModelError",
+    "NodeOverride",
+    "ParityVerdict",
+    "Platform",
     "PreparedModel",
     "QuantState",
     "QuantcoreError",
@@ -48,6 +60,7 @@ __all__ = [
     "UnsupportedModelError",
     "annotate",
     "calibrate",
+    "check_parity",
     "evaluate",
     "export",
     "inspect_model",

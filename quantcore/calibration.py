@@ -18,12 +18,13 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
+from quantcore import observers
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.graph import GraphIndex
-from quantcore.observers import OBSERVERS, Observer
+from quantcore.observers import Observer
 from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.scaling import scale_offset
@@ -34,8 +35,9 @@ STAGE = "calibrate"
 
 
 def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig) -> Observer:
-    """The observer named by ``tqc.observer`` (percentile taken from the run's config)."""
-    return OBSERVERS[tqc.observer](axis=tqc.channel_axis if tqc.per_channel else None, percentile=config.percentile)
+    """The observer named by ``tqc.observer``, aimed at ``tqc``'s grid (kl, mse, floating search
+    their range for it); the percentile comes from the run's config."""
+    return observers.make_observer(tqc, percentile=config.percentile)
 
 
 def dominator_root(name: str, configs: Mapping[str, TensorQuantConfig]) -> str:

@@ -48,9 +48,24 @@ FOLDABLE_OPS = frozenset(
         "Neg",
         "Sqrt",
         "Reciprocal",
+        "Pow",
+        # comparisons and logic: the conditions of If nodes (quantcore.branches)
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "Not",
+        "And",
+        "Or",
+        "Xor",
+        "Size",
     }
 )
-BROADCASTING_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+SHAPE_OPS = frozenset({"Shape", "Size"})  # foldable from a statically known input shape alone
+BROADCASTING_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}
+)
 MAX_FOLD_ELEMENTS = 1 << 24  # don't materialise constants bigger than this (64 MB of float32)
 
 
@@ -61,8 +76,31 @@ class FoldedBatchNorm:
     output: str  # tensor name now produced by ``node``
 
 
-def fold_constants(model: onnx.ModelProto) -> int:
+def static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape, for every tensor whose declared or inferred shape is fully fixed."""
+    shapes = {}
+    for value_info in [*graph.input, *graph.value_info]:
+        if not value_info.type.HasField("tensor_type") or not value_info.type.tensor_type.HasField("shape"):
+            continue
+        dims = value_info.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+            shapes[value_info.name] = tuple(int(d.dim_value) for d in dims)
+    return shapes
+
+
+def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    """Output of Shape (with its opset-15 start/end) or Size for an input of static ``shape``."""
+    if node.op_type == "Size":
+        return np.asarray(int(np.prod(shape)), dtype=np.int64)
+    start, end = _attribute(node, "start", 0), _attribute(node, "end", None)
+    return np.asarray(shape[slice(start, end)], dtype=np.int64)
+
+
+def fold_constants(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
     """Replace main-graph nodes of ``FOLDABLE_OPS`` whose inputs are all constant by initializers.
+
+    ``shapes`` (from ``static_shapes``): Shape/Size of a tensor with a fixed shape fold too, even
+    when the tensor itself is not constant.
 
     Nodes producing a graph output are kept (an initializer cannot be a graph output in every
     runtime). Initializers left unused by the folding are removed. Returns the number of folded nodes.
@@ -91,6 +129,13 @@ def fold_constants(model: onnx.ModelProto) -> int:
         if any(o in graph_outputs for o in node.output) or any(
             a.type == onnx.AttributeProto.GRAPH for a in node.attribute
         ):
+            continue
+        if node.op_type in SHAPE_OPS and shapes and constant(node.input[0]) is None:
+            if node.input[0] not in shapes:
+                continue
+            value = _shape_value(node, shapes[node.input[0]])
+            known[node.output[0]] = new_constants[node.output[0]] = value
+            folded.append(node)
             continue
         inputs = {name: constant(name) for name in node.input if name}
         if any(v is None for v in inputs.values()):
@@ -127,6 +172,26 @@ def fold_constants(model: onnx.ModelProto) -> int:
     _drop_stale_value_info(graph, set(new_constants))
     remove_unused_initializers(graph)
     return len(folded)
+
+
+def remove_dead_nodes(graph: onnx.GraphProto) -> int:
+    """Remove main-graph nodes none of whose outputs is read (by a node, a subgraph or as a graph
+    output), repeatedly, e.g. the condition of an inlined If; returns how many were removed."""
+    removed = 0
+    while True:
+        index = GraphIndex(graph)
+        dead = [
+            n
+            for n in graph.node
+            if not any(o and (o in index.graph_outputs or index.consumers.get(o)) for o in n.output)
+        ]
+        if not dead:
+            return removed
+        dead_names = {n.name for n in dead}
+        kept = [n for n in graph.node if n.name not in dead_names]
+        del graph.node[:]
+        graph.node.extend(kept)
+        removed += len(dead)
 
 
 def remove_unused_initializers(graph: onnx.GraphProto) -> None:

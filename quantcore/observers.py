@@ -3,19 +3,49 @@
 Observers only observe: ``observe(x)`` folds one batch into a bounded state, ``bounds()`` returns
 the range (lo, hi) the statistics support. Turning a range into scale and offset is
 ``quantcore.scaling.scale_offset``, the single place where that happens. State never grows with the
-number of batches (``state_nbytes`` lets tests check it).
+number of batches (``state_nbytes`` lets tests check it); no sample is ever buffered.
 
-Registry: ``OBSERVERS[name](axis=..., percentile=...)`` builds an observer; ``TensorQuantConfig.observer``
-holds one of these names.
+Registry: ``OBSERVERS[name](axis=..., percentile=..., tqc=..., momentum=..., bins=...)`` builds an
+observer (every keyword optional, every factory takes them all); ``TensorQuantConfig.observer`` holds
+one of these names:
+
+    minmax       running min / max
+    ema_minmax   exponential moving average of each batch's min / max: m ← μ·m + (1-μ)·m_batch
+    percentile   |x| percentile from a streamed histogram                 (``quantcore.histogram``)
+    kl           TensorRT entropy calibration on the histogram            (``quantcore.clipping``)
+    mse          threshold minimising quantization MSE on the tqc's grid  (``quantcore.clipping``)
+    floating     FP8 scale search (MSE on the FP8 grid)                   (``quantcore.clipping``)
+    constant     the tqc's ``constant_range``, whatever the data
+
+``axis`` (not None) makes a per-channel observer: one range per slice along ``axis``; histogram
+observers then keep one histogram per channel (C x bins counters).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
+
+from quantcore.clipping import FloatingObserver, KLObserver, MSEObserver
+from quantcore.histogram import HistogramObserver, PercentileObserver, finite_values
+from quantcore.tqc import TensorQuantConfig
+
+__all__ = [
+    "ACTIVATION_OBSERVERS",
+    "OBSERVERS",
+    "ConstantObserver",
+    "EMAMinMaxObserver",
+    "FloatingObserver",
+    "HistogramObserver",
+    "KLObserver",
+    "MSEObserver",
+    "MinMaxObserver",
+    "Observer",
+    "PerChannelObserver",
+    "PercentileObserver",
+]
 
 
 class Observer(Protocol):
@@ -29,12 +59,29 @@ class Observer(Protocol):
     def state_nbytes(self) -> int: ...
 
 
-def _finite_values(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """(x or its finite values, count of non-finite values). The check costs one pass over the batch."""
-    finite = np.isfinite(x)
-    if finite.all():
-        return x, 0
-    return x[finite], int(x.size - finite.sum())
+def _channel_extremes(x: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(lo, hi, non-finite count) of one batch: scalars, or (C,) along ``axis``; None if nothing finite."""
+    if axis is None:
+        values, bad = finite_values(x)
+        if values.size == 0:
+            return None if bad == 0 else (np.asarray(np.inf), np.asarray(-np.inf), bad)
+        return np.asarray(values.min(), np.float64), np.asarray(values.max(), np.float64), bad
+    channels = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1)  # (C, rest)
+    finite = np.isfinite(channels)
+    bad = int(channels.size - finite.sum())
+    if bad:
+        lo = np.where(finite, channels, np.inf).min(axis=1).astype(np.float64)
+        hi = np.where(finite, channels, -np.inf).max(axis=1).astype(np.float64)
+    else:
+        lo, hi = channels.min(axis=1).astype(np.float64), channels.max(axis=1).astype(np.float64)
+    return lo, hi, bad
+
+
+def _reported(lo: np.ndarray | None, hi: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    if lo is None or hi is None:
+        return np.asarray(0.0), np.asarray(0.0)
+    # A channel that only ever saw non-finite values keeps ±inf; report it as empty (0, 0).
+    return np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
 
 
 class MinMaxObserver:
@@ -54,134 +101,173 @@ class MinMaxObserver:
         x = np.asarray(x)
         if x.size == 0:
             return
-        if self.axis is None:
-            values, bad = _finite_values(x)
-            self.nonfinite += bad
-            if values.size == 0:
-                return
-            lo, hi = np.asarray(values.min(), np.float64), np.asarray(values.max(), np.float64)
-        else:
-            channels = np.moveaxis(x, self.axis, 0).reshape(x.shape[self.axis], -1)  # (C, rest)
-            finite = np.isfinite(channels)
-            bad = int(channels.size - finite.sum())
-            self.nonfinite += bad
-            if bad:
-                lo = np.where(finite, channels, np.inf).min(axis=1).astype(np.float64)
-                hi = np.where(finite, channels, -np.inf).max(axis=1).astype(np.float64)
-            else:
-                lo, hi = channels.min(axis=1).astype(np.float64), channels.max(axis=1).astype(np.float64)
+        extremes = _channel_extremes(x, self.axis)
+        if extremes is None:
+            return
+        lo, hi, bad = extremes
+        self.nonfinite += bad
         self.lo = lo if self.lo is None else np.minimum(self.lo, lo)
         self.hi = hi if self.hi is None else np.maximum(self.hi, hi)
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.lo is None or self.hi is None:
-            return np.asarray(0.0), np.asarray(0.0)
-        # A channel that only ever saw non-finite values keeps ±inf; report it as empty (0, 0).
-        lo = np.where(np.isfinite(self.lo), self.lo, 0.0)
-        hi = np.where(np.isfinite(self.hi), self.hi, 0.0)
-        return lo, hi
+        return _reported(self.lo, self.hi)
 
     @property
     def state_nbytes(self) -> int:
         return sum(a.nbytes for a in (self.lo, self.hi) if a is not None)
 
 
-class PercentileObserver:
-    """Streaming histogram of |x|; amax = the ``percentile``-th percentile of |x|, bounds (-amax, amax).
+class EMAMinMaxObserver(MinMaxObserver):
+    """Exponential moving average of each batch's min and max (torch.ao's MovingAverageMinMax)::
 
-    The histogram has ``bins`` equal bins over [0, top]. ``top`` starts at the first non-zero batch's
-    max|x|; when a batch exceeds it, ``top`` grows by the smallest power of two 2^k that covers the new
-    max and every 2^k adjacent bins merge into one (exact re-binning, no samples kept). The percentile
-    is interpolated linearly inside its bin, so its error is at most one bin width, top / bins, and
-    the result never exceeds the largest |x| seen.
+        lo ← μ·lo + (1 - μ)·min(x_batch)        hi ← μ·hi + (1 - μ)·max(x_batch)
+
+    with ``momentum`` μ ∈ [0, 1) (μ = 0 is the last batch's range); the first batch sets lo, hi.
     """
 
-    def __init__(self, percentile: float = 99.99, bins: int = 2048) -> None:
-        if not 0.0 < percentile <= 100.0:
-            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
-        if bins < 2 or bins & (bins - 1):
-            raise ValueError(f"bins must be a power of two >= 2, got {bins}")
-        self.percentile = float(percentile)
-        self.counts = np.zeros(bins, dtype=np.int64)  # (bins,) counts of |x| per bin
-        self.top = 0.0  # upper edge of the last bin
-        self.abs_max = 0.0
-        self.nonfinite = 0
-
-    @property
-    def total(self) -> int:
-        return int(self.counts.sum())
+    def __init__(self, axis: int | None = None, momentum: float = 0.9) -> None:
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        super().__init__(axis=axis)
+        self.momentum = float(momentum)
 
     def observe(self, x: np.ndarray) -> None:
-        values, bad = _finite_values(np.asarray(x))
+        x = np.asarray(x)
+        if x.size == 0:
+            return
+        extremes = _channel_extremes(x, self.axis)
+        if extremes is None:
+            return
+        lo, hi, bad = extremes
         self.nonfinite += bad
-        if values.size == 0:
+        if self.lo is None or self.hi is None:
+            self.lo, self.hi = lo, hi
             return
-        magnitudes = np.abs(values).ravel()
-        batch_max = float(magnitudes.max())
-        self.abs_max = max(self.abs_max, batch_max)
-        if batch_max > self.top:
-            self._grow(batch_max)
-        bins = self.counts.size
-        if self.top == 0.0:  # everything seen so far is exactly zero
-            self.counts[0] += magnitudes.size
-            return
-        index = np.minimum((magnitudes * (bins / self.top)).astype(np.int64), bins - 1)
-        self.counts += np.bincount(index, minlength=bins)
+        mu = self.momentum
+        # a channel without finite values in this batch keeps its average
+        self.lo = np.where(np.isfinite(lo), mu * self.lo + (1 - mu) * lo, self.lo)
+        self.hi = np.where(np.isfinite(hi), mu * self.hi + (1 - mu) * hi, self.hi)
+        self.lo = np.where(np.isfinite(self.lo), self.lo, lo)  # first finite value of a channel
+        self.hi = np.where(np.isfinite(self.hi), self.hi, hi)
 
-    def _grow(self, new_max: float) -> None:
-        if self.top == 0.0:
-            self.top = new_max  # zeros counted so far sit in bin 0 for any range
-            return
-        bins = self.counts.size
-        k = math.ceil(math.log2(new_max / self.top))
-        while self.top * 2.0**k < new_max:  # guard float rounding in log2
-            k += 1
-        factor = 2**k
-        if factor >= bins:
-            merged = np.zeros_like(self.counts)
-            merged[0] = self.counts.sum()
-        else:
-            merged = np.zeros_like(self.counts)
-            merged[: bins // factor] = self.counts.reshape(bins // factor, factor).sum(axis=1)
-        self.counts = merged
-        self.top *= float(factor)
 
-    def amax(self) -> float:
-        total = self.total
-        if total == 0 or self.top == 0.0:
-            return 0.0
-        if self.percentile >= 100.0:
-            return self.abs_max
-        target = self.percentile / 100.0 * total
-        cumulative = np.cumsum(self.counts)
-        i = int(np.searchsorted(cumulative, target, side="left"))
-        i = min(i, self.counts.size - 1)
-        before = float(cumulative[i - 1]) if i > 0 else 0.0
-        width = self.top / self.counts.size
-        inside = (target - before) / float(self.counts[i]) if self.counts[i] else 1.0
-        return min(self.abs_max, (i + inside) * width)
+class ConstantObserver:
+    """Reports the given range (lo, hi) whatever it sees (per channel: the same range for each of the
+    C channels, C learnt from the first batch). Non-finite values are still counted."""
+
+    def __init__(self, lo: float, hi: float, axis: int | None = None) -> None:
+        if not lo <= hi:
+            raise ValueError(f"constant range needs lo <= hi, got ({lo}, {hi})")
+        self.lo, self.hi, self.axis = float(lo), float(hi), axis
+        self.channels: int | None = None
+        self.nonfinite = 0
+
+    def observe(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        self.nonfinite += int(x.size - np.isfinite(x).sum())
+        if self.axis is not None and x.ndim:
+            self.channels = x.shape[self.axis]
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        amax = self.amax()
-        return np.asarray(-amax), np.asarray(amax)
+        if self.axis is None:
+            return np.asarray(self.lo), np.asarray(self.hi)
+        if self.channels is None:
+            raise ValueError("a per-channel constant observer needs one observed batch to know C")
+        return np.full(self.channels, self.lo), np.full(self.channels, self.hi)
 
     @property
     def state_nbytes(self) -> int:
-        return self.counts.nbytes + 3 * 8
+        return 4 * 8
 
 
-def _minmax(*, axis: int | None, percentile: float) -> Observer:
+class PerChannelObserver:
+    """One per-tensor observer per slice along ``axis`` (built by ``make()`` on the first batch);
+    ``bounds()`` stacks their ranges into (C,) vectors. Memory: C times the per-tensor state."""
+
+    def __init__(self, axis: int, make: Callable[[], Observer]) -> None:
+        self.axis = axis
+        self.make = make
+        self.channels: list[Observer] = []
+
+    @property
+    def nonfinite(self) -> int:
+        return sum(o.nonfinite for o in self.channels)
+
+    def observe(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        if x.size == 0:
+            return
+        slices = np.moveaxis(x, self.axis, 0)  # (C, ...)
+        if not self.channels:
+            self.channels = [self.make() for _ in range(slices.shape[0])]
+        if len(self.channels) != slices.shape[0]:
+            raise ValueError(f"channel count changed from {len(self.channels)} to {slices.shape[0]}")
+        for observer, values in zip(self.channels, slices, strict=True):
+            observer.observe(values)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.channels:
+            return np.asarray(0.0), np.asarray(0.0)
+        pairs = [o.bounds() for o in self.channels]
+        return np.array([float(lo) for lo, _ in pairs]), np.array([float(hi) for _, hi in pairs])
+
+    @property
+    def state_nbytes(self) -> int:
+        return sum(o.state_nbytes for o in self.channels)
+
+
+ObserverFactory = Callable[..., Observer]
+
+
+def _per_channel_or_tensor(axis: int | None, make: Callable[[], Observer]) -> Observer:
+    return make() if axis is None else PerChannelObserver(axis, make)
+
+
+def _minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
     return MinMaxObserver(axis=axis)
 
 
-def _percentile(*, axis: int | None, percentile: float) -> Observer:
-    if axis is not None:
-        raise ValueError("the percentile observer is per-tensor only")
-    return PercentileObserver(percentile=percentile)
+def _ema_minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+    return EMAMinMaxObserver(axis=axis, momentum=momentum)
 
 
-OBSERVERS: dict[str, Callable[..., Observer]] = {
+def _percentile(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+    return _per_channel_or_tensor(axis, lambda: PercentileObserver(percentile=percentile, bins=bins, tqc=tqc))
+
+
+def _kl(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+    return _per_channel_or_tensor(axis, lambda: KLObserver(bins=bins, tqc=tqc))
+
+
+def _mse(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+    return _per_channel_or_tensor(axis, lambda: MSEObserver(bins=bins, tqc=tqc))
+
+
+def _floating(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+    return _per_channel_or_tensor(axis, lambda: FloatingObserver(bins=bins, tqc=tqc))
+
+
+def _constant(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+    if tqc is None or tqc.constant_range is None:
+        raise ValueError("the constant observer needs tqc=TensorQuantConfig(observer='constant', constant_range=...)")
+    return ConstantObserver(*tqc.constant_range, axis=axis)
+
+
+OBSERVERS: dict[str, ObserverFactory] = {
     "minmax": _minmax,
+    "ema_minmax": _ema_minmax,
     "percentile": _percentile,
+    "kl": _kl,
+    "mse": _mse,
+    "floating": _floating,
+    "constant": _constant,
 }
-ACTIVATION_OBSERVERS = ("minmax", "percentile")  # the choices QuantizeConfig.observer offers
+# The choices QuantizeConfig.observer offers for activations ("constant" needs a per-tensor range).
+ACTIVATION_OBSERVERS = ("minmax", "ema_minmax", "percentile", "kl", "mse", "floating")
+
+
+def make_observer(tqc: TensorQuantConfig, *, percentile: float = 99.99, momentum: float = 0.9) -> Observer:
+    """The observer ``tqc.observer`` names, per-channel along ``tqc.channel_axis`` when per-channel,
+    aiming at ``tqc``'s grid."""
+    axis = tqc.channel_axis if tqc.per_channel else None
+    return OBSERVERS[tqc.observer](axis=axis, percentile=percentile, tqc=tqc, momentum=momentum)

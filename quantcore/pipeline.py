@@ -8,6 +8,13 @@ between batches. Files appear in ``out_dir`` only complete (written under a temp
 renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``report.json``.
 A run canceled or failed after export leaves the exported files in place; ``report.json`` is written
 last, so its presence marks a finished run.
+
+Deployed accuracy equals reported accuracy: after evaluate, ``quantcore.parity`` compares the
+exported model run as exact Q/DQ with the same model on ONNX Runtime's integer kernels. When they
+disagree beyond its tolerance and the platform knows the cause (u8s8 saturation without VNNI on the
+onnxruntime platform), the model is re-annotated, re-calibrated, re-exported and re-evaluated with the
+remedy (7-bit weights), inside the evaluate stage; the report's ``parity`` section says what was
+measured, what was done and why, and ``config`` is the configuration of the files written.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate
 from quantcore.config import QuantizeConfig
 from quantcore.evaluation import check_labels, evaluate
+from quantcore.parity import check_parity, remedy
 from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
@@ -71,7 +79,7 @@ def quantize(
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
 ) -> QuantizeResult:
-    """Quantize the FP32 ONNX model at ``model_path`` to an INT8 QDQ model in ``out_dir``.
+    """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
     calibration / evaluation: ``{input name: array}``, first axis samples (batched by
     ``config.batch_size`` or the model's fixed batch dimension). labels: optional (N_eval,) integer
@@ -127,6 +135,22 @@ def quantize(
         progress=progress,
         should_cancel=should_cancel,
     )
+    verdict = check_parity(evaluation_report)
+    parity: dict[str, Any] = {**verdict.to_dict(), "remedy": None, "before_remedy": None}
+    fix = remedy(config) if verdict.agree is False else None
+    if fix is not None:
+        config, reason = fix
+        annotation = annotate(prepared, config)
+        calibrated = calibrate(prepared, annotation, calibration_batches, config, should_cancel=should_cancel)
+        exported = export(prepared, calibrated, out_dir, platform=config.platform)
+        evaluation_report = evaluate(
+            model_path, exported.model_path, evaluation, config, labels=labels, should_cancel=should_cancel
+        )
+        parity = {
+            **check_parity(evaluation_report).to_dict(),
+            "remedy": reason,
+            "before_remedy": verdict.to_dict(),
+        }
     stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")
 
     report = jsonable(
@@ -149,8 +173,9 @@ def quantize(
                 "num_batches": len(calibration_batches),
             },
             "evaluation": evaluation_report,
+            "parity": parity,
             "stage_seconds": stages.seconds,
-            "warnings": [*prepared.warnings, *annotation.warnings],
+            "warnings": [*prepared.warnings, *annotation.warnings, *exported.warnings],
         }
     )
     report_path = out_dir / REPORT_FILE

@@ -1,35 +1,61 @@
 """Stage 1, prepare: load the user's ONNX model and make it ready to annotate.
 
-Steps, in order (each keeps every graph input/output name, dtype and dynamic dimension):
+Steps, in order (each keeps every real graph input/output name, dtype and dynamic dimension):
 
 1. load, external data included (``InvalidModelError`` if the file can't be parsed);
 2. refuse models that are already quantized (``UnsupportedModelError``);
-3. opset < 13 → upgraded to 13 with ``onnx.version_converter`` (per-channel QuantizeLinear needs the
-   ``axis`` attribute of opset 13); a failed conversion is an ``UnsupportedModelError``;
-4. give unnamed nodes a name (exclusion patterns and reports speak node names);
-5. fold constant subexpressions and BatchNormalization into Conv/ConvTranspose/Gemm
-   (``quantcore.folding``);
-6. infer shapes; a failure is tolerated and recorded in ``warnings``.
+3. IR version newer than ONNX Runtime reads → lowered when the opsets allow; opset < 13 → upgraded
+   to 13 (per-channel QuantizeLinear needs the ``axis`` attribute of opset 13); a failed conversion
+   is an ``UnsupportedModelError`` (``quantcore.opset``);
+4. initializers also listed as graph inputs (Paddle, old exporters) → treated as constants: removed
+   from the inputs (``initializer_inputs``), so folding and weight quantization see them;
+5. give unnamed nodes a name (exclusion patterns and reports speak node names);
+6. until nothing changes: infer shapes; fold constant subexpressions, including Shape/Size of
+   statically shaped tensors and tf2onnx's weight → Transpose/Reshape → Conv chains
+   (``quantcore.folding``); inline ``If`` nodes whose condition is now constant
+   (``quantcore.branches``); with a ``sample`` (one batch of the given data), also Ifs whose
+   condition depends on that data only through shapes or non-float input values;
+7. ``auto_pad`` SAME_UPPER/SAME_LOWER → explicit pads (``quantcore.padding``);
+8. fold BatchNormalization into Conv/ConvTranspose/Gemm;
+9. infer shapes (a failure is tolerated and recorded in ``warnings``); correct graph-output
+   declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.shapes``);
+10. mark nodes that must stay float whatever the platform: decomposed LayerNorm, Sqrt(a² + b²)
+    magnitudes, recurrent ops, control flow left in the graph (``float_nodes``,
+    ``quantcore.float_regions``), each with its reason; control flow left in place is also a warning.
 
 The exported QDQ model is this prepared graph plus Q/DQ nodes, so BN stays folded in it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
+import numpy as np
 import onnx
-from onnx import shape_inference, version_converter
+from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
+from quantcore.branches import fold_constant_branches, fold_sample_branches
 from quantcore.errors import InvalidModelError, UnsupportedModelError
-from quantcore.folding import FoldedBatchNorm, fold_batchnorms, fold_constants
+from quantcore.float_regions import float_regions
+from quantcore.folding import (
+    FoldedBatchNorm,
+    fold_batchnorms,
+    fold_constants,
+    remove_dead_nodes,
+    remove_unused_initializers,
+    static_shapes,
+)
 from quantcore.graph import default_opset, ensure_node_names, external_locations
+from quantcore.opset import MIN_QDQ_OPSET, lower_ir_version, upgrade_opset
+from quantcore.padding import explicit_auto_pad
+from quantcore.shapes import check_outputs, infer_shapes, runtime_outputs
 from quantcore.validate import check_external_data
 
-MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear gained the per-channel ``axis`` attribute in opset 13
-MIN_QDQ_IR_VERSION = 7  # the IR version that opset 13 requires
+MAX_FOLD_ROUNDS = 8  # shape inference / constant folding / If inlining rounds (nested Ifs need several)
 QUANTIZED_OPS = frozenset(
     {
         "QuantizeLinear",
@@ -55,6 +81,17 @@ class PreparedModel:
     folded_constants: int
     renamed_nodes: int
     warnings: tuple[str, ...]
+    # node name → why it stays float whatever the platform (decomposed LayerNorm, Sqrt(a² + b²)
+    # magnitudes, LSTM/GRU/RNN, If/Loop/Scan left in the graph); annotation must not quantize these
+    # nodes' inputs. ``name in float_nodes`` works.
+    float_nodes: Mapping[str, str] = field(default_factory=dict)
+    folded_branches: tuple[str, ...] = ()  # If nodes replaced by their taken branch
+    initializer_inputs: tuple[str, ...] = ()  # initializers that were also listed as graph inputs
+    explicit_pads: tuple[str, ...] = ()  # nodes whose SAME auto_pad became explicit pads
+    source_ir_version: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "float_nodes", MappingProxyType(dict(self.float_nodes)))
 
     @property
     def opset(self) -> int:
@@ -84,28 +121,54 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise InvalidModelError(f"cannot read the external data of {path.name}: {error}") from error
 
 
-def upgrade_opset(model: onnx.ModelProto, target: int = MIN_QDQ_OPSET) -> onnx.ModelProto:
-    """``model`` converted to default-domain opset ``target`` (returned unchanged when already ≥ target)."""
-    current = default_opset(model)
-    if current is None:
-        raise InvalidModelError("model does not import the default ONNX operator set")
-    if current >= target:
-        return model
-    try:
-        converted = version_converter.convert_version(model, target)
-        converted.ir_version = max(converted.ir_version, MIN_QDQ_IR_VERSION)
-        onnx.checker.check_model(converted)
-    except Exception as error:  # the converter raises assorted C++ errors
-        raise UnsupportedModelError(
-            f"the model uses opset {current}; quantization needs opset >= {target} and the automatic "
-            f"conversion failed: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
-            f". Re-export the model with opset >= {target}."
-        ) from error
-    return converted
+def drop_initializer_inputs(graph: onnx.GraphProto) -> list[str]:
+    """Remove graph inputs that are also initializers (they become constants); returns their names."""
+    initializers = {t.name for t in graph.initializer}
+    listed = [i for i in graph.input if i.name in initializers]
+    for value_info in listed:
+        graph.input.remove(value_info)
+    return [v.name for v in listed]
 
 
-def prepare(model: str | Path | onnx.ModelProto) -> PreparedModel:
-    """Load (if given a path) and prepare a model; see the module docstring for the steps."""
+def _condition_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Values of the initializers that are If conditions."""
+    conditions = {n.input[0] for n in graph.node if n.op_type == "If"}
+    return {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.name in conditions}
+
+
+def _simplify(
+    proto: onnx.ModelProto, sample: Mapping[str, np.ndarray] | None, warnings: list[str]
+) -> tuple[onnx.ModelProto, int, list[str]]:
+    """Step 6 of the module docstring; returns (model, folded constant nodes, folded If names)."""
+    folded_constants = 0
+    folded_branches: list[str] = []
+    float_types = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+    float_inputs = {i.name for i in proto.graph.input if i.type.tensor_type.elem_type in float_types}
+    inference_warnings: list[str] = []
+    for _ in range(MAX_FOLD_ROUNDS):
+        proto, _inferred, inference_warnings = infer_shapes(proto)
+        folded_constants += fold_constants(proto, static_shapes(proto.graph))
+        folded = fold_constant_branches(proto.graph, _condition_constants(proto.graph))
+        if not folded and sample is not None and any(n.op_type == "If" for n in proto.graph.node):
+            folded, messages = fold_sample_branches(proto, sample, float_inputs)
+            warnings.extend(m for m in messages if m not in warnings)
+        if not folded:
+            break
+        folded_branches.extend(folded)
+    warnings.extend(inference_warnings)
+    if folded_branches:
+        remove_dead_nodes(proto.graph)  # what computed the conditions
+        remove_unused_initializers(proto.graph)  # and the constants only they read
+    return proto, folded_constants, folded_branches
+
+
+def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndarray] | None = None) -> PreparedModel:
+    """Load (if given a path) and prepare a model; see the module docstring for the steps.
+
+    sample: optional, one batch of every graph input (``{name: array}``, e.g. the first calibration
+    batch). With it, Ifs whose condition depends on the data only through shapes or non-float
+    inputs are folded for that data, and graph-output declarations are checked against ONNX Runtime.
+    """
     source_path = None
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
@@ -120,18 +183,32 @@ def prepare(model: str | Path | onnx.ModelProto) -> PreparedModel:
     source_opset = default_opset(proto)
     if source_opset is None:
         raise InvalidModelError("model does not import the default ONNX operator set")
+    source_ir_version = int(proto.ir_version)
     warnings: list[str] = []
     if source_opset < MIN_QDQ_OPSET:
         proto = upgrade_opset(proto)
         warnings.append(f"opset upgraded from {source_opset} to {MIN_QDQ_OPSET} for per-channel Q/DQ")
+    if lower_ir_version(proto) is not None:
+        warnings.append(f"IR version lowered from {source_ir_version} to {proto.ir_version} for ONNX Runtime")
 
+    initializer_inputs = drop_initializer_inputs(proto.graph)
     renamed = ensure_node_names(proto.graph)
-    folded_constants = fold_constants(proto)
+    proto, folded_constants, folded_branches = _simplify(proto, sample, warnings)
+    explicit_pads = explicit_auto_pad(proto.graph)
     folded = fold_batchnorms(proto)
-    try:
-        proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-    except Exception as error:  # shape inference is an optimisation, not a requirement
-        warnings.append(f"shape inference failed, continuing without it: {str(error).strip()[:300]}")
+    proto, inferred, inference_warnings = infer_shapes(proto)
+    warnings.extend(w for w in inference_warnings if w not in warnings)
+    actual = None
+    if sample is not None:
+        try:
+            actual = runtime_outputs(proto, sample)
+        except Exception as error:  # the check is an aid; a model that can't run fails later, clearly
+            warnings.append(f"the prepared model did not run on the sample: {str(error).strip()[:300]}")
+    warnings.extend(check_outputs(proto, inferred, actual))
+    reasons = float_regions(proto.graph)
+    for node in proto.graph.node:
+        if node.op_type in ("If", "Loop", "Scan") and not any(node.name in w for w in warnings):
+            warnings.append(f"{node.op_type} {node.name!r} left in place: {reasons.get(node.name, 'not folded')}")
     return PreparedModel(
         model=proto,
         source_path=source_path,
@@ -140,4 +217,9 @@ def prepare(model: str | Path | onnx.ModelProto) -> PreparedModel:
         folded_constants=folded_constants,
         renamed_nodes=renamed,
         warnings=tuple(warnings),
+        float_nodes=reasons,
+        folded_branches=tuple(folded_branches),
+        initializer_inputs=tuple(initializer_inputs),
+        explicit_pads=tuple(explicit_pads),
+        source_ir_version=source_ir_version,
     )

@@ -3,15 +3,21 @@ DequantizeLinear, and the table of every tensor's quantization.
 
 Activations: tensor t gets one pair ``t → QuantizeLinear → DequantizeLinear → t_dequantized``,
 placed right after t's producer; every annotated consumer reads ``t_dequantized``, anything else
-(other consumers, graph outputs) still reads float t.
+(other consumers, graph outputs) still reads float t. When the config's quant range is narrower than
+its storage type (a 3-bit config stored as int4, 7-bit weights in int8), QuantizeLinear would saturate
+at the type's range, so a Clip to [(quant_min - o)·s, (quant_max - o)·s] goes in front of it.
 
-Weights: stored quantized, ``q = clip(round(W / s), -128, 127)`` as an int8 initializer, followed by
-DequantizeLinear (``axis`` = the output-channel axis when per-channel). This is TensorRT's
-recommended form and ONNX Runtime's CPU EP runs it; the float initializer is removed once nothing
-else reads it. Their table state is BAKED.
+Weights: stored quantized, ``q = clip(round(W / s) + o, quant_min, quant_max)`` (FP8: W/s on the E4M3
+grid) as an initializer of the storage type, followed by DequantizeLinear (``axis`` = the
+output-channel axis when per-channel). This is TensorRT's recommended form and ONNX Runtime's CPU EP
+runs it; the float initializer is removed once nothing else reads it. Their table state is BAKED.
+Biases linked in the annotation (onnxruntime): int32 codes round(b / (s_x · s_w)), offset 0.
 
-Graph inputs, outputs, their names and dynamic dimensions, opset imports and metadata are those of
-the prepared model. The result is checked with ``onnx.checker.check_model(full_check=True)``.
+Storage types and opsets (``quantcore.storage.storage_type``): int8/uint8 (13 per-channel),
+float8e4m3fn/float8e5m2 (19), int4/uint4/int16/uint16 (21). The model's default opset is raised to the
+highest one needed, and no further (``quantcore.opset.upgrade_opset``, IR version to match).
+Graph inputs, outputs, their names and dynamic dimensions, and metadata are those of the prepared
+model. The result is checked with ``onnx.checker.check_model(full_check=True)``.
 """
 
 from __future__ import annotations
@@ -22,21 +28,36 @@ from typing import Any
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper, numpy_helper
 
 from quantcore import atomic
 from quantcore.annotation import Annotation
 from quantcore.errors import QuantcoreError, UnsupportedModelError
 from quantcore.fake_quant import quantize_array
-from quantcore.graph import GraphIndex, NameScope
+from quantcore.graph import GraphIndex, NameScope, default_opset
+from quantcore.opset import required_ir_version, upgrade_opset
 from quantcore.preparation import PreparedModel
 from quantcore.session import PROTOBUF_LIMIT
+from quantcore.storage import StorageType, storage_type
 from quantcore.tqc import QuantState, TensorQuantConfig
 
 MODEL_FILE = "model.qdq.onnx"
 TQC_FILE = "tqc.json"
-TQC_FORMAT = "quantcore.tqc/1"
-INT8_RANGES = {(-128, 127): onnx.TensorProto.INT8, (0, 255): onnx.TensorProto.UINT8}
+TQC_FORMAT = "quantcore.tqc/2"
+INT32_LIMIT = 2**31 - 1
+FLOAT8_TORCH = {
+    onnx.TensorProto.FLOAT8E4M3FN: torch.float8_e4m3fn,
+    onnx.TensorProto.FLOAT8E5M2: torch.float8_e5m2,
+}
+TYPE_RANGES = {  # full range QuantizeLinear saturates to, per storage type name
+    "int8": (-128, 127),
+    "uint8": (0, 255),
+    "int4": (-8, 7),
+    "uint4": (0, 15),
+    "int16": (-(2**15), 2**15 - 1),
+    "uint16": (0, 2**16 - 1),
+}
 
 
 @dataclass(frozen=True)
@@ -46,24 +67,73 @@ class ExportResult:
     files: tuple[Path, ...]  # everything written (model, its external data if any, the table)
     quantize_linear_nodes: int
     dequantize_linear_nodes: int
+    opset: int = 13  # the exported model's default opset
+    warnings: tuple[str, ...] = ()
 
 
-def _zero_point_type(tqc: TensorQuantConfig, name: str, *, parameter: bool) -> int:
-    if tqc.num_bits != 8:
-        raise UnsupportedModelError(f"tensor {name!r}: {tqc.num_bits}-bit quantization can't be exported as int8 QDQ")
-    if parameter:  # stored codes already respect the range; only the storage type matters
-        return onnx.TensorProto.INT8 if tqc.quant_min < 0 else onnx.TensorProto.UINT8
-    if (tqc.quant_min, tqc.quant_max) not in INT8_RANGES:
-        raise UnsupportedModelError(
-            f"tensor {name!r}: quant range [{tqc.quant_min}, {tqc.quant_max}] differs from "
-            f"what QuantizeLinear saturates to"
-        )
-    return INT8_RANGES[(tqc.quant_min, tqc.quant_max)]
+def storage_of(tqc: TensorQuantConfig) -> StorageType:
+    """The ONNX type storing ``tqc`` (widths without a type of their own go to the next wider one)."""
+    return storage_type(tqc, widen=True)
 
 
-def _zero_point(tqc: TensorQuantConfig, elem_type: int, name: str) -> onnx.TensorProto:
-    dtype = np.int8 if elem_type == onnx.TensorProto.INT8 else np.uint8
-    return numpy_helper.from_array(np.asarray(tqc.offset).astype(dtype), name)
+def typed_tensor(values: np.ndarray, storage: StorageType, name: str) -> onnx.TensorProto:
+    """``values`` (integer codes, or float32 values on an FP8 grid) as a tensor of ``storage``'s type."""
+    values = np.asarray(values)
+    if storage.onnx_type in FLOAT8_TORCH:
+        codes = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(FLOAT8_TORCH[storage.onnx_type])
+        tensor = onnx.TensorProto(name=name, data_type=storage.onnx_type, dims=list(values.shape))
+        tensor.raw_data = codes.view(torch.uint8).numpy().tobytes()
+        return tensor
+    if storage.bits == 4:  # numpy has no 4-bit type: onnx.helper packs two codes per byte
+        return helper.make_tensor(name, storage.onnx_type, list(values.shape), values.astype(np.int64).ravel().tolist())
+    dtype = helper.tensor_dtype_to_np_dtype(storage.onnx_type)
+    return numpy_helper.from_array(values.astype(dtype), name)
+
+
+def narrow_range(tqc: TensorQuantConfig, storage: StorageType) -> tuple[np.ndarray, np.ndarray] | None:
+    """[lo, hi] (float32) an activation must be clipped to before QuantizeLinear so that it saturates at
+    the config's range rather than the storage type's; None when the two ranges coincide."""
+    if tqc.floating:
+        if float(tqc.quant_max) >= tqc.float_format.max:
+            return None
+    elif (tqc.quant_min, tqc.quant_max) == TYPE_RANGES[storage.name]:
+        return None
+    if tqc.per_channel:
+        raise UnsupportedModelError("a per-channel activation with a narrowed quant range cannot be exported")
+    scale = np.asarray(tqc.scale, np.float64)
+    offset = np.asarray(tqc.offset, np.float64)
+    lo = (float(tqc.quant_min) - offset) * scale
+    hi = (float(tqc.quant_max) - offset) * scale
+    return lo.astype(np.float32), hi.astype(np.float32)
+
+
+def bias_codes(
+    bias: np.ndarray, activation: TensorQuantConfig, weight: TensorQuantConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 codes, float32 scale) of a bias: s_b = s_x · s_w ((C,) when the weight is per-channel),
+    q_b = clip(round(b / s_b), -2^31 + 1, 2^31 - 1)."""
+    scale = (np.asarray(activation.scale, np.float32) * np.asarray(weight.scale, np.float32)).astype(np.float32)
+    if scale.ndim == 1 and scale.shape[0] != bias.shape[0]:
+        raise UnsupportedModelError(f"bias of {bias.shape[0]} channels but {scale.shape[0]} weight scales")
+    codes = np.clip(np.round(bias.astype(np.float64) / scale.astype(np.float64)), -INT32_LIMIT, INT32_LIMIT)
+    return codes.astype(np.int32), scale
+
+
+def required_opset(annotation: Annotation) -> int:
+    """The lowest default opset that every Q/DQ of the annotation needs."""
+    return max((storage_of(tqc).min_opset for tqc in annotation.configs.values()), default=13)
+
+
+def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    current = default_opset(model) or opset
+    if current >= opset:
+        return model
+    names = [node.name for node in model.graph.node]
+    converted = upgrade_opset(model, opset)
+    if [node.name for node in converted.graph.node] != names:
+        raise UnsupportedModelError(f"raising the opset from {current} to {opset} changed the graph's nodes")
+    converted.ir_version = max(converted.ir_version, required_ir_version(converted))
+    return converted
 
 
 def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.ModelProto:
@@ -73,6 +143,7 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
             raise ValueError(f"tensor {name!r} is not calibrated (state {tqc.state.value}); run calibrate first")
     model = onnx.ModelProto()
     model.CopyFrom(prepared.model)
+    model = _with_opset(model, required_opset(annotation))
     graph = model.graph
     index = GraphIndex(graph)
     scope = NameScope(index.used_names())
@@ -80,20 +151,30 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
 
     head: list[onnx.NodeProto] = []  # weight DQs and Q/DQ of graph inputs, placed before every node
     after: dict[str, list[onnx.NodeProto]] = {}  # producer node name -> Q/DQ of its outputs
-    replaced: dict[str, str] = {}  # tensor -> its DequantizeLinear output
+
+    def rewire(tensor: str, uses, dq_out: str) -> None:
+        for use in uses:
+            node = nodes_by_name[use.node]
+            if node.input[use.index] != tensor:
+                raise ValueError(
+                    f"annotation says {use.node} input {use.index} reads {tensor!r}, the graph says "
+                    f"{node.input[use.index]!r}"
+                )
+            node.input[use.index] = dq_out
 
     for name, tqc in annotation.configs.items():
         parameter = name in annotation.parameters
-        elem_type = _zero_point_type(tqc, name, parameter=parameter)
+        storage = storage_of(tqc)
         scale_name = scope.fresh(f"{name}_scale")
         zero_name = scope.fresh(f"{name}_zero_point")
         graph.initializer.append(numpy_helper.from_array(np.asarray(tqc.scale, dtype=np.float32), scale_name))
-        graph.initializer.append(_zero_point(tqc, elem_type, zero_name))
+        zero = np.zeros(np.shape(tqc.scale)) if tqc.floating else np.asarray(tqc.offset)
+        graph.initializer.append(typed_tensor(zero, storage, zero_name))
         axis = {"axis": tqc.channel_axis} if tqc.per_channel else {}
         dq_out = scope.fresh(f"{name}_dequantized")
         if parameter:
             codes_name = scope.fresh(f"{name}_quantized")
-            graph.initializer.append(numpy_helper.from_array(quantize_array(index.array(name), tqc), codes_name))
+            graph.initializer.append(typed_tensor(quantize_array(index.array(name), tqc), storage, codes_name))
             head.append(
                 helper.make_node(
                     "DequantizeLinear",
@@ -104,11 +185,22 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                 )
             )
         else:
+            source = name
+            pair: list[onnx.NodeProto] = []
+            bounds = narrow_range(tqc, storage)
+            if bounds is not None:
+                lo_name, hi_name = scope.fresh(f"{name}_clip_min"), scope.fresh(f"{name}_clip_max")
+                graph.initializer.append(numpy_helper.from_array(bounds[0], lo_name))
+                graph.initializer.append(numpy_helper.from_array(bounds[1], hi_name))
+                source = scope.fresh(f"{name}_clipped")
+                pair.append(
+                    helper.make_node("Clip", [name, lo_name, hi_name], [source], name=scope.fresh(f"{name}_Clip"))
+                )
             q_out = scope.fresh(f"{name}_quantized")
-            pair = [
+            pair += [
                 helper.make_node(
                     "QuantizeLinear",
-                    [name, scale_name, zero_name],
+                    [source, scale_name, zero_name],
                     [q_out],
                     name=scope.fresh(f"{name}_QuantizeLinear"),
                     **axis,
@@ -126,15 +218,31 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                 head.extend(pair)
             else:
                 after.setdefault(producer.name, []).extend(pair)
-        replaced[name] = dq_out
-        for use in annotation.consumers[name]:
-            node = nodes_by_name[use.node]
-            if node.input[use.index] != name:
-                raise ValueError(
-                    f"annotation says {use.node} input {use.index} reads {name!r}, the graph says "
-                    f"{node.input[use.index]!r}"
-                )
-            node.input[use.index] = dq_out
+        rewire(name, annotation.consumers[name], dq_out)
+
+    for name, link in annotation.biases.items():
+        activation, weight = annotation.configs[link.activation], annotation.configs[link.weight]
+        codes, scale = bias_codes(index.array(name), activation, weight)
+        codes_name, scale_name = scope.fresh(f"{name}_quantized"), scope.fresh(f"{name}_scale")
+        zero_name, dq_out = scope.fresh(f"{name}_zero_point"), scope.fresh(f"{name}_dequantized")
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(codes, codes_name),
+                numpy_helper.from_array(scale, scale_name),
+                numpy_helper.from_array(np.zeros(scale.shape, np.int32), zero_name),
+            ]
+        )
+        axis = {"axis": 0} if scale.ndim == 1 else {}
+        head.append(
+            helper.make_node(
+                "DequantizeLinear",
+                [codes_name, scale_name, zero_name],
+                [dq_out],
+                name=scope.fresh(f"{name}_DequantizeLinear"),
+                **axis,
+            )
+        )
+        rewire(name, [link.consumer], dq_out)
 
     ordered = list(head)
     for node in graph.node:
@@ -143,10 +251,11 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
     del graph.node[:]
     graph.node.extend(ordered)
 
-    # Float weights nobody reads any more are dropped (their int8 codes replace them).
+    # Float weights nobody reads any more are dropped (their codes replace them).
     still_read = GraphIndex(graph).consumers
     keep = {i.name for i in graph.input} | {o.name for o in graph.output}
-    for tensor in [t for t in graph.initializer if t.name in annotation.parameters]:
+    stored = set(annotation.parameters) | set(annotation.biases)
+    for tensor in [t for t in graph.initializer if t.name in stored]:
         if tensor.name not in keep and not still_read.get(tensor.name):
             graph.initializer.remove(tensor)
     return model
@@ -154,28 +263,69 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
 
 def tqc_table(annotation: Annotation, *, platform: str | None = None) -> dict[str, Any]:
     """The JSON table of every quantized tensor: its config (bits, scale(s), offset, axis, observer,
-    state), whether it is a weight, and the node inputs reading its quantized value."""
-    tensors = {}
+    state), its ONNX storage type, whether it is a weight, and the node inputs reading its quantized
+    value; plus the int32 biases with the two tensors their scale comes from."""
+    tensors: dict[str, Any] = {}
     for name, tqc in annotation.configs.items():
         parameter = name in annotation.parameters
         if parameter and tqc.state is QuantState.ACTIVATED:
             tqc = tqc.with_state(QuantState.BAKED)
         entry = tqc.to_dict()
         entry["kind"] = "weight" if parameter else "activation"
+        entry["storage"] = storage_of(tqc).name
         entry["consumers"] = [{"node": use.node, "input": use.index} for use in annotation.consumers[name]]
         tensors[name] = entry
-    return {"format": TQC_FORMAT, "platform": platform, "tensors": tensors}
+    biases = {
+        name: {
+            "kind": "bias",
+            "storage": "int32",
+            "scale_from": [link.activation, link.weight],
+            "consumers": [{"node": link.consumer.node, "input": link.consumer.index}],
+        }
+        for name, link in annotation.biases.items()
+    }
+    return {
+        "format": TQC_FORMAT,
+        "platform": platform or annotation.platform,
+        "tensors": tensors,
+        "biases": biases,
+        "notes": list(annotation.notes),
+    }
 
 
 def count_ops(model: onnx.ModelProto, op_type: str) -> int:
     return sum(1 for node in model.graph.node if node.op_type == op_type)
 
 
-def _check(model: onnx.ModelProto | str) -> None:
+def _fails_full_check(model: onnx.ModelProto) -> bool:
+    if model.ByteSize() >= PROTOBUF_LIMIT:
+        return False  # not re-checked beyond 2 GB: the exported model must pass on its own
     try:
         onnx.checker.check_model(model, full_check=True)
+        return False
+    except onnx.checker.ValidationError:
+        return True
+
+
+def _check(model: onnx.ModelProto | str, prepared: onnx.ModelProto) -> list[str]:
+    """``onnx.checker`` with ``full_check`` (shape and type inference too). When the full check fails
+    on something the prepared model already fails it for (a graph output declared without a shape, as
+    the user wrote it), the structural check must pass and a warning says so; otherwise raise."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        return []
+    except onnx.checker.ValidationError as error:
+        full_error = error
+    if not _fails_full_check(prepared):
+        raise QuantcoreError(f"the exported QDQ model fails the ONNX checker: {full_error}") from full_error
+    try:
+        onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
         raise QuantcoreError(f"the exported QDQ model fails the ONNX checker: {error}") from error
+    return [
+        "the exported model passes the structural ONNX check; the full check fails as the input model "
+        f"does: {full_error}"
+    ]
 
 
 def export(
@@ -189,13 +339,12 @@ def export(
     out_dir = Path(out_dir)
     model = build_qdq_model(prepared, annotation)
     small = model.ByteSize() < PROTOBUF_LIMIT
-    if small:
-        _check(model)
+    warnings = _check(model, prepared.model) if small else []
     model_path = out_dir / MODEL_FILE
     tqc_path = out_dir / TQC_FILE
     files = atomic.save_model(model, model_path)
     if not small:
-        _check(str(model_path))  # beyond 2 GB the checker must read the model from disk
+        warnings = _check(str(model_path), prepared.model)  # beyond 2 GB the checker reads from disk
     atomic.write_json(tqc_path, tqc_table(annotation, platform=platform))
     return ExportResult(
         model_path=model_path,
@@ -203,4 +352,6 @@ def export(
         files=(*files, tqc_path),
         quantize_linear_nodes=count_ops(model, "QuantizeLinear"),
         dequantize_linear_nodes=count_ops(model, "DequantizeLinear"),
+        opset=default_opset(model) or 13,
+        warnings=tuple(warnings),
     )

@@ -117,6 +117,10 @@ class Service:
     def start_job_worker(self, name: str = "gpu") -> None:
         self.stack.start_worker(name, "gpu", concurrency=1)
 
+    def start_default_worker(self) -> None:
+        """The `default` queue worker with beat (reaper, webhook poller), as the fixture starts it."""
+        self.stack.start_worker("default", "default", beat=True)
+
 
 SERVICE_ENV = {
     "QUANT_ENVIRONMENT": "test",
@@ -126,6 +130,13 @@ SERVICE_ENV = {
     "QUANT_HEARTBEAT_INTERVAL": "0.5",
     "QUANT_HEARTBEAT_TIMEOUT": "4",
     "QUANT_REAPER_INTERVAL": "1",
+    # Webhooks: retries after 1, 3, 6 s instead of minutes to hours; the poller every half second;
+    # a 2 s attempt timeout (so a dead worker's lease, 4 x timeout + 15 s, ends within the test);
+    # the tests' receiver on 127.0.0.1 allowed (every other loopback/private address stays refused).
+    "QUANT_WEBHOOK_RETRY_SCHEDULE": "[0, 1, 3, 6]",
+    "QUANT_WEBHOOK_POLL_INTERVAL": "0.5",
+    "QUANT_WEBHOOK_TIMEOUT": "2",
+    "QUANT_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.1/32"]',
 }
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 
-from jobs.queue import REAP_ORPHANS, RUN_JOB, VALIDATE_MODEL
+from jobs.queue import DELIVER_WEBHOOK, POLL_WEBHOOKS, REAP_ORPHANS, RUN_JOB, VALIDATE_MODEL
 from worker.app import app
 from worker.reaper import reap
 from worker.runner import run_job
 from worker.validation import validate_model
+from worker.webhooks import deliver, poll
 
 
 @app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
@@ -24,3 +25,13 @@ def validate_model_task(model_id: str) -> None:
 @app.task(name=REAP_ORPHANS, ignore_result=True, soft_time_limit=100, time_limit=120)
 def reap_orphans_task() -> None:
     reap(app)
+
+
+@app.task(name=POLL_WEBHOOKS, ignore_result=True, soft_time_limit=50, time_limit=60)
+def poll_webhooks_task() -> None:
+    poll(app)
+
+
+@app.task(name=DELIVER_WEBHOOK, acks_late=True, ignore_result=True, soft_time_limit=60, time_limit=75)
+def deliver_webhook_task(delivery_id: str, claim: str) -> None:
+    deliver(uuid.UUID(delivery_id), uuid.UUID(claim))

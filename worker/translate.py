@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.recipe import Recipe
-from quantcore import QuantizeConfig
+from quantcore import NodeOverride, QuantizeConfig
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:
+    """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
+    per-node overrides (same order: the first matching pattern wins), reduce_range, and the device."""
     return QuantizeConfig(
         platform=recipe.platform,
         precision=recipe.precision,
@@ -17,6 +19,8 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         batch_size=recipe.calibration.batch_size,
         exclude_op_types=tuple(recipe.exclude.op_types),
         exclude_node_patterns=tuple(recipe.exclude.node_patterns),
+        overrides=tuple(NodeOverride(pattern=o.pattern, bits=o.bits, observer=o.observer) for o in recipe.overrides),
+        reduce_range=recipe.reduce_range,
         device=device,
     )
 

@@ -14,7 +14,8 @@ from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.events import stream_events
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
-from api.schemas import ArtifactPublic, JobCreate, JobPublic, Page
+from api.routes.webhooks import check_target
+from api.schemas import ArtifactPublic, JobCreate, JobCreated, JobPublic, Page
 from jobs import queries, storage
 from jobs.compat import dataset_mismatches
 from jobs.models import Job, JobStatus, ModelStatus
@@ -31,9 +32,16 @@ def _job_or_404(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> 
     return job
 
 
-@router.post("", status_code=202, response_model=JobPublic, summary="Create a quantization job")
-def create_job(body: JobCreate, session: SessionDep, project: ProjectDep, celery: CeleryDep) -> Job:
-    """Validates the recipe and that the dataset fits the model, commits the job, then queues it."""
+@router.post("", status_code=202, response_model=JobCreated, summary="Create a quantization job")
+def create_job(
+    body: JobCreate, session: SessionDep, project: ProjectDep, settings: SettingsDep, celery: CeleryDep
+) -> Job:
+    """Validates the recipe and that the dataset fits the model, commits the job, then queues it.
+
+    With `webhook_url`, the response carries `webhook_secret` (once) for verifying that webhook."""
+    webhook_url = str(body.webhook_url) if body.webhook_url else None
+    if webhook_url:
+        check_target(webhook_url, settings, "webhook_url")
     model = queries.get_model(session=session, project_id=project.id, model_id=body.model_id)
     if model is None:
         raise Problem(
@@ -71,6 +79,7 @@ def create_job(body: JobCreate, session: SessionDep, project: ProjectDep, celery
         model_id=model.id,
         dataset_id=dataset.id,
         recipe=body.recipe.model_dump(mode="json"),
+        webhook_url=webhook_url,
     )
     session.commit()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantcore.config import PLATFORM_NAMES, QuantizeConfig
+from quantcore.config import PLATFORM_NAMES, NodeOverride, QuantizeConfig
 from quantcore.platforms import PLATFORMS
 from quantcore.tqc import QuantState, TensorQuantConfig
 
@@ -33,7 +33,7 @@ def test_scale_is_stored_read_only_float32_with_zero_offset() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_bits": 9}, "num_bits"),
+        ({"num_bits": 17}, "num_bits"),
         ({"num_bits": 8.0}, "num_bits"),
         ({"per_channel": True}, "channel_axis"),
         ({"channel_axis": 0}, "channel_axis"),
@@ -67,7 +67,7 @@ def test_tensor_quant_config_equality_is_by_value() -> None:
     [
         ({"platform": "tensorrt8"}, "platform"),
         ({"precision": "int4"}, "precision"),
-        ({"observer": "kl"}, "observer"),
+        ({"observer": "kl-typo"}, "observer"),
         ({"percentile": 0.0}, "percentile"),
         ({"percentile": 100.5}, "percentile"),
         ({"batch_size": 0}, "batch_size"),
@@ -75,6 +75,14 @@ def test_tensor_quant_config_equality_is_by_value() -> None:
         ({"exclude_op_types": "Conv"}, "exclude_op_types"),
         ({"exclude_node_patterns": ("",)}, "exclude_node_patterns"),
         ({"device": "gpu"}, "device"),
+        ({"precision": "w4a4"}, "not available on platform 'tensorrt'"),
+        ({"platform": "academic", "precision": "fp8"}, "not available on platform 'academic'"),
+        ({"platform": "tensorrt-fp8"}, "not available on platform 'tensorrt-fp8'"),
+        ({"platform": "academic", "precision": "w9a8"}, "precision"),
+        ({"reduce_range": "yes"}, "reduce_range"),
+        ({"overrides": NodeOverride("x", bits=4)}, "overrides"),
+        ({"overrides": ("x",)}, "NodeOverride"),
+        ({"platform": "tensorrt-fp8", "precision": "fp8", "overrides": (NodeOverride("x", bits=4),)}, "fp8"),
     ],
 )
 def test_quantize_config_rejects(kwargs: dict, message: str) -> None:
@@ -89,3 +97,12 @@ def test_quantize_config_normalises_lists_to_tuples() -> None:
 
 def test_platform_names_match_the_registry() -> None:
     assert set(PLATFORM_NAMES) == set(PLATFORMS)
+
+
+def test_config_round_trips_to_a_report_dict() -> None:
+    config = QuantizeConfig(
+        platform="academic", precision="w4a8", overrides=[NodeOverride("fc", observer="mse")], reduce_range="off"
+    )
+    assert config.overrides == (NodeOverride("fc", observer="mse"),)  # lists become tuples
+    assert config.precision_spec.weight_bits == 4 and config.precision_spec.activation_bits == 8
+    assert config.to_dict()["overrides"] == [{"pattern": "fc", "bits": None, "observer": "mse"}]

@@ -77,7 +77,7 @@ def test_consumers_read_the_dequantized_tensor(residual_export) -> None:
 
 def test_quantized_tensor_that_is_a_graph_output_stays_float(tmp_path) -> None:
     model = conv_bn_residual()
-    model.graph.output.append(helper.make_tensor_value_info("r1", onnx.TensorProto.FLOAT, None))
+    model.graph.output.append(helper.make_tensor_value_info("r1", onnx.TensorProto.FLOAT, ["N", 4, 8, 8]))
     x = np.random.default_rng(0).normal(size=(6, 3, 8, 8)).astype(np.float32)
     _, exported = quantize_stages(model, {"input": x}, tmp_path)
     fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -95,7 +95,7 @@ def test_quantized_tensor_that_is_a_graph_output_stays_float(tmp_path) -> None:
 def test_tqc_table(residual_export) -> None:
     _, annotation, exported, _ = residual_export
     table = json.loads(exported.tqc_path.read_text())
-    assert table["format"] == "quantcore.tqc/1" and table["platform"] == "tensorrt"
+    assert table["format"] == "quantcore.tqc/2" and table["platform"] == "tensorrt"
     assert set(table["tensors"]) == set(annotation.configs)
     weight = table["tensors"]["conv2.w"]
     assert weight["kind"] == "weight" and weight["state"] == "baked" and weight["axis"] == 0
@@ -127,3 +127,154 @@ def test_matmul_and_convtranspose_export_runs_in_onnxruntime(tmp_path) -> None:
         )
         # 8-bit error on a 3-layer net: outputs agree to well within 10% of their range
         assert np.abs(out[0] - fp32[0]).max() <= 0.1 * np.abs(fp32[0]).max()
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def test_int8_export_keeps_the_opset(residual_export) -> None:
+    model, _, exported, qdq = residual_export
+    assert _opset(qdq) == _opset(model) == exported.opset == 17  # per-channel int8 needs 13 only
+
+
+def test_onnxruntime_export_types_and_int32_biases(tmp_path) -> None:
+    x = np.random.default_rng(0).normal(size=(16, 3, 8, 8)).astype(np.float32)
+    annotation, exported = quantize_stages(
+        conv_bn_residual(), {"input": x}, tmp_path, platform="onnxruntime", observer="minmax", reduce_range="off"
+    )
+    qdq = onnx.load(str(exported.model_path))
+    initializers = _initializers(qdq)
+    for node in qdq.graph.node:
+        if node.op_type == "QuantizeLinear":  # activations: uint8 with a zero point
+            assert initializers[node.input[2]].data_type == onnx.TensorProto.UINT8
+    assert annotation.biases
+    for bias, link in annotation.biases.items():
+        dq = next(n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == f"{bias}_dequantized")
+        codes, scale, zero = (initializers[i] for i in dq.input)
+        assert codes.data_type == zero.data_type == onnx.TensorProto.INT32
+        expected = annotation.configs[link.activation].scale * annotation.configs[link.weight].scale
+        np.testing.assert_array_equal(numpy_helper.to_array(scale), expected.astype(np.float32))  # s_x · s_w[c]
+    table = json.loads(exported.tqc_path.read_text())
+    assert set(table["biases"]) == set(annotation.biases) and table["platform"] == "onnxruntime"
+    fp32 = ort.InferenceSession(conv_bn_residual().SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = fp32.run(None, {"input": x})[0]
+    out = ort.InferenceSession(str(exported.model_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    assert np.abs(out - reference).max() <= 0.1 * np.abs(reference).max()  # 8-bit error on a 3-layer net
+
+
+def test_academic_4_bit_export_uses_int4_at_opset_21(tmp_path) -> None:
+    x = np.random.default_rng(0).normal(size=(16, 3, 8, 8)).astype(np.float32)
+    config = {"platform": "academic", "precision": "w4a4", "observer": "minmax"}
+    _, exported = quantize_stages(conv_bn_residual(), {"input": x}, tmp_path, **config)
+    qdq = onnx.load(str(exported.model_path))
+    assert _opset(qdq) == exported.opset == 21 and qdq.ir_version >= 10  # int4 Q/DQ needs opset 21
+    initializers = _initializers(qdq)
+    types = {
+        node.input[0].removesuffix("_quantized"): initializers[node.input[2]].data_type
+        for node in qdq.graph.node
+        if node.op_type == "DequantizeLinear"
+    }
+    assert types["conv2.w"] == onnx.TensorProto.UINT4  # 4-bit asymmetric weight
+    assert types["r1"] == onnx.TensorProto.UINT4  # 4-bit asymmetric activation
+    assert types["conv1.w"] == onnx.TensorProto.UINT8  # first layer at 8 bit
+    assert [i.name for i in qdq.graph.input] == ["input"] and [o.name for o in qdq.graph.output] == ["logits"]
+    model = conv_bn_residual()  # raising the opset keeps the interface and the metadata
+    assert (
+        qdq.graph.input[0].type == model.graph.input[0].type and qdq.graph.output[0].type == model.graph.output[0].type
+    )
+    assert {p.key: p.value for p in qdq.metadata_props} == {p.key: p.value for p in model.metadata_props}
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    out = ort.InferenceSession(str(exported.model_path), options, providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )[0]
+    assert np.isfinite(out).all()
+
+
+def test_narrow_activation_range_is_clipped_before_quantize(tmp_path) -> None:
+    x = np.random.default_rng(0).normal(size=(16, 3, 8, 8)).astype(np.float32)
+    config = {"platform": "academic", "precision": "w3a3", "observer": "minmax"}
+    annotation, exported = quantize_stages(conv_bn_residual(), {"input": x}, tmp_path, **config)
+    qdq = onnx.load(str(exported.model_path))
+    initializers = _initializers(qdq)
+    tqc = annotation.configs["r1"]  # 3-bit asymmetric: [0, 7] stored in uint4 [0, 15]
+    assert (tqc.quant_min, tqc.quant_max) == (0, 7)
+    clip = next(n for n in qdq.graph.node if n.op_type == "Clip" and n.input[0] == "r1")
+    lo, hi = (float(numpy_helper.to_array(initializers[i])) for i in clip.input[1:])
+    scale, offset = float(tqc.scale), int(tqc.offset)
+    assert lo == pytest.approx((0 - offset) * scale) and hi == pytest.approx((7 - offset) * scale)
+    q = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == clip.output[0])
+    assert q is not None
+    codes = [n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "conv2.w_quantized"]
+    assert len(codes) == 1  # weights: the stored codes already respect [0, 7], no Clip needed
+
+
+def test_fp8_export_stores_float8_e4m3(tmp_path) -> None:
+    x = np.random.default_rng(0).normal(size=(16, 3, 8, 8)).astype(np.float32)
+    config = {"platform": "tensorrt-fp8", "precision": "fp8", "observer": "minmax"}
+    _, exported = quantize_stages(conv_bn_residual(), {"input": x}, tmp_path, **config)
+    qdq = onnx.load(str(exported.model_path))
+    assert _opset(qdq) == 19  # float8 Q/DQ
+    initializers = _initializers(qdq)
+    for node in qdq.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert initializers[node.input[2]].data_type == onnx.TensorProto.FLOAT8E4M3FN
+    codes = initializers["conv2.w_quantized"]
+    assert codes.data_type == onnx.TensorProto.FLOAT8E4M3FN
+    table = json.loads(exported.tqc_path.read_text())
+    assert table["tensors"]["conv2.w"]["storage"] == "float8e4m3fn"
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    out = ort.InferenceSession(str(exported.model_path), options, providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )[0]
+    reference = ort.InferenceSession(conv_bn_residual().SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )[0]
+    assert np.abs(out - reference).max() <= 0.15 * np.abs(reference).max()  # E4M3: 3 mantissa bits
+
+
+def test_export_of_a_model_saved_with_external_data(tmp_path) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    onnx.save_model(
+        conv_bn_residual(),
+        str(model_dir / "m.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="m.onnx.data",
+        size_threshold=0,
+    )
+    prepared = prepare(model_dir / "m.onnx")
+    config = QuantizeConfig(platform="onnxruntime", observer="minmax")
+    x = np.random.default_rng(0).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    annotation = calibrate(prepared, annotate(prepared, config), {"input": x}, config)
+    exported = export(prepared, annotation, tmp_path / "out")
+    qdq = onnx.load(str(exported.model_path))  # weights come back inline (small model): self-contained
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in qdq.graph.initializer)
+    assert ort.InferenceSession(str(exported.model_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+
+
+def test_beyond_the_protobuf_limit_the_export_uses_external_data(tmp_path, monkeypatch) -> None:
+    """The >2 GB path, exercised by lowering the limit: tensors go to model.qdq.onnx.data, the checker
+    reads the model from disk, and ONNX Runtime runs it from its directory."""
+    import quantcore.atomic
+    import quantcore.qdq
+
+    monkeypatch.setattr(quantcore.atomic, "PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(quantcore.qdq, "PROTOBUF_LIMIT", 1000)
+    x = np.random.default_rng(0).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    _, exported = quantize_stages(conv_bn_residual(), {"input": x}, tmp_path, platform="onnxruntime")
+    assert {p.name for p in exported.files} == {"model.qdq.onnx", "model.qdq.onnx.data", "tqc.json"}
+    header = onnx.load(str(exported.model_path), load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in header.graph.initializer)
+    reference = ort.InferenceSession(conv_bn_residual().SerializeToString(), providers=["CPUExecutionProvider"])
+    out = ort.InferenceSession(str(exported.model_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    expected = reference.run(None, {"input": x})[0]
+    assert np.abs(out - expected).max() <= 0.1 * np.abs(expected).max()

@@ -66,6 +66,7 @@ def test_report_files_and_json(digits_run) -> None:
         "annotation",
         "calibration",
         "evaluation",
+        "parity",
         "stage_seconds",
         "warnings",
     }

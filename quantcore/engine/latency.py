@@ -1,0 +1,188 @@
+"""CPU deployment latency: ONNX Runtime (CPU EP, integer kernels as deployed) running the FP32 model
+and the quantized model at batch 1 and batch 32.
+
+Protocol per (model, batch): one session, ``warmup`` untimed runs, then ``runs`` timed runs of
+``session.run`` on the same inputs (wall clock, ``time.perf_counter``). Reported in ms:
+p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max; throughput =
+batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
+batch only; a dynamic batch axis gets each requested batch size.
+
+Inputs: rows of ``sample`` (first axis samples, repeated cyclically to fill a batch) when given, else
+synthetic (standard normal floats, zero integers); symbolic non-batch dimensions need a sample.
+The two models share threads settings and inputs; other load on the machine shows up in the numbers,
+which is why p90/p99 are reported beside p50.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quantcore.batching import InputSpec, input_specs
+from quantcore.errors import InvalidDataError
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    """warmup / runs per measurement; batch_sizes for dynamic-batch models; threads: ONNX Runtime
+    intra-op threads (None: its default, one per physical core)."""
+
+    warmup: int = 5
+    runs: int = 50
+    batch_sizes: tuple[int, ...] = (1, 32)
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("warmup", "runs"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field == "warmup" else 1):
+                raise ValueError(f"{field} must be an integer >= {0 if field == 'warmup' else 1}, got {value!r}")
+        sizes = tuple(self.batch_sizes)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes!r}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ValueError(f"threads must be None or an integer >= 1, got {self.threads!r}")
+
+
+def summarize(times_ms: Sequence[float], batch: int) -> dict[str, Any]:
+    """Percentiles, mean/min/max (ms) and throughput (samples/s) of ``times_ms`` at ``batch``."""
+    times = np.asarray(times_ms, dtype=np.float64)
+    if times.size == 0:
+        raise ValueError("no timings to summarize")
+    p50, p90, p99 = (float(v) for v in np.percentile(times, PERCENTILES))
+    total_s = float(times.sum()) / 1000.0
+    return {
+        "batch": int(batch),
+        "runs": int(times.size),
+        "p50_ms": p50,
+        "p90_ms": p90,
+        "p99_ms": p99,
+        "mean_ms": float(times.mean()),
+        "min_ms": float(times.min()),
+        "max_ms": float(times.max()),
+        "throughput_samples_per_s": batch * times.size / total_s if total_s > 0 else None,
+    }
+
+
+def time_calls(call: Callable[[], object], *, warmup: int, runs: int) -> list[float]:
+    """Wall-clock ms of ``runs`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return times
+
+
+def fixed_batch(specs: Sequence[InputSpec]) -> int | None:
+    """The batch every input fixes, if they all fix the same one."""
+    batches = {spec.fixed_batch for spec in specs}
+    return batches.pop() if len(batches) == 1 and None not in batches else None
+
+
+def feeds_for(
+    specs: Sequence[InputSpec], batch: int, sample: Mapping[str, np.ndarray] | None = None, *, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """One batch of inputs: ``sample`` rows repeated cyclically, else synthetic values of the declared shape."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        if sample is not None and spec.name in sample:
+            rows = np.asarray(sample[spec.name])
+            if rows.shape[0] == 0:
+                raise InvalidDataError(f"sample for input {spec.name!r} has no rows")
+            feeds[spec.name] = np.ascontiguousarray(rows[np.arange(batch) % rows.shape[0]], dtype=spec.dtype)
+            continue
+        if spec.shape is None:
+            raise InvalidDataError(f"input {spec.name!r} has no known shape; give sample inputs")
+        shape = []
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, int) and dim > 0:
+                shape.append(dim)
+            elif axis == 0:
+                shape.append(batch)
+            else:
+                raise InvalidDataError(f"input {spec.name!r} axis {axis} is symbolic ({dim!r}); give sample inputs")
+        if np.issubdtype(spec.dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        else:
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return feeds
+
+
+def _session(path: str | Path, threads: int | None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def cpu_latency(
+    fp32_model_path: str | Path,
+    quantized_model_path: str | Path,
+    *,
+    sample: Mapping[str, np.ndarray] | None = None,
+    settings: LatencySettings | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Plain-JSON latency of both models on ONNX Runtime's CPU EP::
+
+        {"device": "cpu", "provider", "threads", "warmup", "runs", "batch_sizes": [1, 32],
+         "fp32": {"batch_1": summary, "batch_32": summary}, "quantized": {...},
+         "speedup_p50": {"batch_1": fp32 p50 / quantized p50, ...}, "notes": [...]}
+
+    (a summary is ``summarize``'s dict). Fixed-batch models: ``batch_sizes`` is ``[their batch]``.
+    """
+    settings = settings or LatencySettings()
+    specs = input_specs(onnx.load(str(fp32_model_path), load_external_data=False))
+    notes = []
+    batches = settings.batch_sizes
+    fixed = fixed_batch(specs)
+    if fixed is not None:
+        batches = (fixed,)
+        notes.append(f"the model fixes batch {fixed}; measured at that batch only")
+    result: dict[str, Any] = {
+        "device": "cpu",
+        "provider": "CPUExecutionProvider",
+        "onnxruntime": ort.__version__,
+        "threads": settings.threads,
+        "cpu_count": os.cpu_count(),
+        "warmup": settings.warmup,
+        "runs": settings.runs,
+        "batch_sizes": list(batches),
+        "fp32": {},
+        "quantized": {},
+        "speedup_p50": {},
+        "notes": notes,
+    }
+    sessions = {
+        "fp32": _session(fp32_model_path, settings.threads),
+        "quantized": _session(quantized_model_path, settings.threads),
+    }
+    for batch in batches:
+        feeds = feeds_for(specs, batch, sample, seed=seed)
+        key = f"batch_{batch}"
+        for label, session in sessions.items():
+            times = time_calls(lambda s=session, f=feeds: s.run(None, f), warmup=settings.warmup, runs=settings.runs)
+            result[label][key] = summarize(times, batch)
+        quantized_p50 = result["quantized"][key]["p50_ms"]
+        result["speedup_p50"][key] = result["fp32"][key]["p50_ms"] / quantized_p50 if quantized_p50 > 0 else None
+        if result["speedup_p50"][key] is not None and result["speedup_p50"][key] < 1.0:
+            notes.append(f"at batch {batch} the quantized model is slower than FP32 on this CPU")
+    return result

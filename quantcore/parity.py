@@ -1,0 +1,87 @@
+"""Deployed accuracy equals reported accuracy: compare the exported model run as exact Q/DQ
+arithmetic with the same model run as deployed (ONNX Runtime's integer kernels), and say what to
+change when they disagree.
+
+They agree when, on the evaluation data, for every output
+
+    SQNR(exact → deployed) ≥ min(MIN_SQNR_DB, SQNR(FP32 → exact) + QUANTIZATION_MARGIN_DB)
+    |top1(exact) - top1(deployed)| ≤ MAX_TOP1_GAP              (when labels were given)
+
+with SQNR(a → b) = 10 · log10(Σ a² / Σ (a - b)²). The deployment's own error (requantization
+rounding, accumulation order) must stay at most a quarter of the quantization error's power (6 dB
+below it), and 30 dB suffices whatever the precision (int8 costs ~37 dB on the digits model);
+0.5 points of top-1 is the issue's accuracy budget.
+
+Known cause and remedy (``remedy``): on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit
+intermediate (``quantcore.cpu_features``); the onnxruntime platform then re-exports with 7-bit weights
+(``reduce_range="on"``). Other disagreements are reported, not hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from quantcore.config import QuantizeConfig
+
+MIN_SQNR_DB = 30.0
+QUANTIZATION_MARGIN_DB = 6.0
+MAX_TOP1_GAP = 0.005
+
+
+@dataclass(frozen=True)
+class ParityVerdict:
+    """Whether exact and deployed agree, the measured numbers and, if not, why."""
+
+    agree: bool | None  # None: the deployed mode could not be measured
+    min_sqnr_db: float | None  # worst output's SQNR of deployed against exact (None: identical)
+    top1_gap: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "agree": self.agree,
+            "min_sqnr_db": self.min_sqnr_db,
+            "top1_gap": self.top1_gap,
+            "tolerance": {
+                "min_sqnr_db": MIN_SQNR_DB,
+                "quantization_margin_db": QUANTIZATION_MARGIN_DB,
+                "max_top1_gap": MAX_TOP1_GAP,
+            },
+            "reason": self.reason,
+        }
+
+
+def check_parity(evaluation: dict[str, Any]) -> ParityVerdict:
+    """The verdict for an ``evaluate`` report (its ``deployed_vs_exact`` and top-1 entries)."""
+    deployed = evaluation.get("qdq_deployed", {})
+    if deployed.get("skipped"):
+        return ParityVerdict(None, None, None, f"deployed mode not measured: {deployed['skipped']}")
+    outputs = evaluation.get("deployed_vs_exact", {})
+    if any(o.get("nonfinite") for o in outputs.values()):
+        return ParityVerdict(False, None, None, "the deployed model produced NaN/inf where exact Q/DQ did not")
+    values = [o["sqnr_db"] for o in outputs.values() if o.get("sqnr_db") is not None]
+    worst = min(values) if values else None  # None: deployed equals exact bit for bit
+    exact_top1, deployed_top1 = evaluation["qdq_exact"].get("top1"), deployed.get("top1")
+    gap = abs(exact_top1 - deployed_top1) if exact_top1 is not None and deployed_top1 is not None else None
+    exact_sqnr = [o["sqnr_db"] for o in evaluation["qdq_exact"]["outputs"].values() if o.get("sqnr_db") is not None]
+    needed = min([MIN_SQNR_DB, *(s + QUANTIZATION_MARGIN_DB for s in exact_sqnr)])
+    problems = []
+    if worst is not None and worst < needed:
+        problems.append(f"deployed vs exact SQNR {worst:.1f} dB < {needed:.1f} dB")
+    if gap is not None and gap > MAX_TOP1_GAP:
+        problems.append(f"top-1 differs by {100 * gap:.2f} points > {100 * MAX_TOP1_GAP:.1f}")
+    if problems:
+        return ParityVerdict(False, worst, gap, "; ".join(problems))
+    return ParityVerdict(True, worst, gap, "deployed integer kernels agree with exact Q/DQ within tolerance")
+
+
+def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:
+    """A config that removes the known cause of disagreement on ``config``'s platform, with the reason;
+    None when there is nothing left to try."""
+    if config.platform == "onnxruntime" and config.reduce_range != "on":
+        return replace(config, reduce_range="on"), (
+            "re-exported with 7-bit weights [-64, 63] (reduce_range=on): u8s8 integer kernels without VNNI "
+            "saturate their 16-bit intermediate with full-range int8 weights"
+        )
+    return None

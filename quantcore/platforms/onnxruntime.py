@@ -1,0 +1,220 @@
+"""ONNX Runtime CPU EP, QDQ format: Q/DQ placed where the CPU EP fuses them into integer kernels,
+so the model gets faster rather than slower.
+
+The CPU EP's QDQ transformer replaces ``DQ → op → Q`` groups by integer kernels: QLinearConv (Conv),
+QGemm (Gemm), QLinearMatMul / MatMulIntegerToFloat (MatMul), QLinearAdd, QLinearMul, QLinearConcat,
+QLinearAveragePool, QLinearGlobalAveragePool, QLinearSigmoid, QLinearLeakyRelu. A group needs DQ on
+every input (a Conv/Gemm bias as int32 with scale s_x · s_w[c] and offset 0), and a Q on the output
+to produce integers, so these rules quantize the op's inputs *and* its output:
+
+- activations: asymmetric uint8, q = clip(round(x / s) + o, 0, 255), s = (hi' - lo') / 255 with the
+  range widened to contain 0 (the run's observer); weights: symmetric int8 per-channel on the
+  output-channel axis (minmax), 7-bit [-64, 63] where u8s8 kernels would saturate (see
+  ``quantcore.cpu_features``); biases: int32 (``BiasRequest``).
+- a Conv/Gemm/MatMul whose only reader is a Relu/Clip leaves its output to that activation, whose
+  output is quantized instead: the EP drops a Relu/Clip in front of a Q whose range starts at 0.
+- data-movement ops (MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze, Slice, Split, Resize,
+  Gather, Pad, ...) whose input is quantized: the output is quantized with the input's scale
+  (``dominator``), so the EP drops the DQ/Q pair around them and moves uint8 codes.
+- everything else (Softmax, LayerNormalization, Erf, Div, ...) stays float.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import onnx
+
+from quantcore.cpu_features import REDUCED_WEIGHT_BITS, reduced_weight_range
+from quantcore.rules import (
+    BiasRequest,
+    Platform,
+    QuantRequest,
+    Request,
+    Rule,
+    RuleContext,
+    is_float_activation,
+    operand,
+    quantize_compute,
+    weight_axis,
+)
+from quantcore.tqc import TensorQuantConfig
+
+if TYPE_CHECKING:
+    from quantcore.config import QuantizeConfig
+
+FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
+INTEGER_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul"})  # Relu/Clip fuse after these
+DATA_MOVEMENT_OPS = (
+    "Identity",
+    "MaxPool",
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Slice",
+    "Split",
+    "Resize",
+    "Gather",
+    "Pad",
+    "Expand",
+    "Tile",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Dropout",
+)
+
+
+def activation(bits: int, observer: str, config: QuantizeConfig) -> TensorQuantConfig:
+    """Per-tensor asymmetric unsigned (uint8 at 8 bits)."""
+    return TensorQuantConfig(num_bits=bits, symmetric=False, observer=observer)
+
+
+def weight(axis: int | None, bits: int, config: QuantizeConfig) -> TensorQuantConfig:
+    """Symmetric signed, per-channel on ``axis``; 8-bit weights become 7-bit where u8s8 kernels saturate."""
+    if bits == 8 and reduced_weight_range(config.reduce_range)[0]:
+        bits = REDUCED_WEIGHT_BITS
+    if axis is None:
+        return TensorQuantConfig(num_bits=bits, symmetric=True, observer="minmax")
+    return TensorQuantConfig(num_bits=bits, symmetric=True, per_channel=True, channel_axis=axis, observer="minmax")
+
+
+def _readers(name: str, context: RuleContext) -> list[onnx.NodeProto]:
+    return [node for node, _ in context.index.consumers.get(name, []) if not context.excluded(node)]
+
+
+def reuse_annotated(requests: list[Request], node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Input requests for tensors an earlier node already quantized (a producer requantizing its
+    output) take that tensor's config: the integer kernel reads the codes the producer wrote."""
+    reused: list[Request] = []
+    for request in requests:
+        existing = None
+        if isinstance(request, QuantRequest) and not request.output:
+            existing = context.config_of(node.input[request.index])
+        reused.append(request if existing is None else QuantRequest(request.index, existing))
+    return reused
+
+
+def requantize_output(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Q/DQ after output 0, unless nobody (not excluded) reads it, or its only reader is a Relu/Clip
+    that takes the output quantization over."""
+    if not node.output or not is_float_activation(node.output[0], context.index):
+        return []
+    readers = _readers(node.output[0], context)
+    if not readers or (len(readers) == 1 and readers[0].op_type in FUSED_ACTIVATIONS):
+        return []
+    return [QuantRequest(0, context.activation(), output=True)]
+
+
+def _bias(node: onnx.NodeProto, context: RuleContext, accepted: list[Request]) -> list[Request]:
+    """An int32 bias request when input 2 is a 1-D float32 initializer read only here and the data
+    input and the weight are both quantized (Gemm: also beta = 1)."""
+    if len(node.input) < 3 or not node.input[2] or {0, 1} - {r.index for r in accepted if not r.output}:
+        return []
+    name, index = node.input[2], context.index
+    if not index.is_initializer(name) or not index.is_float32(name, unknown=False):
+        return []
+    if len(index.initializers[name].dims) != 1 or len(index.consumers.get(name, [])) != 1:
+        return []
+    if any(a.name == "beta" and a.f != 1.0 for a in node.attribute):
+        return []
+    # one weight scale per bias entry (a grouped ConvTranspose has only C_out/g weight channels)
+    weight, axis = node.input[1], weight_axis(node, index)
+    channels = index.initializers[weight].dims[axis] if axis is not None and index.is_initializer(weight) else None
+    if channels is not None and channels != index.initializers[name].dims[0]:
+        return []
+    return [BiasRequest(2)]
+
+
+def quantize_integer_compute(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Conv/ConvTranspose/Gemm/MatMul → QLinearConv/QGemm/QLinearMatMul: inputs, int32 bias, output."""
+    requests = reuse_annotated(quantize_compute(node, context), node, context)
+    return requests + _bias(node, context, requests) + requantize_output(node, context)
+
+
+def quantize_integer_elementwise(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Add/Mul → QLinearAdd/QLinearMul: both inputs (a float32 constant operand stored quantized,
+    per-tensor like an activation) and the output; nothing unless both operands are float."""
+    if len(node.input) != 2:
+        return []
+    requests: list[Request] = []
+    for position, name in enumerate(node.input):
+        if context.index.is_initializer(name) and context.index.is_float32(name, unknown=False):
+            requests.append(QuantRequest(position, replace(context.activation(), observer="minmax")))
+        elif is_float_activation(name, context.index) and context.index.is_float32(name, unknown=False):
+            requests.append(QuantRequest(position, context.activation()))
+        else:
+            return []
+    return reuse_annotated(requests, node, context) + requantize_output(node, context)
+
+
+def quantize_integer_inputs(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Concat, pooling, Sigmoid, LeakyRelu → their QLinear kernels: every float activation input
+    (own scales: QLinearConcat requantizes) and the output."""
+    requests: list[Request] = []
+    for position, name in enumerate(node.input):
+        if is_float_activation(name, context.index):
+            requests += operand(node, position, context, None)
+    return reuse_annotated(requests, node, context) + requantize_output(node, context) if requests else []
+
+
+def quantize_fused_activation(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Relu/Clip right after an integer kernel: quantize the output (own scale, offset 0 since the range
+    starts at 0), and the EP folds the Relu into the Q. After anything else: a data-movement op."""
+    producer = context.index.producers.get(node.input[0]) if node.input else None
+    if (
+        producer is not None
+        and producer.op_type in INTEGER_PRODUCERS
+        and context.decision_of(producer.name) == "quantized"
+        and not context.annotated(node.input[0])
+    ):
+        return requantize_output(node, context)
+    return move_quantized_data(node, context)
+
+
+def move_quantized_data(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """A data-movement op whose input is already quantized: the input read dequantized here too, and
+    every float output quantized with the input's scale (dominator), so the EP moves codes."""
+    if not node.input or not context.annotated(node.input[0]):
+        return []
+    source = context.config_of(node.input[0])
+    requests: list[Request] = [QuantRequest(0, source)]
+    for position, name in enumerate(node.output):
+        if name and is_float_activation(name, context.index) and _readers(name, context):
+            requests.append(QuantRequest(position, replace(source, dominator=node.input[0]), output=True))
+    return requests
+
+
+RULES: dict[str, Rule] = {
+    "Conv": quantize_integer_compute,
+    "ConvTranspose": quantize_integer_compute,
+    "Gemm": quantize_integer_compute,
+    "MatMul": quantize_integer_compute,
+    "Add": quantize_integer_elementwise,
+    "Mul": quantize_integer_elementwise,
+    "Concat": quantize_integer_inputs,
+    "AveragePool": quantize_integer_inputs,
+    "GlobalAveragePool": quantize_integer_inputs,
+    "Sigmoid": quantize_integer_inputs,
+    "LeakyRelu": quantize_integer_inputs,
+    "Relu": quantize_fused_activation,
+    "Clip": quantize_fused_activation,
+    **{op_type: move_quantized_data for op_type in DATA_MOVEMENT_OPS},
+}
+
+
+def _notes(config: QuantizeConfig) -> list[str]:
+    return [reduced_weight_range(config.reduce_range)[1]]
+
+
+ONNXRUNTIME = Platform(
+    name="onnxruntime",
+    rules=RULES,
+    weight=weight,
+    activation=activation,
+    description="ONNX Runtime CPU EP QDQ: uint8 asymmetric activations, int8 symmetric per-channel weights, "
+    "int32 biases, Q/DQ around every op with an integer kernel",
+    notes=_notes,
+)

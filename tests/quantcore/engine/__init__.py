@@ -1,0 +1,1 @@
+"""Tests of quantcore.engine (stage 7, build engine)."""

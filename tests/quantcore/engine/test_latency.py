@@ -1,0 +1,79 @@
+"""CPU latency: plain-JSON structure and sane numbers for FP32 vs quantized at batch 1 and 32."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import quantcore
+from quantcore.batching import InputSpec
+from quantcore.engine.latency import LatencySettings, cpu_latency, feeds_for, summarize
+from quantcore.errors import InvalidDataError
+from tests.quantcore.models import conv_bn_residual, save
+
+FAST = LatencySettings(warmup=2, runs=12)  # enough for percentiles; the numbers are not asserted on
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("latency")
+    model = conv_bn_residual()
+    path = save(model, directory / "model.onnx")
+    data = {"input": np.random.default_rng(0).normal(size=(32, 3, 8, 8)).astype(np.float32)}
+    result = quantcore.quantize(path, data, data, quantcore.QuantizeConfig(), directory / "out")
+    return path, result.model_path, data, directory
+
+
+def test_summary_percentiles_are_ordered() -> None:
+    summary = summarize([3.0, 1.0, 2.0, 10.0, 1.5], batch=4)
+    assert summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+    assert summary["p50_ms"] == 2.0 and summary["runs"] == 5
+    assert summary["throughput_samples_per_s"] == pytest.approx(4 * 5 / (17.5 / 1000))
+
+
+def _check(summary: dict, batch: int) -> None:
+    assert summary["batch"] == batch and summary["runs"] == FAST.runs
+    assert 0 < summary["min_ms"] <= summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+    assert summary["throughput_samples_per_s"] > 0
+
+
+def test_cpu_latency_dynamic_batch(models) -> None:
+    fp32, quantized, data, _ = models
+    result = cpu_latency(fp32, quantized, sample=data, settings=FAST)
+    assert json.loads(json.dumps(result, allow_nan=False)) == result  # plain JSON
+    assert result["batch_sizes"] == [1, 32] and result["device"] == "cpu"
+    for label in ("fp32", "quantized"):
+        assert set(result[label]) == {"batch_1", "batch_32"}
+        for batch in (1, 32):
+            _check(result[label][f"batch_{batch}"], batch)
+    assert all(v > 0 for v in result["speedup_p50"].values())
+
+
+def test_cpu_latency_fixed_batch_model_measured_at_its_batch(models) -> None:
+    *_, directory = models
+    model = conv_bn_residual()
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_value = 4
+    fixed = save(model, directory / "fixed.onnx")
+    result = cpu_latency(fixed, fixed, settings=FAST)  # synthetic inputs: every dimension is known
+    assert result["batch_sizes"] == [4] and set(result["fp32"]) == {"batch_4"}
+    _check(result["quantized"]["batch_4"], 4)
+    assert any("fixes batch 4" in note for note in result["notes"])
+
+
+def test_feeds_repeat_sample_rows_and_refuse_unknown_dims() -> None:
+    spec = InputSpec("x", np.dtype(np.float32), ("N", 2))
+    sample = {"x": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    feeds = feeds_for([spec], 5, sample)
+    assert feeds["x"].shape == (5, 2) and np.array_equal(feeds["x"][3], sample["x"][0])
+    with pytest.raises(InvalidDataError, match="symbolic"):
+        feeds_for([InputSpec("t", np.dtype(np.int64), ("N", "seq"))], 2)
+
+
+def test_settings_validate() -> None:
+    with pytest.raises(ValueError, match="runs"):
+        LatencySettings(runs=0)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        LatencySettings(batch_sizes=(0,))

@@ -1,0 +1,205 @@
+"""Deployed accuracy equals reported accuracy: the digits model per platform, exact Q/DQ vs ONNX
+Runtime's integer kernels, the VNNI logic (forced both ways) and the pipeline's remedy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import quantcore
+from quantcore import QuantizeConfig, annotate, cpu_features, prepare, quantize
+from quantcore.parity import MAX_TOP1_GAP, MIN_SQNR_DB, ParityVerdict, check_parity
+from tests.quantcore.models import conv_bn_residual
+
+# The issue's accuracy budget: INT8 and FP8 within 0.5 points of FP32 top-1 on the digits model,
+# as exact Q/DQ and as deployed. 500 held-out samples: 0.5 points is 2 samples.
+TOP1_BUDGET = 0.005
+
+
+def run(digits, tmp_path_factory, **config):
+    name = "-".join(f"{v}" for v in config.values())
+    return quantize(
+        digits.model_path,
+        digits.calibration,
+        digits.evaluation,
+        QuantizeConfig(**config),
+        tmp_path_factory.mktemp(name),
+        labels=digits.evaluation_labels,
+    )
+
+
+@pytest.fixture(scope="module")
+def onnxruntime_runs(digits_sample, tmp_path_factory):
+    """The onnxruntime platform with full-range weights (this CPU has VNNI) and with the 7-bit weights
+    a CPU without VNNI gets (the same code path, forced)."""
+    return {
+        mode: run(digits_sample, tmp_path_factory, platform="onnxruntime", observer="minmax", reduce_range=mode)
+        for mode in ("off", "on")
+    }
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_onnxruntime_deployed_equals_exact_with_integer_kernels(onnxruntime_runs, mode) -> None:
+    report = onnxruntime_runs[mode].report
+    evaluation = report["evaluation"]
+    kernels = evaluation["qdq_deployed"]["kernels"]
+    # every Conv, the residual Add and the Gemm run as integer kernels; no float Conv/Gemm remains
+    assert kernels["com.microsoft.QLinearConv"] == 4 and kernels["com.microsoft.QLinearAdd"] == 1
+    assert kernels["com.microsoft.QGemm"] == 1
+    assert not {"Conv", "Gemm", "com.microsoft.FusedConv", "DequantizeLinear"} & set(kernels)
+    assert (
+        evaluation["qdq_deployed"]["integer_kernels"] == 6 and evaluation["qdq_deployed"]["float_compute_kernels"] == 0
+    )
+    parity = report["parity"]
+    assert parity["agree"] is True and parity["remedy"] is None
+    # integer kernels vs exact Q/DQ: same rounding points, so only requantization ties differ
+    assert evaluation["deployed_vs_exact"]["logits"]["sqnr_db"] is None or (
+        evaluation["deployed_vs_exact"]["logits"]["sqnr_db"] >= MIN_SQNR_DB
+    )
+    fp32 = evaluation["fp32"]["top1"]
+    for measured in ("qdq_exact", "qdq_deployed"):
+        assert abs(evaluation[measured]["top1"] - fp32) <= TOP1_BUDGET, (mode, measured)
+        assert evaluation[measured]["outputs"]["logits"]["sqnr_db"] > 30  # ~40 dB measured (7-bit: ~36)
+
+
+def test_reduced_range_weights_fit_the_16_bit_intermediate(onnxruntime_runs) -> None:
+    result = onnxruntime_runs["on"]
+    model = onnx.load(str(result.model_path))
+    initializers = {t.name: t for t in model.graph.initializer}
+    table = json.loads(result.tqc_path.read_text())
+    weights = [name for name, entry in table["tensors"].items() if entry["kind"] == "weight"]
+    assert weights
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0].removesuffix("_quantized") in weights:
+            codes = numpy_helper.to_array(initializers[node.input[0]])
+            assert codes.dtype == np.int8 and codes.min() >= -64 and codes.max() <= 63
+            assert 2 * 255 * max(-int(codes.min()), int(codes.max())) <= 32767  # pmaddubsw cannot saturate
+    assert any("[-64, 63]" in note for note in result.report["annotation"]["notes"])
+
+
+@pytest.mark.parametrize(("platform", "precision"), [("tensorrt", "int8"), ("tensorrt-fp8", "fp8")])
+def test_tensorrt_platforms_keep_digits_accuracy(digits_sample, tmp_path_factory, platform, precision) -> None:
+    report = run(digits_sample, tmp_path_factory, platform=platform, precision=precision, observer="minmax").report
+    evaluation = report["evaluation"]
+    fp32 = evaluation["fp32"]["top1"]
+    for measured in ("qdq_exact", "qdq_deployed"):
+        assert abs(evaluation[measured]["top1"] - fp32) <= TOP1_BUDGET, measured
+    assert report["parity"]["agree"] is True
+    if precision == "fp8":
+        # ONNX Runtime 1.31's CPU EP has no FP8 kernels, and its full optimizer fails on float8 Q/DQ
+        # (it tries QLinearConv on float8 inputs): deployed falls back to Q/DQ run as float ops.
+        assert "float8" in evaluation["qdq_deployed"]["fallback"]
+        assert evaluation["qdq_exact"]["outputs"]["logits"]["sqnr_db"] > 20  # E4M3: 3 mantissa bits, ~23 dB
+
+
+def test_vnni_detection() -> None:
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert cpu_features.parse_flags(cpuinfo) == {"fpu", "sse2", "avx2", "avx512f", "avx512_vnni"}
+    assert not cpu_features.saturates_u8s8(frozenset({"avx2", "avx512_vnni"}), x86=True)
+    assert not cpu_features.saturates_u8s8(frozenset({"avx2", "avx_vnni"}), x86=True)
+    assert cpu_features.saturates_u8s8(frozenset({"avx2", "avx512f"}), x86=True)
+    assert cpu_features.saturates_u8s8(None, x86=True)  # unknown: the safe answer
+    assert not cpu_features.saturates_u8s8(frozenset(), x86=False)  # ARM and others: other kernels
+
+
+def test_auto_reduce_range_follows_the_cpu(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    reduced, reason = cpu_features.reduced_weight_range("auto")
+    assert reduced and "lacks VNNI" in reason
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+    reduced, reason = cpu_features.reduced_weight_range("auto")
+    assert not reduced and "avx512_vnni" in reason
+    assert cpu_features.reduced_weight_range("on")[0] and not cpu_features.reduced_weight_range("off")[0]
+
+
+def test_auto_gives_7_bit_weights_on_a_cpu_without_vnni(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"sse2", "avx2"}))
+    annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="onnxruntime"))
+    assert {annotation.configs[name].num_bits for name in annotation.parameters} == {7}
+    assert any("lacks VNNI" in note for note in annotation.notes)
+    tensorrt = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="tensorrt"))
+    assert {tensorrt.configs[name].num_bits for name in tensorrt.parameters} == {8}  # onnxruntime only
+
+
+def _evaluation(exact_top1: float, deployed_top1: float, sqnr: float | None, exact_sqnr: float = 37.0) -> dict:
+    return {
+        "qdq_exact": {"top1": exact_top1, "outputs": {"y": {"sqnr_db": exact_sqnr}}},
+        "qdq_deployed": {"top1": deployed_top1, "skipped": None},
+        "deployed_vs_exact": {"y": {"sqnr_db": sqnr, "nonfinite": 0}},
+    }
+
+
+def test_parity_verdicts() -> None:
+    assert check_parity(_evaluation(0.99, 0.99, None)).agree  # bit-identical outputs
+    assert check_parity(_evaluation(0.99, 0.99, 45.0)).agree
+    low = check_parity(_evaluation(0.99, 0.99, 20.0))
+    assert low.agree is False and "SQNR 20.0 dB" in low.reason
+    assert check_parity(_evaluation(0.99, 0.99 - 2 * MAX_TOP1_GAP, 45.0)).agree is False
+    # 4-bit: 6 dB below the quantization noise itself is enough
+    assert check_parity(_evaluation(0.9, 0.9, 25.0, exact_sqnr=17.0)).agree
+    skipped = {"qdq_exact": {"top1": 0.9, "outputs": {}}, "qdq_deployed": {"skipped": "no kernel"}}
+    assert check_parity(skipped).agree is None
+    assert isinstance(check_parity(skipped), ParityVerdict)
+
+
+def test_pipeline_remedies_a_disagreement_with_7_bit_weights(digits_sample, tmp_path, monkeypatch) -> None:
+    """Force the first parity check to fail, as on a CPU without VNNI: the pipeline re-exports with
+    reduce_range=on, measures again and says so."""
+    real = quantcore.pipeline.check_parity
+    calls = []
+
+    def failing_first(evaluation):
+        calls.append(1)
+        if len(calls) == 1:
+            return ParityVerdict(False, 12.0, 0.02, "deployed vs exact SQNR 12.0 dB < 30.0 dB")
+        return real(evaluation)
+
+    monkeypatch.setattr(quantcore.pipeline, "check_parity", failing_first)
+    progress = []
+    result = quantize(
+        digits_sample.model_path,
+        digits_sample.calibration,
+        digits_sample.evaluation,
+        QuantizeConfig(platform="onnxruntime", observer="minmax", reduce_range="off"),
+        tmp_path,
+        labels=digits_sample.evaluation_labels,
+        progress=lambda *call: progress.append(call),
+    )
+    parity = result.report["parity"]
+    assert parity["agree"] is True and "7-bit weights" in parity["remedy"]
+    assert parity["before_remedy"]["agree"] is False
+    assert result.report["config"]["reduce_range"] == "on"
+    table = json.loads(result.tqc_path.read_text())
+    assert all(e["bits"] == 7 for e in table["tensors"].values() if e["kind"] == "weight")
+    stages = [stage for stage, _, _ in progress]
+    assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == list(quantcore.STAGES)
+
+
+def test_fp8_exact_mode_matches_the_onnx_reference_evaluator(digits_sample, tmp_path) -> None:
+    """The exact-Q/DQ numbers of an FP8 model are trustworthy: quantcore's exact session (basic
+    optimization) equals onnx.reference on the exported model. ONNX Runtime 1.31 at ENABLE_ALL does
+    not (its layout passes mis-compute Conv on float8-dequantized weights), hence EXACT_OPTIMIZATION."""
+    from onnx.reference import ReferenceEvaluator
+
+    from quantcore.evaluation import EXACT_OPTIMIZATION
+    from quantcore.session import open_session
+
+    x = digits_sample.evaluation["input"][:20]
+    result = quantize(
+        digits_sample.model_path,
+        digits_sample.calibration,
+        {"input": x},
+        QuantizeConfig(platform="tensorrt-fp8", precision="fp8", observer="minmax"),
+        tmp_path,
+    )
+    reference = ReferenceEvaluator(onnx.load(str(result.model_path))).run(None, {"input": x})[0]
+    with open_session(result.model_path, exact_qdq=True, optimization=EXACT_OPTIMIZATION) as session:
+        exact = session.run(None, {"input": x})[0]
+    # float32 accumulation order only: 1e-4 of the logits' range
+    assert np.abs(exact - reference).max() <= 1e-4 * np.abs(reference).max()

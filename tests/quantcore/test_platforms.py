@@ -1,0 +1,204 @@
+"""Platform rule sets: what each places, per op family, and the user's overrides (structure only;
+numerics of the exported models are in test_export and test_parity)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quantcore import PLATFORMS, NodeOverride, QuantizeConfig, QuantState, annotate, calibrate, prepare
+from quantcore.annotation import NodeInput
+from quantcore.precision import parse_precision
+from tests.quantcore.models import conv_bn_residual
+
+
+def _init(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+
+
+def attention() -> onnx.ModelProto:
+    """x (N, T, 8) → q, k, v projections → softmax(q·kᵀ)·v → + x → LayerNormalization → out.
+    Node names: wq, wk, wv, kt, scores, softmax, context, residual, norm."""
+    rng = np.random.default_rng(0)
+    inits = [_init(n, rng.normal(0, 0.3, (8, 8))) for n in ("Wq", "Wk", "Wv")]
+    inits += [_init("gamma", np.ones(8)), _init("beta", np.zeros(8))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"], name="wq"),
+        helper.make_node("MatMul", ["x", "Wk"], ["k"], name="wk"),
+        helper.make_node("MatMul", ["x", "Wv"], ["v"], name="wv"),
+        helper.make_node("Transpose", ["k"], ["k_t"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "k_t"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"], name="context"),
+        helper.make_node("Add", ["o", "x"], ["h"], name="residual"),
+        helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["out"], name="norm", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", "T", 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def depthwise_concat_head() -> onnx.ModelProto:
+    """x (N, 4, 6, 6) → depthwise Conv (group 4) → Relu → r; 1x1 Conv(r) → c; Concat(r, c) →
+    GlobalAveragePool → Flatten → Gemm → logits → Sigmoid → probs. Node names as the tensors."""
+    rng = np.random.default_rng(1)
+    inits = [
+        _init("dw.w", rng.normal(0, 0.5, (4, 1, 3, 3))),
+        _init("pw.w", rng.normal(0, 0.5, (4, 4, 1, 1))),
+        _init("fc.w", rng.normal(0, 0.5, (3, 8))),
+        _init("fc.b", np.zeros(3)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "dw.w"], ["d"], name="dw", group=4, pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["d"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "pw.w"], ["c"], name="pw"),
+        helper.make_node("Concat", ["r", "c"], ["cat"], name="concat", axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], name="fc", transB=1),
+        helper.make_node("Sigmoid", ["logits"], ["probs"], name="sigmoid"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "depthwise_concat_head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 3])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_registry_names_and_precisions() -> None:
+    assert set(PLATFORMS) == {"tensorrt", "tensorrt-fp8", "onnxruntime", "academic"}
+    assert PLATFORMS["tensorrt-fp8"].accepts("fp8") and not PLATFORMS["tensorrt-fp8"].accepts("int8")
+    assert not PLATFORMS["tensorrt"].accepts("fp8") and not PLATFORMS["onnxruntime"].accepts("w4a8")
+    assert PLATFORMS["academic"].accepts("w2a4") and not PLATFORMS["academic"].accepts("fp8")
+    assert parse_precision("w4a8").weight_bits == 4 and parse_precision("w4a8").activation_bits == 8
+    with pytest.raises(ValueError, match="precision"):
+        QuantizeConfig(platform="onnxruntime", precision="fp8")
+
+
+def test_tensorrt_attention_matmuls_and_float_softmax_layernorm() -> None:
+    annotation = annotate(prepare(attention()), QuantizeConfig(observer="minmax"))
+    configs = annotation.configs
+    # q·kᵀ and p·v: both operands are activations, both quantized per-tensor
+    assert {"q", "k_t"} <= set(configs) and not configs["k_t"].per_channel
+    assert annotation.consumers["p"] == (NodeInput("context", 0),) and "v" in configs
+    for weight in ("Wq", "Wk", "Wv"):
+        assert configs[weight].per_channel and configs[weight].channel_axis == 1  # (K, N): N
+    assert annotation.decisions["softmax"] == annotation.decisions["norm"] == "float"
+    assert "no integer rule for Softmax" in annotation.reasons["softmax"]
+    assert set(annotation.consumers["o"]) == {NodeInput("residual", 0)}  # residual Add: both inputs
+    assert NodeInput("residual", 1) in annotation.consumers["x"]
+    assert annotation.decisions["kt"] == "pass_through"
+
+
+def test_tensorrt_depthwise_concat_shares_one_scale() -> None:
+    prepared = prepare(depthwise_concat_head())
+    config = QuantizeConfig(observer="minmax")
+    annotation = annotate(prepared, config)
+    configs = annotation.configs
+    assert configs["dw.w"].per_channel and configs["dw.w"].channel_axis == 0  # (C_out=4, 1, 3, 3)
+    assert configs["c"].dominator == "r" and configs["r"].dominator is None
+    assert "cat" in configs  # GlobalAveragePool's input
+    assert annotation.decisions["sigmoid"] == "float"
+    x = np.random.default_rng(0).normal(size=(8, 4, 6, 6)).astype(np.float32)
+    calibrated = calibrate(prepared, annotation, {"x": x}, config).configs
+    assert calibrated["c"].state is QuantState.PASSIVE and calibrated["c"].scale == calibrated["r"].scale
+
+
+def test_onnxruntime_quantizes_integer_kernel_inputs_outputs_and_biases() -> None:
+    annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="onnxruntime", reduce_range="off"))
+    configs = annotation.configs
+    for name in annotation.activations:
+        assert (configs[name].quant_min, configs[name].quant_max) == (0, 255) and not configs[name].symmetric
+    for name in annotation.parameters:
+        assert configs[name].symmetric and configs[name].per_channel and configs[name].num_bits == 8
+    # Conv → BN(folded) → Relu: the Relu's output is requantized, not the Conv's (the EP drops the Relu)
+    assert "r1" in configs and "c1" not in configs and "b1" not in configs
+    # r1 feeds conv2 and the residual Add: one tensor, every reader rewired
+    assert set(annotation.consumers["r1"]) == {NodeInput("conv2", 0), NodeInput("add", 1)}
+    # the Add's output goes to a Relu: requantized after the Relu; Flatten moves codes with r2's scale
+    assert "r2" in configs and configs["flat"].dominator == "r2"
+    assert "logits" not in configs  # a graph output stays float (QGemm writes float)
+    consumers = {link.consumer.node for link in annotation.biases.values()}
+    assert consumers == {"conv1", "conv2", "fc"}
+    assert all(
+        link.activation in configs and link.weight in annotation.parameters for link in annotation.biases.values()
+    )
+    assert any("full int8 range" in note for note in annotation.notes)
+
+
+def test_onnxruntime_reduced_range_gives_7_bit_weights() -> None:
+    annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="onnxruntime", reduce_range="on"))
+    for name in annotation.parameters:
+        assert annotation.configs[name].num_bits == 7
+        assert (annotation.configs[name].quant_min, annotation.configs[name].quant_max) == (-64, 63)
+    assert any("[-64, 63]" in note for note in annotation.notes)
+
+
+def test_academic_first_and_last_layer_at_8_bit() -> None:
+    annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="academic", precision="w4a4"))
+    configs = annotation.configs
+    assert configs["conv1.w"].num_bits == configs["fc.w"].num_bits == 8  # first and last compute layer
+    assert configs["input"].num_bits == configs["flat"].num_bits == 8
+    assert configs["conv2.w"].num_bits == 4 and configs["r1"].num_bits == 4
+    assert not configs["conv2.w"].symmetric and configs["conv2.w"].per_channel  # asymmetric per-channel
+    assert (configs["r1"].quant_min, configs["r1"].quant_max) == (0, 15)
+    assert "first/last layer at 8 bit" in annotation.reasons["conv1"]
+
+
+def test_tensorrt_fp8_configs_are_e4m3() -> None:
+    annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="tensorrt-fp8", precision="fp8"))
+    for tqc in annotation.configs.values():
+        assert tqc.floating and tqc.exponent_bits == 4 and float(tqc.quant_max) == 448.0
+    assert annotation.configs["conv2.w"].per_channel and not annotation.configs["r1"].per_channel
+    assert set(annotation.activations) == {"input", "r1", "b2", "flat"}  # TensorRT's placement
+
+
+def test_overrides_set_bits_and_observer_per_node() -> None:
+    prepared = prepare(conv_bn_residual())
+    config = QuantizeConfig(
+        platform="academic",
+        precision="w4a4",
+        overrides=(
+            NodeOverride("conv2", bits=6),
+            NodeOverride("conv*", observer="minmax"),
+            NodeOverride("conv2", bits=2),
+        ),
+    )
+    annotation = annotate(prepared, config)
+    assert annotation.configs["conv2.w"].num_bits == 6  # the first matching override wins
+    assert annotation.configs["r1"].num_bits == 6 and annotation.configs["r1"].observer == "minmax"
+    assert annotation.configs["flat"].observer == config.observer  # fc matches no override
+    assert "6 bit by override 'conv2'" in annotation.reasons["conv2"]
+    with pytest.raises(ValueError, match="bits"):
+        NodeOverride("x", bits=9)
+    with pytest.raises(ValueError, match="observer"):
+        NodeOverride("x")
+
+
+def test_every_decision_has_a_reason() -> None:
+    model = attention()
+    model.graph.node.append(helper.make_node("Custom", ["out"], ["extra"], name="custom", domain="com.example"))
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    prepared = prepare(model)
+    annotation = annotate(prepared, QuantizeConfig(exclude_op_types=("Add",), exclude_node_patterns=("w[qk]",)))
+    assert annotation.reasons["residual"] == "excluded by op type Add"
+    assert annotation.reasons["wq"] == "excluded by node pattern 'w[qk]'"
+    assert "custom-domain op com.example.Custom" in annotation.reasons["custom"]
+    assert set(annotation.reasons) == set(annotation.decisions) == {n.name for n in prepared.model.graph.node}
+    summary = annotation.summary()
+    assert {d["node"] for d in summary["decisions"]} == set(annotation.decisions)
+    assert summary["platform"] == "tensorrt"

@@ -1,0 +1,117 @@
+"""The recipe schema (pure pydantic, no server) and its translation into quantcore's config."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from jobs.recipe import PLATFORM_PRECISIONS, Recipe
+from quantcore import PLATFORMS, NodeOverride, QuantizeConfig
+from quantcore.observers import ACTIVATION_OBSERVERS
+from worker.translate import to_quantize_config
+
+
+def error_of(recipe: dict) -> tuple[str, str]:
+    """(dotted location, message) of the single validation error ``recipe`` raises."""
+    with pytest.raises(ValidationError) as raised:
+        Recipe.model_validate(recipe)
+    errors = raised.value.errors()
+    assert len(errors) == 1, errors
+    return ".".join(str(p) for p in errors[0]["loc"]), errors[0]["msg"]
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        {},
+        {"platform": "tensorrt", "precision": "int8", "calibration": {"observer": "kl"}},
+        {"platform": "tensorrt-fp8", "precision": "fp8", "calibration": {"observer": "floating"}},
+        {"platform": "onnxruntime", "precision": "w8a8", "reduce_range": "on"},
+        {"platform": "academic", "precision": "w4a4", "calibration": {"observer": "mse"}},
+        {"platform": "academic", "precision": "w2a8"},
+        {
+            "platform": "onnxruntime",
+            "exclude": {"op_types": ["Softmax"], "node_patterns": ["/head/*"]},
+            "overrides": [{"pattern": "/stem/*", "observer": "minmax"}, {"pattern": "/fc", "bits": 8}],
+            "calibration": {"observer": "ema_minmax", "batch_size": 8, "num_samples": 64},
+        },
+    ],
+)
+def test_valid_recipes_translate_to_a_valid_config(recipe: dict) -> None:
+    parsed = Recipe.model_validate(recipe)
+    config = to_quantize_config(parsed)
+    assert isinstance(config, QuantizeConfig)
+    assert (config.platform, config.precision, config.observer) == (
+        parsed.platform,
+        parsed.precision,
+        parsed.calibration.observer,
+    )
+    assert config.reduce_range == parsed.reduce_range
+    assert config.exclude_op_types == tuple(parsed.exclude.op_types)
+    assert [o.pattern for o in config.overrides] == [o.pattern for o in parsed.overrides]
+
+
+def test_overrides_translate_in_order() -> None:
+    parsed = Recipe.model_validate(
+        {
+            "platform": "academic",
+            "precision": "w4a4",
+            "overrides": [{"pattern": "a*", "bits": 6}, {"pattern": "*", "observer": "kl"}],
+        }
+    )
+    assert to_quantize_config(parsed, device="cuda").overrides == (
+        NodeOverride("a*", bits=6),
+        NodeOverride("*", observer="kl"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("recipe", "field", "needle"),
+    [
+        ({"platform": "tpu"}, "platform", "tensorrt-fp8"),
+        ({"precision": "int4"}, "precision", "should match pattern"),
+        ({"precision": "w9a8", "platform": "academic"}, "precision", "should match pattern"),
+        ({"precision": "fp8"}, "precision", "fp8 needs platform tensorrt-fp8"),
+        ({"platform": "academic", "precision": "fp8"}, "precision", "fp8 needs platform tensorrt-fp8"),
+        ({"platform": "tensorrt-fp8"}, "precision", "accepts precision fp8"),
+        ({"platform": "onnxruntime", "precision": "w4a8"}, "precision", "int8 or w8a8"),
+        ({"calibration": {"observer": "magic"}}, "calibration.observer", "minmax"),
+        ({"calibration": {"observer": "constant"}}, "calibration.observer", "minmax"),
+        ({"calibration": {"percentile": 150}}, "calibration.percentile", "less than or equal to 100"),
+        ({"calibration": {"batch_size": 0}}, "calibration.batch_size", "greater than or equal to 1"),
+        ({"overrides": [{"pattern": "x"}]}, "overrides.0", "bits and/or observer"),
+        ({"overrides": [{"pattern": "", "bits": 8}]}, "overrides.0.pattern", "at least 1"),
+        ({"overrides": [{"pattern": "x", "bits": 1}]}, "overrides.0.bits", "greater than or equal to 2"),
+        ({"overrides": [{"pattern": "x", "bits": 16}]}, "overrides.0.bits", "less than or equal to 8"),
+        ({"overrides": [{"pattern": "x", "observer": "typo"}]}, "overrides.0.observer", "minmax"),
+        ({"overrides": [{"pattern": "x", "bits": 4, "turbo": 1}]}, "overrides.0.turbo", "Extra inputs"),
+        (
+            {"platform": "tensorrt-fp8", "precision": "fp8", "overrides": [{"pattern": "x", "bits": 4}]},
+            "overrides",
+            "fp8",
+        ),
+        ({"reduce_range": "on"}, "reduce_range", "onnxruntime only"),
+        ({"platform": "onnxruntime", "reduce_range": "maybe"}, "reduce_range", "'auto'"),
+        ({"exclude": {"op_types": [""]}}, "exclude.op_types", "non-empty"),
+        ({"exclude": {"node_patterns": ["*"] * 257}}, "exclude.node_patterns", "at most 256"),
+        ({"turbo": True}, "turbo", "Extra inputs"),
+    ],
+)
+def test_invalid_recipes_name_the_field(recipe: dict, field: str, needle: str) -> None:
+    location, message = error_of(recipe)
+    assert location == field and needle in message, (location, message)
+
+
+def test_recipe_choices_match_quantcore() -> None:
+    assert set(PLATFORM_PRECISIONS) == set(PLATFORMS)
+    for name, precisions in PLATFORM_PRECISIONS.items():
+        assert precisions == PLATFORMS[name].precisions or (precisions is None and PLATFORMS[name].precisions is None)
+    observers = set(Recipe.model_json_schema()["$defs"]["CalibrationSpec"]["properties"]["observer"]["enum"])
+    assert observers == set(ACTIVATION_OBSERVERS)
+
+
+def test_schema_is_frozen_and_forbids_extras() -> None:
+    recipe = Recipe()
+    with pytest.raises(ValidationError):
+        recipe.platform = "academic"  # type: ignore[misc]
+    assert Recipe.model_config["extra"] == "forbid"
