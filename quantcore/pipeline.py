@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantcore import atomic
 from quantcore.annotation import annotate
@@ -92,7 +93,10 @@ def quantize(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     started = stages.begin("prepare")
-    prepared = prepare(model_path)
+    # The first calibration batch lets prepare fold Ifs that depend on input shapes or flag inputs.
+    source_specs = input_specs(onnx.load(str(model_path), load_external_data=False))
+    sample = next(iter(Batches(calibration, source_specs, config.batch_size, what="calibration")), None)
+    prepared = prepare(model_path, sample=sample)
     specs = input_specs(prepared.model)
     calibration_batches = Batches(calibration, specs, config.batch_size, what="calibration")
     evaluation_batches = Batches(evaluation, specs, config.batch_size, what="evaluation")

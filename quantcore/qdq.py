@@ -128,9 +128,18 @@ def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     current = default_opset(model) or opset
     if current >= opset:
         return model
-    names = [node.name for node in model.graph.node]
+    originals = {node.name: node for node in model.graph.node}
     converted = upgrade_opset(model, opset)
-    if [node.name for node in converted.graph.node] != names:
+    # The converter may add nodes (e.g. the `axes` Constant of ReduceMean at opset 18) and append
+    # inputs; the annotation stays valid as long as every original node keeps its name, order,
+    # existing inputs and outputs.
+    kept = [node for node in converted.graph.node if node.name in originals]
+    unchanged = [node.name for node in kept] == list(originals) and all(
+        list(node.input[: len(originals[node.name].input)]) == list(originals[node.name].input)
+        and list(node.output) == list(originals[node.name].output)
+        for node in kept
+    )
+    if not unchanged:
         raise UnsupportedModelError(f"raising the opset from {current} to {opset} changed the graph's nodes")
     converted.ir_version = max(converted.ir_version, required_ir_version(converted))
     return converted
