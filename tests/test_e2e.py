@@ -61,9 +61,7 @@ def finished_job(service: Service, digits: tuple[Path, Path]) -> dict:
             "calibration": {"observer": "percentile", "num_samples": 512},
             "evaluation": {"holdout_fraction": 0.3},
         }
-        job = client.post(
-            "/jobs", json={"model_id": model["id"], "dataset_id": dataset["id"], "recipe": recipe}
-        )
+        job = client.post("/jobs", json={"model_id": model["id"], "dataset_id": dataset["id"], "recipe": recipe})
         assert job.status_code == 202, job.text
         assert job.json()["status"] == "queued"
         job_id = job.json()["id"]
