@@ -96,6 +96,17 @@ class NodeOverrideSpec(_Spec):
         return self
 
 
+class DeploySpec(_Spec):
+    cpu_latency: bool = Field(
+        True, description="Measure FP32 vs quantized latency on ONNX Runtime's CPU EP at batch 1 and 32."
+    )
+    tensorrt_engine: bool = Field(
+        True,
+        description="Build a TensorRT engine from the QDQ model (tensorrt platforms only). On a worker without "
+        "CUDA and TensorRT the stage ends 'skipped' with the reason in the report.",
+    )
+
+
 class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
@@ -119,6 +130,7 @@ class Recipe(_Spec):
         description="onnxruntime only: 7-bit weights [-64, 63] so that u8s8 kernels on x86 CPUs without VNNI "
         "do not saturate; auto decides from the worker's CPU.",
     )
+    deploy: DeploySpec = Field(default_factory=DeploySpec)
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
 
     @field_validator("precision")

@@ -18,12 +18,15 @@ or compose the stages::
     exported = export(prepared, annotation, "out/")
     report = evaluate("model.onnx", exported.model_path, evaluation, config)
 
+Deployment: ``build_engine`` (TensorRT, GPU workers; ``skipped`` with the reason elsewhere),
+``check_qdq`` (TensorRT's explicit-quantization rules, anywhere), ``cpu_latency`` (ONNX Runtime).
 Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors: ``quantcore.errors``.
 """
 
 from quantcore.annotation import Annotation, annotate
 from quantcore.calibration import calibrate
 from quantcore.config import NodeOverride, QuantizeConfig
+from quantcore.engine import build_engine, check_qdq, cpu_latency
 from quantcore.errors import (
     Canceled,
     InvalidDataError,
@@ -32,11 +35,14 @@ from quantcore.errors import (
     UnsupportedModelError,
 )
 from quantcore.evaluation import evaluate
+from quantcore.fake_quant import fake_quantize_tensor
 from quantcore.parity import ParityVerdict, check_parity
 from quantcore.pipeline import STAGES, QuantizeResult, quantize
 from quantcore.platforms import PLATFORMS, Platform
+from quantcore.policy import QuantPolicy, RoundingPolicy
 from quantcore.preparation import PreparedModel, prepare
 from quantcore.qdq import ExportResult, export
+from quantcore.storage import StorageType, storage_type
 from quantcore.tqc import QuantState, TensorQuantConfig
 from quantcore.validate import inspect_model
 
@@ -52,18 +58,26 @@ __all__ = [
     "ParityVerdict",
     "Platform",
     "PreparedModel",
+    "QuantPolicy",
     "QuantState",
     "QuantcoreError",
     "QuantizeConfig",
     "QuantizeResult",
+    "RoundingPolicy",
+    "StorageType",
     "TensorQuantConfig",
     "UnsupportedModelError",
     "annotate",
+    "build_engine",
     "calibrate",
     "check_parity",
+    "check_qdq",
+    "cpu_latency",
     "evaluate",
     "export",
+    "fake_quantize_tensor",
     "inspect_model",
     "prepare",
     "quantize",
+    "storage_type",
 ]

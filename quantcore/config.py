@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from quantcore.checks import require_choice, require_int, string_tuple
+from quantcore.checks import require_bool, require_choice, require_int, string_tuple
 from quantcore.cpu_features import REDUCE_RANGE_CHOICES
 from quantcore.observers import ACTIVATION_OBSERVERS
 from quantcore.platforms import PLATFORMS
@@ -63,6 +63,9 @@ class QuantizeConfig:
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels
     saturate, see ``quantcore.cpu_features``), ``on``, ``off``. device: ``cpu`` or ``cuda``.
+    cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
+    tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
+    the reason where CUDA or TensorRT is missing).
     """
 
     platform: str = "tensorrt"
@@ -75,6 +78,8 @@ class QuantizeConfig:
     overrides: tuple[NodeOverride, ...] = ()
     reduce_range: str = "auto"
     device: str = "cpu"
+    cpu_latency: bool = True
+    tensorrt_engine: bool = False
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
@@ -88,6 +93,8 @@ class QuantizeConfig:
         require_choice("observer", self.observer, ACTIVATION_OBSERVERS)
         require_choice("device", self.device, DEVICES)
         require_choice("reduce_range", self.reduce_range, REDUCE_RANGE_CHOICES)
+        require_bool("cpu_latency", self.cpu_latency)
+        require_bool("tensorrt_engine", self.tensorrt_engine)
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):
             raise ValueError(f"percentile must be a number, got {self.percentile!r}")
         if not (math.isfinite(self.percentile) and 0.0 < self.percentile <= 100.0):
@@ -125,4 +132,6 @@ class QuantizeConfig:
             "overrides": [o.to_dict() for o in self.overrides],
             "reduce_range": self.reduce_range,
             "device": self.device,
+            "cpu_latency": self.cpu_latency,
+            "tensorrt_engine": self.tensorrt_engine,
         }

@@ -33,6 +33,8 @@ from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate
 from quantcore.config import QuantizeConfig
+from quantcore.engine import build_engine, cpu_latency
+from quantcore.engine.profiles import observed_shapes
 from quantcore.evaluation import check_labels, evaluate
 from quantcore.parity import check_parity, remedy
 from quantcore.preparation import prepare
@@ -40,7 +42,7 @@ from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
 from quantcore.report import REPORT_FORMAT, jsonable
 
-STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate")
+STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate", "latency", "engine")
 REPORT_FILE = "report.json"
 
 
@@ -50,6 +52,8 @@ class QuantizeResult:
     tqc_path: Path  # every quantized tensor's config, JSON
     report_path: Path  # the report below, JSON
     report: dict[str, Any]
+    engine_path: Path | None = None  # the TensorRT engine, when one was built
+    engine_metadata_path: Path | None = None  # its engine.json
 
 
 class _Stages:
@@ -157,6 +161,27 @@ def quantize(
         }
     stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")
 
+    latency = None
+    if config.cpu_latency:
+        started = stages.begin("latency")
+        sample = next(iter(evaluation_batches), None)
+        latency = cpu_latency(model_path, exported.model_path, sample=sample)
+        stages.end("latency", started, "FP32 vs quantized on the CPU EP")
+
+    engine = None
+    if config.tensorrt_engine:
+        started = stages.begin("engine")
+        engine = build_engine(
+            exported.model_path,
+            out_dir / "engine",
+            fp32_model_path=model_path,
+            evaluation=evaluation,
+            calibration_shapes=observed_shapes(calibration, calibration_batches.batch_size),
+            progress=progress,
+            should_cancel=should_cancel,
+        )
+        stages.end("engine", started, f"engine {engine.status}" + (f": {engine.reason}" if engine.reason else ""))
+
     report = jsonable(
         {
             "format": REPORT_FORMAT,
@@ -178,12 +203,20 @@ def quantize(
             },
             "evaluation": evaluation_report,
             "parity": parity,
+            "latency": {"cpu": latency},
+            "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stages.seconds,
             "warnings": [*prepared.warnings, *annotation.warnings, *exported.warnings],
         }
     )
     report_path = out_dir / REPORT_FILE
     atomic.write_json(report_path, report)
+    built = engine is not None and engine.status == "built"
     return QuantizeResult(
-        model_path=exported.model_path, tqc_path=exported.tqc_path, report_path=report_path, report=report
+        model_path=exported.model_path,
+        tqc_path=exported.tqc_path,
+        report_path=report_path,
+        report=report,
+        engine_path=engine.engine_path if built else None,
+        engine_metadata_path=engine.metadata_path if built else None,
     )

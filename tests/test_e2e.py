@@ -187,3 +187,25 @@ def test_cancel_a_running_job(service: Service, finished_job: dict) -> None:
         assert client.get(f"/jobs/{created['id']}/artifacts").json() == []
         stored = list((service.var_dir / "storage").glob(f"*/jobs/{created['id']}/*"))
         assert stored == [], stored
+
+
+def test_report_has_cpu_latency_and_an_honest_engine_stage(finished_job: dict) -> None:
+    report = finished_job["report"]
+    cpu = report["latency"]["cpu"]
+    for model in ("fp32", "quantized"):
+        summary = cpu[model]["batch_1"]
+        assert 0 < summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"]
+    engine = report["engine"]  # asked for by default on the tensorrt platform
+    try:
+        import tensorrt  # noqa: F401
+
+        has_tensorrt = True
+    except ImportError:
+        has_tensorrt = False
+    if not has_tensorrt:  # this machine: no GPU, no TensorRT. The stage must say so, not pretend.
+        assert engine["status"] == "skipped" and "TensorRT" in engine["reason"], engine
+        assert engine["latency"] is None and engine["comparison"] is None
+        assert "model.engine" not in {a["name"] for a in finished_job["artifacts"]}
+    assert engine["qdq_checks"]["errors"] == 0, engine["qdq_checks"]  # TensorRT's Q/DQ rules hold anyway
+    events = finished_job["events"]
+    assert {"latency", "engine"} <= {e["data"]["stage"] for e in events if e["event"] == "stage"}

@@ -38,15 +38,19 @@ STAGE_WEIGHTS = {
     "load": 0.03,
     "prepare": 0.04,
     "annotate": 0.02,
-    "calibrate": 0.45,
+    "calibrate": 0.40,
     "export": 0.04,
-    "evaluate": 0.37,
+    "evaluate": 0.30,
+    "latency": 0.07,
+    "engine": 0.05,
     "store": 0.05,
 }
 ARTIFACTS = {
     "model.qdq.onnx": "application/octet-stream",
     "tqc.json": "application/json",
     "report.json": "application/json",
+    "model.engine": "application/octet-stream",  # TensorRT plan, on GPU workers only
+    "engine.json": "application/json",
 }
 EVENT_MIN_INTERVAL = 0.5  # seconds between progress events inside a stage
 
@@ -258,6 +262,9 @@ def _store(progress: Progress, project_id: uuid.UUID, result) -> list[dict]:
     """Copy each artifact into the job's directory under a temporary name and rename it into place."""
     directory = storage.job_dir(project_id, progress.job_id)
     files = {"model.qdq.onnx": result.model_path, "tqc.json": result.tqc_path, "report.json": result.report_path}
+    if result.engine_path is not None:
+        files["model.engine"] = result.engine_path
+        files["engine.json"] = result.engine_metadata_path
     stored = []
     for name, source in files.items():
         relative = f"{directory}/{name}"

@@ -10,7 +10,8 @@ from quantcore import NodeOverride, QuantizeConfig
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
-    per-node overrides (same order: the first matching pattern wins), reduce_range, and the device."""
+    per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
+    deployment measurements (a TensorRT engine only for the tensorrt platforms)."""
     return QuantizeConfig(
         platform=recipe.platform,
         precision=recipe.precision,
@@ -22,6 +23,8 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         overrides=tuple(NodeOverride(pattern=o.pattern, bits=o.bits, observer=o.observer) for o in recipe.overrides),
         reduce_range=recipe.reduce_range,
         device=device,
+        cpu_latency=recipe.deploy.cpu_latency,
+        tensorrt_engine=recipe.deploy.tensorrt_engine and recipe.platform.startswith("tensorrt"),
     )
 
 
