@@ -64,8 +64,9 @@ def render_report(report: Any) -> str:
         _outputs_table(per_output),
         _task_metrics(task, report),
         _layers_summary(layers),
-        _figures("sizes", _find(report, _is_size_key), _format_bytes),
-        _figures("latency", _find(report, _is_latency_key), _format_ms),
+        # Sizes of the models; the engine's build settings (workspace_bytes...) are not sizes of anything.
+        _figures("sizes", _find({k: v for k, v in report.items() if k != "engine"}, _is_size_key), _format_bytes),
+        _latency(report.get("latency")),
         _figures("time per stage", _find(report, _is_seconds_key), _format_seconds),
         _engine(report.get("engine")),
         _warnings(_find_lists(report, "warnings")),
@@ -197,13 +198,45 @@ def _figures(title: str, found: list[tuple[Path, Any]], fmt: Callable[[float], s
         return ""
     lines = [f"{title}:"]
     for path, value in flat:
-        label = ".".join(part for part in path if part not in SIZE_KEYS | NOISE and not _is_grouping(part)) or title
+        kept = [part for part in path[:-1] if part not in SIZE_KEYS | NOISE and not _is_grouping(part)]
+        label = ".".join([*kept, path[-1]]) if path else title
         lines.append(f"  {label}: {fmt(value)}")
     return "\n".join(lines)
 
 
 def _is_grouping(part: str) -> bool:
     return part in {"latency", "stage_seconds", "seconds"}
+
+
+def _latency(latency: Any) -> str:
+    """The CPU latency table (``latency.cpu``: per model and batch, p50/p90/p99 and throughput), else
+    any ``*_ms`` figures found under ``latency``."""
+    cpu = latency.get("cpu") if isinstance(latency, dict) else None
+    if not isinstance(cpu, dict) or not isinstance(cpu.get("fp32"), dict):
+        found = _find(latency, lambda path: path[-1].endswith("_ms")) if isinstance(latency, dict) else []
+        return _figures("latency", found, _format_ms)
+    rows = [["model", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s"]]
+    for model in ("fp32", "quantized"):
+        for key, summary in (cpu.get(model) or {}).items():
+            if isinstance(summary, dict):
+                rows.append(
+                    [
+                        model,
+                        key.removeprefix("batch_"),
+                        *(_format_metric(summary.get(f"p{q}_ms")) for q in (50, 90, 99)),
+                        _format_metric(summary.get("throughput_samples_per_s")),
+                    ]
+                )
+    speedups = ", ".join(
+        f"batch {key.removeprefix('batch_')}: {value:.2f}x"
+        for key, value in (cpu.get("speedup_p50") or {}).items()
+        if _is_number(value)
+    )
+    lines = [f"CPU latency ({cpu.get('provider', 'ONNX Runtime')}):", _table(rows)]
+    if speedups:
+        lines.append(f"speed-up of the quantized model at p50: {speedups}")
+    lines += [f"  note: {note}" for note in cpu.get("notes") or []]
+    return "\n".join(lines)
 
 
 def _engine(engine: Any) -> str:

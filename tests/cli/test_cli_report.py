@@ -105,3 +105,28 @@ def test_recipe_file_must_be_a_json_object(tmp_path: Path) -> None:
         build_recipe(path, [])
     with pytest.raises(RecipeError, match="cannot read"):
         build_recipe(tmp_path / "missing.json", [])
+
+
+def test_cpu_latency_is_a_table_and_engine_settings_are_not_sizes() -> None:
+    summary = {"p50_ms": 0.5, "p90_ms": 0.7, "p99_ms": 1.5, "throughput_samples_per_s": 2000.0}
+    report = {
+        "evaluation": {"model": {"fp32_bytes": 4096, "qdq_bytes": 1024}},
+        "latency": {
+            "cpu": {
+                "provider": "CPUExecutionProvider",
+                "fp32": {"batch_1": summary},
+                "quantized": {"batch_1": {**summary, "p50_ms": 0.25}},
+                "speedup_p50": {"batch_1": 2.0},
+                "notes": [],
+            }
+        },
+        "stage_seconds": {"calibrate": 1.5, "latency": 0.25},
+        "engine": {"status": "skipped", "reason": "no CUDA", "metadata": {"flags": {"workspace_bytes": 1 << 32}}},
+    }
+    text = render_report(report)
+    rows = [line.split() for line in text.splitlines()]
+    assert ["fp32", "1", "0.5", "0.7", "1.5", "2000"] in rows
+    assert ["quantized", "1", "0.25", "0.7", "1.5", "2000"] in rows
+    assert "batch 1: 2.00x" in text
+    assert "latency: 0.25 s" in text  # the stage keeps its name in the time-per-stage list
+    assert "workspace" not in text and "engine: skipped (no CUDA)" in text
