@@ -7,7 +7,8 @@ threshold T that minimises a loss:
 width; at most ``MAX_CANDIDATES`` of them, up to the bin holding max|x|), for each i >= n (n = number
 of grid levels on one side: quant_max + 1 = 128 for int8 symmetric; all levels for an asymmetric grid
 on one-sided data), the reference P = counts[:i] with every count beyond bin i folded into bin i-1
-(the clipped outliers), and Q = counts[:i] merged into n equal groups and spread back uniformly over
+(the clipped outliers; the zero bin's spike replaced by its neighbour's count), and Q = counts[:i]
+merged into n equal groups and spread back uniformly over
 each group's non-empty bins. T = i · w for the i minimising KL(P ‖ Q) = Σ p log(p / q) over p > 0 (q floored at 1e-12).
 With n >= bins there is nothing to search (16-bit grids): T = max|x|.
 
@@ -74,6 +75,11 @@ class KLObserver(HistogramObserver):
         if levels >= used:
             return self.abs_max
         counts = self.counts.astype(np.float64)
+        if len(counts) > 1:
+            # The bin at zero holds every exact zero (a ReLU output is mostly zeros); left as is, that
+            # spike dominates P and the search clips the real range away. Like TensorRT's entropy
+            # calibrator, give it its neighbour's count instead.
+            counts[0] = counts[1]
         candidates = _candidate_bins(levels, used)
         losses = np.array([self._divergence(counts, int(i), levels) for i in candidates])
         return min(self.abs_max, _pick(losses, candidates) * self.bin_width)
