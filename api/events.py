@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
 
+from api.schemas import EventPublic
 from jobs import queries
 from jobs.db import session_scope
 from jobs.models import TERMINAL_STATUSES
@@ -25,18 +26,9 @@ KEEPALIVE_SECONDS = 15.0
 def _fetch(url: str, job_id: uuid.UUID, after: int) -> tuple[list[dict], bool]:
     with session_scope(url) as session:
         rows = queries.events_after(session=session, job_id=job_id, after_id=after)
-        events = [
-            {
-                "id": row.id,
-                "kind": row.kind,
-                "stage": row.stage,
-                "progress": row.progress,
-                "message": row.message,
-                "data": row.data,
-                "created_at": row.created_at.isoformat(),
-            }
-            for row in rows
-        ]
+        events = [EventPublic.model_validate(row).model_dump(mode="json") for row in rows]
+        if events:  # the caller only needs `ended` when there was nothing new to send
+            return events, False
         job = queries.get_job_unscoped(session=session, job_id=job_id)
         ended = job is None or job.status in TERMINAL_STATUSES
     return events, ended

@@ -35,6 +35,14 @@ if TYPE_CHECKING:
     from quantcore.config import QuantizeConfig
 
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})  # ops with a weight operand
+# Ops that move, select or reshape values without computing new ones: what enters quantized leaves
+# quantized on the same grid. Platforms pass quantization through them; TensorRT moves Q/DQ across them.
+DATA_MOVEMENT_OPS = frozenset(
+    {
+        "Identity", "Dropout", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split",
+        "Pad", "Gather", "Expand", "Tile", "MaxPool", "Resize", "DepthToSpace", "SpaceToDepth",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

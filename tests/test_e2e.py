@@ -5,6 +5,7 @@ Runs once per database (the `service` fixture), with a real Celery worker on the
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
@@ -170,9 +171,14 @@ def test_outputs_agree_with_fp32_as_the_report_says(finished_job: dict, tmp_path
 def test_cancel_a_running_job(service: Service, finished_job: dict) -> None:
     with service.client(finished_job["key"]) as client:
         job = finished_job["job"]
-        slow = {"calibration": {"observer": "minmax", "batch_size": 1, "num_samples": 1400}}
+        # 4000 batches of one sample: calibration lasts long enough to be canceled in the middle.
+        with np.load(finished_job["data_path"]) as archive:
+            buffer = io.BytesIO()
+            np.savez(buffer, input=np.tile(archive["input"], (10, 1, 1, 1)))
+        dataset = client.post("/datasets", files={"file": ("tiled.npz", buffer.getvalue())}).json()
+        slow = {"calibration": {"observer": "minmax", "batch_size": 1, "num_samples": 4000}}
         created = client.post(
-            "/jobs", json={"model_id": job["model_id"], "dataset_id": job["dataset_id"], "recipe": slow}
+            "/jobs", json={"model_id": job["model_id"], "dataset_id": dataset["id"], "recipe": slow}
         ).json()
         deadline = time.monotonic() + 60
         while client.get(f"/jobs/{created['id']}").json()["stage"] != "calibrate":

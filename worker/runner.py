@@ -26,7 +26,7 @@ from jobs import queries, storage
 from jobs.config import settings
 from jobs.db import session_scope
 from jobs.models import JobStatus
-from quantcore import quantize
+from quantcore import QuantizeResult, quantize
 from quantcore.errors import Canceled, QuantcoreError
 from worker.splits import split_dataset
 from worker.translate import parse_recipe, to_quantize_config
@@ -53,6 +53,7 @@ ARTIFACTS = {
     "engine.json": "application/json",
 }
 EVENT_MIN_INTERVAL = 0.5  # seconds between progress events inside a stage
+CANCEL_CHECK_INTERVAL = 0.5  # seconds between reads of the cancel flag
 
 
 class Abandoned(Exception):
@@ -90,6 +91,8 @@ class Progress:
         self.url = settings.resolved_database_url
         self.stage: str | None = None
         self.last_event = 0.0
+        self.last_cancel_check = -CANCEL_CHECK_INTERVAL
+        self.canceled = False
         self.lost = threading.Event()
         self.starts = {}
         total = 0.0
@@ -103,6 +106,8 @@ class Progress:
     def __call__(self, stage: str, fraction: float, message: str = "") -> None:
         now = time.monotonic()
         new_stage = stage != self.stage
+        if new_stage or fraction >= 1.0:  # stage boundaries always read the cancel flag afresh
+            self.last_cancel_check = -CANCEL_CHECK_INTERVAL
         if not new_stage and now - self.last_event < EVENT_MIN_INTERVAL and fraction < 1.0:
             return
         self.stage = stage
@@ -126,10 +131,17 @@ class Progress:
             )
 
     def should_cancel(self) -> bool:
+        """quantcore calls this once per batch: inside a stage, read the flag from the DB at most every
+        CANCEL_CHECK_INTERVAL seconds rather than once per batch; at every stage boundary, read it
+        afresh (``__call__`` resets the clock), so a request is never missed by a short stage."""
         if self.lost.is_set():
             raise Abandoned(f"job {self.job_id} was taken from this worker")
-        with session_scope(self.url) as session:
-            return queries.cancel_requested(session=session, job_id=self.job_id)
+        now = time.monotonic()
+        if now - self.last_cancel_check >= CANCEL_CHECK_INTERVAL:
+            self.last_cancel_check = now
+            with session_scope(self.url) as session:
+                self.canceled = queries.cancel_requested(session=session, job_id=self.job_id)
+        return self.canceled
 
 
 class Heartbeat(threading.Thread):
@@ -221,9 +233,7 @@ def _execute(
             f"{len(split.calibration_indices)} calibration, {len(split.evaluation_indices)} evaluation samples",
         )
 
-        def should_cancel() -> bool:
-            return progress.should_cancel()
-
+        should_cancel = progress.should_cancel
         if should_cancel():
             raise Canceled("canceled")
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +268,7 @@ def _execute(
         return JobStatus.failed, f"internal error during {progress.stage}: {type(exc).__name__}: {exc}", []
 
 
-def _store(progress: Progress, project_id: uuid.UUID, result) -> list[dict]:
+def _store(progress: Progress, project_id: uuid.UUID, result: QuantizeResult) -> list[dict]:
     """Copy each artifact into the job's directory under a temporary name and rename it into place."""
     directory = storage.job_dir(project_id, progress.job_id)
     files = {"model.qdq.onnx": result.model_path, "tqc.json": result.tqc_path, "report.json": result.report_path}

@@ -13,7 +13,7 @@ from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import ModelPublic, Page
-from api.uploads import UPLOAD_BODY, receive_upload
+from api.uploads import UPLOAD_BODY, Upload, receive_upload
 from jobs import queries, storage
 from jobs.config import Settings
 from jobs.db import session_scope
@@ -75,7 +75,7 @@ def read_model(session: SessionDep, project: ProjectDep, model_id: uuid.UUID) ->
     return model
 
 
-def _create(settings: Settings, project_id: uuid.UUID, model_id: uuid.UUID, upload, relative: str) -> Model:
+def _create(settings: Settings, project_id: uuid.UUID, model_id: uuid.UUID, upload: Upload, relative: str) -> Model:
     with session_scope(settings.resolved_database_url) as session:
         return queries.create_model(
             session=session,

@@ -54,6 +54,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore.graph import GraphIndex
+from quantcore.rules import DATA_MOVEMENT_OPS
 
 SEVERITIES = ("error", "warning")
 
@@ -66,27 +67,7 @@ INT8_OPS = frozenset(
 # What a DQ may reach and still fuse: an INT8 op, or a Q (DQ → Q is an int8 requantization).
 FUSING_READERS = INT8_OPS | {Q}
 # Ops TensorRT moves Q/DQ across ("commuting" data-movement ops): a DQ in front of them acts on what follows.
-COMMUTING_OPS = frozenset(
-    {
-        "Identity",
-        "Reshape",
-        "Transpose",
-        "Flatten",
-        "Squeeze",
-        "Unsqueeze",
-        "Slice",
-        "Split",
-        "Pad",
-        "Gather",
-        "Expand",
-        "Tile",
-        "MaxPool",
-        "GlobalMaxPool",
-        "Resize",
-        "DepthToSpace",
-        "SpaceToDepth",
-    }
-)
+COMMUTING_OPS = DATA_MOVEMENT_OPS | {"GlobalMaxPool"}
 RESIDUAL_OPS = ("Add",)
 ACTIVATION_TYPES = frozenset({TensorProto.INT8, TensorProto.FLOAT8E4M3FN})
 WEIGHT_ONLY_TYPES = frozenset({TensorProto.INT4, TensorProto.FLOAT4E2M1})

@@ -28,6 +28,7 @@ import onnx
 
 from quantcore.cpu_features import REDUCED_WEIGHT_BITS, reduced_weight_range
 from quantcore.rules import (
+    DATA_MOVEMENT_OPS,
     BiasRequest,
     Platform,
     QuantRequest,
@@ -46,25 +47,6 @@ if TYPE_CHECKING:
 
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
 INTEGER_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul"})  # Relu/Clip fuse after these
-DATA_MOVEMENT_OPS = (
-    "Identity",
-    "MaxPool",
-    "Reshape",
-    "Transpose",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "Slice",
-    "Split",
-    "Resize",
-    "Gather",
-    "Pad",
-    "Expand",
-    "Tile",
-    "DepthToSpace",
-    "SpaceToDepth",
-    "Dropout",
-)
 
 
 def activation(bits: int, observer: str, config: QuantizeConfig) -> TensorQuantConfig:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from quantcore.rules import (
+    DATA_MOVEMENT_OPS,
     Platform,
     Rule,
     pass_through,
@@ -33,28 +34,8 @@ from quantcore.tqc import TensorQuantConfig
 if TYPE_CHECKING:
     from quantcore.config import QuantizeConfig
 
-PASS_THROUGH_OPS = (
-    "Identity",
-    "Relu",
-    "Clip",
-    "LeakyRelu",
-    "Reshape",
-    "Transpose",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "MaxPool",
-    "Slice",
-    "Split",
-    "Pad",
-    "Resize",
-    "Expand",
-    "Tile",
-    "Dropout",
-    "Gather",
-    "DepthToSpace",
-    "SpaceToDepth",
-)
+# Data movement, and activations TensorRT fuses into the preceding layer.
+PASS_THROUGH_OPS = DATA_MOVEMENT_OPS | {"Relu", "Clip", "LeakyRelu"}
 
 
 def activation(bits: int, observer: str, config: QuantizeConfig) -> TensorQuantConfig:
