@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 
 from jobs.config import settings
 from jobs.queue import make_celery
@@ -17,6 +17,7 @@ from jobs.queue import make_celery
 app = make_celery(settings)
 app.conf.imports = ("worker.tasks",)
 log = logging.getLogger(__name__)
+_registration = None  # this node's `workers` row keeper (worker.registry), in the parent process only
 
 
 @worker_ready.connect
@@ -28,3 +29,19 @@ def _reap_on_start(sender, **_kwargs) -> None:
         reap(app)
     except Exception:
         log.exception("reaper failed at worker start")
+
+
+@worker_ready.connect
+def _register_on_start(sender, **_kwargs) -> None:
+    # Announce this node and what it can build (the GPU probe runs in a child process, never here).
+    global _registration
+    from worker.registry import Registration
+
+    _registration = Registration(sender.hostname, sender.app.amqp.queues.consume_from)
+    _registration.start()
+
+
+@worker_shutdown.connect
+def _deregister_on_shutdown(sender, **_kwargs) -> None:
+    if _registration is not None:
+        _registration.stop()
