@@ -169,3 +169,25 @@ def test_cancel_while_waiting_for_a_gpu_worker_stops_promptly(service: Service, 
     # Promptly: the wait polls every 0.5 s; 3 s leaves room for a loaded machine, and is under the 8 s wait.
     assert took < 3.0, took
     assert job["engine_status"] == "skipped" and "canceled" in job["engine_reason"]
+
+
+def test_a_job_worker_with_a_gpu_builds_its_own_engine(service: Service, digits) -> None:
+    """A job worker that itself has a GPU with TensorRT (and consumes `engine`) builds in place, no hand-off."""
+    node = f"gpuengine@{socket.gethostname()}"
+    service.stack.kill("gpu", signal.SIGTERM)  # the session's plain job worker steps aside for this test
+    service.stack.start_worker("gpuengine", "gpu,engine", env={"QUANT_FAKE_ENGINE_PROBE": json.dumps(FAKE_GPU)})
+    try:
+        assert _registered(service, node).engine_capable
+        key, job_id = _submit(service, digits)
+        job, report = _finished(service, key, job_id)
+    finally:
+        service.stack.kill("gpuengine", signal.SIGTERM)
+        service.start_job_worker()
+    assert job["status"] == "succeeded", job
+    assert job["engine_worker"] == node and job["engine_gpu"] == FAKE_GPU["gpu"]["name"]
+    # build_engine ran right there and found no CUDA: the stage says so, with the machine's own reason.
+    assert job["engine_status"] == "skipped" and "CUDA" in job["engine_reason"], job
+    assert report["engine"]["reason"] == job["engine_reason"]
+    with service.client(key) as client:
+        events = client.get(f"/jobs/{job_id}/events").text
+    assert "engine build taken by" not in events  # the event an engine worker adds when it takes a hand-off

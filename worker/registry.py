@@ -1,17 +1,27 @@
 """A worker node announces itself in the `workers` table, keeps the row fresh, and removes it at shutdown.
 
-Started from `worker.app` on Celery's ``worker_ready`` signal, in the worker's parent process: the
-capability probe runs in a child interpreter (``worker.capabilities``), so CUDA is never initialised
-here. Only nodes that consume the `engine` queue are probed; a node is ``engine_capable`` when it
-consumes that queue and the probe found CUDA and TensorRT. A node killed without shutdown leaves its
-row behind, and the row's heartbeat ages past ``worker_heartbeat_timeout``: readers ignore it.
+The keeper runs as a small process of its own, ``python -m worker.registry``, started by `worker.app` on
+Celery's ``worker_ready`` signal and stopped (SIGTERM: it deregisters) on ``worker_shutdown``. Not a
+thread of the worker's parent: the parent forks pool processes at any time, and a database connection
+in use across a fork breaks (SQLite's WAL locks are tracked per process, a PostgreSQL socket would be
+shared), and CUDA must never be initialised there either. The keeper exits by itself when the worker
+it speaks for is gone (SIGKILL included), leaving a row whose heartbeat ages past
+``worker_heartbeat_timeout``, which readers ignore.
+
+Only nodes consuming the `engine` queue are probed (``worker.capabilities``). A node is
+``engine_capable`` when it consumes that queue and the probe found CUDA and TensorRT; a node that
+consumes it without being able to build is told to stop consuming it.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,72 +30,84 @@ from jobs import workers
 from jobs.config import settings
 from jobs.db import session_scope
 from jobs.queue import ENGINE_QUEUE
-from worker.capabilities import probe
 
 log = logging.getLogger(__name__)
 
 
-class Registration(threading.Thread):
-    """Registers node ``name`` and refreshes its heartbeat every ``worker_heartbeat_interval`` seconds."""
+def start(node: str, queues: Sequence[str]) -> subprocess.Popen:
+    """Start the keeper of node ``node`` (called in the worker's parent process)."""
+    argv = [sys.executable, "-m", "worker.registry", node, ",".join(sorted(queues)), str(os.getpid())]
+    return subprocess.Popen(argv)
 
-    def __init__(self, name: str, queues: Sequence[str]) -> None:
-        super().__init__(daemon=True, name=f"registration-{name}")
-        self.node = name
-        self.queues = sorted(queues)
-        self.pid = os.getpid()
-        self.stopped = threading.Event()
-        self.capabilities: dict[str, Any] | None = None
 
-    def _register(self) -> None:
-        if self.capabilities is None:
-            if ENGINE_QUEUE in self.queues:
-                self.capabilities = probe()
-            else:
-                self.capabilities = {"engine_capable": False, "reason": f"does not consume the {ENGINE_QUEUE} queue"}
-            log.info("worker %s capabilities: %s", self.node, self.capabilities)
-            if ENGINE_QUEUE in self.queues and not self.capabilities.get("engine_capable"):
-                # A node that cannot build must not take builds meant for one that can.
-                log.warning(
-                    "worker %s cannot build engines (%s); it stops consuming the %s queue",
-                    self.node,
-                    self.capabilities.get("reason"),
-                    ENGINE_QUEUE,
-                )
-                from worker.app import app
+def stop(keeper: subprocess.Popen) -> None:
+    keeper.terminate()
+    try:
+        keeper.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        keeper.kill()
 
-                app.control.cancel_consumer(ENGINE_QUEUE, destination=[self.node])
-        capable = bool(self.capabilities.get("engine_capable"))
-        with session_scope(settings.resolved_database_url) as session:
-            workers.register_worker(
-                session=session,
-                name=self.node,
-                hostname=socket.gethostname(),
-                pid=self.pid,
-                queues=self.queues,
-                engine_capable=capable,
-                reason=None if capable else self.capabilities.get("reason"),
-                capabilities=self.capabilities,
-            )
 
-    def run(self) -> None:
-        registered = False
-        while not self.stopped.is_set():
-            try:
-                if registered:
-                    with session_scope(settings.resolved_database_url) as session:
-                        registered = workers.touch_worker(session=session, name=self.node, pid=self.pid)
-                if not registered:  # first beat, or the row vanished (database restored, name reused)
-                    self._register()
-                    registered = True
-            except Exception:  # a DB blip: try again next beat; the timeout is several beats long
-                log.warning("registration of worker %s failed", self.node, exc_info=True)
-            self.stopped.wait(settings.worker_heartbeat_interval)
+def _capabilities(node: str, queues: Sequence[str]) -> dict[str, Any]:
+    if ENGINE_QUEUE not in queues:
+        return {"engine_capable": False, "reason": f"does not consume the {ENGINE_QUEUE} queue"}
+    from worker.capabilities import probe
 
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(timeout=5)
+    found = probe()
+    log.info("worker %s capabilities: %s", node, found)
+    if not found.get("engine_capable"):
+        # A node that cannot build must not take builds meant for one that can.
+        log.warning(
+            "worker %s cannot build engines (%s); it stops consuming %s", node, found.get("reason"), ENGINE_QUEUE
+        )
+        from worker.app import app
+
+        app.control.cancel_consumer(ENGINE_QUEUE, destination=[node])
+    return found
+
+
+def keep(node: str, queues: Sequence[str], pid: int, stopped: threading.Event) -> None:
+    """Register node ``node`` (worker parent ``pid``) and beat until ``stopped`` or the parent is gone."""
+    found = _capabilities(node, queues)
+    capable = bool(found.get("engine_capable"))
+    registered = False
+    while not stopped.is_set() and os.getppid() == pid:
         try:
             with session_scope(settings.resolved_database_url) as session:
-                workers.remove_worker(session=session, name=self.node, pid=self.pid)
-        except Exception:
-            log.warning("could not deregister worker %s; its row will age out", self.node, exc_info=True)
+                if registered:
+                    registered = workers.touch_worker(session=session, name=node, pid=pid)
+                if not registered:  # first beat, or the row vanished (database restored, name reused)
+                    workers.register_worker(
+                        session=session,
+                        name=node,
+                        hostname=socket.gethostname(),
+                        pid=pid,
+                        queues=queues,
+                        engine_capable=capable,
+                        reason=None if capable else found.get("reason"),
+                        capabilities=found,
+                    )
+                    registered = True
+        except Exception:  # a DB blip: try again next beat; the timeout is several beats long
+            log.warning("registration of worker %s failed", node, exc_info=True)
+        stopped.wait(settings.worker_heartbeat_interval)
+    if stopped.is_set():
+        with session_scope(settings.resolved_database_url) as session:
+            workers.remove_worker(session=session, name=node, pid=pid)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m worker.registry", description=__doc__.splitlines()[0])
+    parser.add_argument("node", help="the Celery node name, e.g. gpu0@host")
+    parser.add_argument("queues", help="comma-separated queues the node consumes")
+    parser.add_argument("pid", type=int, help="the worker's parent process")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s/registry] %(message)s")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    keep(args.node, args.queues.split(","), args.pid, stopped)
+
+
+if __name__ == "__main__":
+    main()
