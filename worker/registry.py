@@ -62,7 +62,10 @@ def _capabilities(node: str, queues: Sequence[str]) -> dict[str, Any]:
         )
         from worker.app import app
 
-        app.control.cancel_consumer(ENGINE_QUEUE, destination=[node])
+        try:
+            app.control.cancel_consumer(ENGINE_QUEUE, destination=[node])
+        except Exception:  # a transport without broadcast (the embedded filesystem broker)
+            log.exception("could not stop worker %s consuming %s; builds it takes will be left", node, ENGINE_QUEUE)
     return found
 
 
