@@ -5,8 +5,10 @@
 #   api         FastAPI + Alembic. No torch, no onnx: the build fails if an extra pulled them in.
 #   worker-cpu  Celery worker for the `default` and `gpu` queues on a CPU machine: onnx, onnxruntime,
 #               torch (CPU build from the PyTorch CPU index).
-#   worker-gpu  Celery worker for the `gpu` queue: CUDA runtime image, torch CUDA build,
-#               onnxruntime-gpu, TensorRT (pip). Run it with the NVIDIA container runtime.
+#   worker-gpu  Celery worker for the `engine` and `gpu` queues: CUDA runtime image, torch CUDA build,
+#               onnxruntime-gpu, TensorRT (pip). Run it with the NVIDIA container runtime, one per GPU.
+#               It builds the TensorRT engines of the jobs it runs and of jobs CPU workers hand off
+#               (`engine` queue); it registers what it has (GPU, TensorRT version) at start.
 #
 #   docker build --target api -t quant-api .
 #   docker build --target worker-gpu --build-arg TORCH_CUDA=cu128 -t quant-worker-gpu .
@@ -121,7 +123,8 @@ RUN pip install "$(ls /tmp/wheels/*.whl)[worker,gpu]" \
         && pip install --force-reinstall --no-deps "onnxruntime-gpu==${ort_gpu}"; \
     fi \
     && python -c "import onnxruntime as ort; p = ort.get_available_providers(); assert 'CUDAExecutionProvider' in p, p" \
-    && python -c "import torch; assert torch.version.cuda, torch.__version__"
+    && python -c "import torch; assert torch.version.cuda, torch.__version__" \
+    && python -c "import tensorrt; print('TensorRT', tensorrt.__version__)"
 USER quant
-CMD ["celery", "-A", "worker.app", "worker", "--hostname", "gpu@%h", "-Q", "gpu", \
+CMD ["celery", "-A", "worker.app", "worker", "--hostname", "gpu@%h", "-Q", "engine,gpu", \
      "--concurrency", "1", "--prefetch-multiplier", "1", "--loglevel", "INFO"]

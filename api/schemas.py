@@ -95,6 +95,14 @@ class JobPublic(_Public):
     started_at: datetime | None
     finished_at: datetime | None
     webhook_url: str | None = None
+    engine_status: str | None = Field(
+        default=None,
+        description="TensorRT engine stage: queued | running (handed to a GPU worker), built | skipped | failed",
+    )
+    engine_reason: str | None = Field(default=None, description="Why the engine was not built, when it was not")
+    engine_worker: str | None = Field(default=None, description="The worker node that built (or tried to build) it")
+    engine_gpu: str | None = Field(default=None, description="That worker's GPU")
+    engine_tensorrt_version: str | None = None
 
 
 class JobCreated(JobPublic):

@@ -48,6 +48,15 @@ class Settings(BaseSettings):
     reaper_interval: float = 30.0
     max_attempts: int = 3
 
+    # TensorRT engine stage (`worker.engine_routing`). A job whose worker has no GPU with TensorRT hands the
+    # build to a worker on the `engine` queue and waits at most this long for one to take it; then (or at
+    # once when no capable worker is registered) the stage ends `skipped` with the reason.
+    engine_wait_seconds: float = Field(default=600.0, ge=0.0)
+    # Workers register in the `workers` table and refresh it this often; a registration older than
+    # worker_heartbeat_timeout belongs to a dead worker.
+    worker_heartbeat_interval: float = Field(default=15.0, gt=0.0)
+    worker_heartbeat_timeout: float = Field(default=60.0, gt=0.0)
+
     # API
     cors_origins: list[str] = []
     page_size_max: int = 200
@@ -78,6 +87,16 @@ class Settings(BaseSettings):
         interval = info.data.get("heartbeat_interval", 10.0)
         if value <= 2 * interval:
             raise ValueError(f"heartbeat_timeout ({value}) must exceed twice heartbeat_interval ({interval})")
+        return value
+
+    @field_validator("worker_heartbeat_timeout")
+    @classmethod
+    def _worker_timeout_above_interval(cls, value: float, info) -> float:
+        interval = info.data.get("worker_heartbeat_interval", 15.0)
+        if value <= 2 * interval:
+            raise ValueError(
+                f"worker_heartbeat_timeout ({value}) must exceed twice worker_heartbeat_interval ({interval})"
+            )
         return value
 
     @field_validator("webhook_retry_schedule")

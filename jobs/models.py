@@ -8,6 +8,7 @@
              ├─ WebhookEndpoint   (a URL, the event types it wants, its signing secret(s))
              └─ WebhookMessage ── WebhookDelivery ── WebhookAttempt
                 (the outbox: one message per event, one delivery per target, one attempt per request)
+    Worker                        (a live worker node and its GPU/TensorRT capabilities; no project)
 
 Job status: queued → running → succeeded | failed | canceled, with canceling between running
 and canceled. Terminal states never change again (enforced in `jobs.queries`).
@@ -150,6 +151,15 @@ class Job(Base):
     # A one-off webhook for this job's end, signed with its own secret (shown once at creation).
     webhook_url: Mapped[str | None] = mapped_column(String(2048))
     webhook_secret: Mapped[str | None] = mapped_column(String(100))
+    # TensorRT engine stage: where it ran and how it ended (`worker.engine_routing`). engine_status is
+    # queued | running while handed off to an `engine`-queue worker, then built | skipped | failed;
+    # engine_request identifies the current hand-off so a late task of an abandoned one does nothing.
+    engine_status: Mapped[str | None] = mapped_column(String(16))
+    engine_reason: Mapped[str | None] = mapped_column(Text)
+    engine_worker: Mapped[str | None] = mapped_column(String(255))
+    engine_gpu: Mapped[str | None] = mapped_column(String(255))
+    engine_tensorrt_version: Mapped[str | None] = mapped_column(String(64))
+    engine_request: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -157,6 +167,31 @@ class Job(Base):
 
     model: Mapped[Model] = relationship()
     dataset: Mapped[Dataset] = relationship()
+
+
+class Worker(Base):
+    """A running Celery worker node and what it can do, registered at start and refreshed by a heartbeat.
+
+    engine_capable: it consumes the `engine` queue and its probe found CUDA and TensorRT; otherwise
+    `reason` says why not. A row whose heartbeat is older than `worker_heartbeat_timeout` is a worker
+    that died without deregistering.
+    """
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # the Celery node name, e.g. gpu0@host
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[Any]] = mapped_column(JSON)
+    engine_capable: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    gpu_name: Mapped[str | None] = mapped_column(String(255))
+    compute_capability: Mapped[str | None] = mapped_column(String(16))
+    tensorrt_version: Mapped[str | None] = mapped_column(String(64))
+    # The whole probe: CUDA runtime/driver versions, memory, ...
+    capabilities: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
 
 
 class JobEvent(Base):

@@ -1,8 +1,10 @@
 """Celery wiring shared by the API (which enqueues) and the worker (which consumes).
 
-Queues are explicit: `gpu` runs quantization jobs (one message at a time per worker process),
-`default` runs model validation, the reaper and webhook delivery. Job state lives in SQL, never
-in a result backend.
+Queues are explicit: `gpu` runs quantization jobs (one message at a time per worker process; CPU
+workers consume it too, since every stage but the engine runs on ONNX Runtime's CPU EP), `engine`
+runs TensorRT engine builds handed off by a job whose worker has no GPU with TensorRT (consumed only
+by GPU workers, one per GPU), `default` runs model validation, the reaper and webhook delivery. Job
+state lives in SQL, never in a result backend.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ VALIDATE_MODEL = "worker.validate_model"
 REAP_ORPHANS = "worker.reap_orphans"
 POLL_WEBHOOKS = "worker.poll_webhooks"
 DELIVER_WEBHOOK = "worker.deliver_webhook"
+BUILD_ENGINE = "worker.build_engine"
 
 GPU_QUEUE = "gpu"
 DEFAULT_QUEUE = "default"
+ENGINE_QUEUE = "engine"
 
 
 def resolve_broker_url(settings: Settings) -> str:
@@ -55,7 +59,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
-        task_queues=(Queue(DEFAULT_QUEUE), Queue(GPU_QUEUE)),
+        task_queues=(Queue(DEFAULT_QUEUE), Queue(GPU_QUEUE), Queue(ENGINE_QUEUE)),
         task_default_queue=DEFAULT_QUEUE,
         task_create_missing_queues=False,
         task_routes={
@@ -63,6 +67,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
             VALIDATE_MODEL: {"queue": DEFAULT_QUEUE},
             POLL_WEBHOOKS: {"queue": DEFAULT_QUEUE},
             DELIVER_WEBHOOK: {"queue": DEFAULT_QUEUE},
+            BUILD_ENGINE: {"queue": ENGINE_QUEUE},
         },
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -90,6 +95,13 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
 def enqueue_job(app: Celery, job_id: uuid.UUID) -> None:
     """Call only after the job row is committed: the worker re-fetches it by id."""
     app.send_task(RUN_JOB, args=[str(job_id)], queue=GPU_QUEUE)
+
+
+def enqueue_engine_build(app: Celery, job_id: uuid.UUID, request: uuid.UUID, directory: str, expires: float) -> None:
+    """Hand a job's engine build to the `engine` queue (after `jobs.workers.request_engine` committed).
+    `directory` holds the hand-off files, relative to the storage root. A worker receiving the message
+    after `expires` seconds discards it unrun: its job stopped waiting by then."""
+    app.send_task(BUILD_ENGINE, args=[str(job_id), str(request), directory], queue=ENGINE_QUEUE, expires=expires)
 
 
 def enqueue_validation(app: Celery, model_id: uuid.UUID) -> None:

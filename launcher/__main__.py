@@ -35,7 +35,13 @@ def main() -> int:
     print(f"database: {env['DATABASE_URL']}\nbroker:   {env['BROKER_URL']}\nlogs:     {stack.log_dir}")
     try:
         stack.migrate()
-        stack.start_worker("gpu", "gpu")
+        # With a GPU and TensorRT here, the job worker also takes the `engine` queue and builds engines itself.
+        probe = subprocess.run(
+            [sys.executable, "-m", "worker.capabilities"], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        capable = '"engine_capable": true' in probe.stdout
+        print(f"engine:   {'TensorRT engines built on this GPU' if capable else 'no GPU with TensorRT here: skipped'}")
+        stack.start_worker("gpu", "gpu,engine" if capable else "gpu")
         stack.start_worker("default", "default", beat=True)
         url = stack.start_api(args.port)
         print(f"API:      {url}  (OpenAPI docs at {url}/docs)")

@@ -30,11 +30,16 @@ class Stack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     api_url: str | None = None
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
-            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.processes[name] = process
         return process
@@ -71,7 +76,10 @@ class Stack:
         self.wait_ready()
         return self.api_url
 
-    def start_worker(self, name: str, queues: str, *, concurrency: int = 1, beat: bool = False) -> subprocess.Popen:
+    def start_worker(
+        self, name: str, queues: str, *, concurrency: int = 1, beat: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """A Celery worker node ``name@host`` consuming ``queues``; ``env`` adds to the stack's environment."""
         argv = [
             sys.executable,
             "-m",
@@ -95,7 +103,7 @@ class Stack:
         if beat:
             schedule = Path(self.env.get("QUANT_VAR_DIR", "var")) / f"beat-{name}.db"
             argv += ["-B", "-s", str(schedule)]
-        return self._spawn(name, argv)
+        return self._spawn(name, argv, env)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

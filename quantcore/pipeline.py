@@ -20,7 +20,7 @@ measured, what was done and why, and ``config`` is the configuration of the file
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate
 from quantcore.config import QuantizeConfig
-from quantcore.engine import build_engine, cpu_latency
+from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
 from quantcore.evaluation import check_labels, evaluate
 from quantcore.parity import check_parity, remedy
@@ -83,13 +83,16 @@ def quantize(
     labels: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
+    engine_builder: Callable[..., EngineResult] = build_engine,
 ) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
     calibration / evaluation: ``{input name: array}``, first axis samples (batched by
     ``config.batch_size`` or the model's fixed batch dimension). labels: optional (N_eval,) integer
-    class ids for top-1 accuracy. Raises ``InvalidModelError``, ``UnsupportedModelError``,
-    ``InvalidDataError`` (checked before any slow stage), or ``Canceled``.
+    class ids for top-1 accuracy. engine_builder: called like ``build_engine`` for the engine stage (a
+    service passes one that builds where a GPU is, or skips with the reason). Raises
+    ``InvalidModelError``, ``UnsupportedModelError``, ``InvalidDataError`` (checked before any slow
+    stage), or ``Canceled``.
     """
     monitor = Monitor(progress, should_cancel)
     stages = _Stages(monitor)
@@ -171,7 +174,7 @@ def quantize(
     engine = None
     if config.tensorrt_engine:
         started = stages.begin("engine")
-        engine = build_engine(
+        engine = engine_builder(
             exported.model_path,
             out_dir / "engine",
             fp32_model_path=model_path,

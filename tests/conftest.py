@@ -130,6 +130,10 @@ SERVICE_ENV = {
     "QUANT_HEARTBEAT_INTERVAL": "0.5",
     "QUANT_HEARTBEAT_TIMEOUT": "4",
     "QUANT_REAPER_INTERVAL": "1",
+    # Engine routing: workers re-register every half second; a job waits 8 s for a GPU worker.
+    "QUANT_WORKER_HEARTBEAT_INTERVAL": "0.5",
+    "QUANT_WORKER_HEARTBEAT_TIMEOUT": "4",
+    "QUANT_ENGINE_WAIT_SECONDS": "8",
     # Webhooks: retries after 1, 3, 6 s instead of minutes to hours; the poller every half second;
     # a 2 s attempt timeout (so a dead worker's lease, 4 x timeout + 15 s, ends within the test);
     # the tests' receiver on 127.0.0.1 allowed (every other loopback/private address stays refused).

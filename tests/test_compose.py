@@ -145,8 +145,16 @@ def test_gpu_worker_is_opt_in_and_reserves_one_nvidia_gpu(compose: dict[str, Any
     assert int(device["count"]) == 1
     assert device["capabilities"] == ["gpu"]
     command = _command(worker)
-    assert re.search(r"-Q gpu(\s|$)", command)
+    assert re.search(r"-Q engine,gpu(\s|$)", command)  # TensorRT builds, and whole jobs
     assert "--concurrency 1" in command and "--prefetch-multiplier 1" in command
+
+
+def test_only_the_gpu_worker_consumes_the_engine_queue(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        command = _command(service)
+        if "worker.app worker" in command and name != "worker-gpu":
+            queues = re.search(r"-Q (\S+)", command).group(1).split(",")
+            assert "engine" not in queues, name
 
 
 def _volumes(service: dict[str, Any]) -> list[str]:
@@ -246,7 +254,7 @@ def test_runtime_images_run_unprivileged(stages: dict[str, dict[str, Any]], targ
     [
         ("api", "uvicorn api.main:app --host 0.0.0.0 --port 8000"),
         ("worker-cpu", "-Q default,gpu --concurrency 1 --prefetch-multiplier 1"),
-        ("worker-gpu", "-Q gpu --concurrency 1 --prefetch-multiplier 1"),
+        ("worker-gpu", "-Q engine,gpu --concurrency 1 --prefetch-multiplier 1"),
     ],
 )
 def test_commands(stages: dict[str, dict[str, Any]], target: str, expected: str) -> None:

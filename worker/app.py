@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from jobs.config import settings
 from jobs.queue import make_celery
@@ -17,6 +17,7 @@ from jobs.queue import make_celery
 app = make_celery(settings)
 app.conf.imports = ("worker.tasks",)
 log = logging.getLogger(__name__)
+_registration = None  # the process keeping this node's `workers` row (worker.registry)
 
 
 @worker_ready.connect
@@ -28,3 +29,30 @@ def _reap_on_start(sender, **_kwargs) -> None:
         reap(app)
     except Exception:
         log.exception("reaper failed at worker start")
+
+
+@worker_ready.connect
+def _register_on_start(sender, **_kwargs) -> None:
+    # Announce this node and what it can build, from a process of its own (see worker.registry).
+    global _registration
+    from worker.registry import start
+
+    _registration = start(sender.hostname, sender.app.amqp.queues.consume_from)
+
+
+@worker_shutdown.connect
+def _deregister_on_shutdown(sender, **_kwargs) -> None:
+    if _registration is not None:
+        from worker.registry import stop
+
+        stop(_registration)
+
+
+@worker_process_init.connect
+def _own_connections(**_kwargs) -> None:
+    # A forked pool process must not reuse the parent's pooled connections (the reaper ran there at start):
+    # a PostgreSQL socket or SQLite file handle used from two processes corrupts protocol and lock state.
+    # Drop the inherited pool without closing what the parent owns.
+    from jobs.db import get_engine
+
+    get_engine(settings.resolved_database_url).dispose(close=False)

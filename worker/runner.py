@@ -28,6 +28,7 @@ from jobs.db import session_scope
 from jobs.models import JobStatus
 from quantcore import QuantizeResult, quantize
 from quantcore.errors import Canceled, QuantcoreError
+from worker.engine_routing import EngineRouter
 from worker.splits import split_dataset
 from worker.translate import parse_recipe, to_quantize_config
 
@@ -246,6 +247,7 @@ def _execute(
             labels=split.labels,
             progress=progress,
             should_cancel=should_cancel,
+            engine_builder=EngineRouter(progress.job_id, progress.owner),  # here, on a GPU worker, or skipped
         )
         for warning in result.report.get("warnings", []):
             progress.log(str(warning))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from jobs.queue import DELIVER_WEBHOOK, POLL_WEBHOOKS, REAP_ORPHANS, RUN_JOB, VALIDATE_MODEL
+from jobs.queue import BUILD_ENGINE, DELIVER_WEBHOOK, POLL_WEBHOOKS, REAP_ORPHANS, RUN_JOB, VALIDATE_MODEL
 from worker.app import app
+from worker.engine_task import build_for_job
 from worker.reaper import reap
 from worker.runner import run_job
 from worker.validation import validate_model
@@ -15,6 +16,11 @@ from worker.webhooks import deliver, poll
 @app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
 def run_job_task(job_id: str) -> None:
     run_job(uuid.UUID(job_id))
+
+
+@app.task(name=BUILD_ENGINE, bind=True, acks_late=True, reject_on_worker_lost=True)
+def build_engine_task(self, job_id: str, request: str, directory: str) -> None:
+    build_for_job(uuid.UUID(job_id), uuid.UUID(request), directory, node=self.request.hostname)
 
 
 @app.task(name=VALIDATE_MODEL, acks_late=True, reject_on_worker_lost=True, time_limit=600, soft_time_limit=540)

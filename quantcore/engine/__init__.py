@@ -69,6 +69,8 @@ DEFAULT_WORKSPACE_BYTES = 4 << 30  # 4 GiB of scratch memory for tactics
 HARDWARE_LEVELS = ("ampere_plus", "same_compute_capability")
 
 __all__ = [
+    "ENGINE_FILE",
+    "METADATA_FILE",
     "EngineOptions",
     "EngineResult",
     "Finding",
@@ -155,6 +157,25 @@ class EngineResult:
         if (self.status == "built") == bool(self.reason):
             raise ValueError("reason is required for skipped/failed and absent for built")
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineResult:
+        """The inverse of ``to_dict`` (a result written by a build that ran in another process)."""
+        engine_path = None if data.get("engine_path") is None else Path(data["engine_path"])
+        return cls(
+            status=data["status"],
+            reason=data.get("reason"),
+            engine_path=engine_path,
+            metadata_path=None if engine_path is None else engine_path.parent / METADATA_FILE,
+            metadata=dict(data.get("metadata") or {}),
+            qdq_checks=dict(data.get("qdq_checks") or {}),
+            layers=tuple(data.get("layers") or ()),
+            precision_notes=tuple(data.get("precision_notes") or ()),
+            comparison=data.get("comparison"),
+            latency=data.get("latency"),
+            errors=tuple(data.get("errors") or ()),
+            log=tuple(data.get("log") or ()),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return jsonable(
             {
@@ -211,9 +232,10 @@ def _measure(runner: Any, specs: Any, batches: Sequence[int], sample: Any, optio
     measured = {}
     for batch in batches:
         runner.bind(feeds_for(specs, batch, sample))
-        measured[f"batch_{batch}"] = gpu_latency(
-            runner.launch, batch, warmup=options.latency_warmup, runs=options.latency_runs
-        )
+        with runner.on_stream():  # CUDA events on the stream the engine is enqueued on
+            measured[f"batch_{batch}"] = gpu_latency(
+                runner.launch, batch, warmup=options.latency_warmup, runs=options.latency_runs
+            )
     return measured
 
 
@@ -235,6 +257,7 @@ def build_engine(
     latency_runs: int = 200,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
+    skip_reason: str | None = None,
 ) -> EngineResult:
     """Check, build, inspect, compare and time a TensorRT engine of the QDQ model at ``qdq_model_path``.
 
@@ -244,7 +267,9 @@ def build_engine(
     axis samples) for the output comparison and as latency inputs. Raises ``ValueError`` on bad options
     and ``Canceled``; everything TensorRT or CUDA refuses ends as status "failed" with the reason.
     ``should_cancel`` is also polled during the TensorRT build, from TensorRT's threads: it must be
-    thread-safe (a flag or a fresh DB read, not a shared session).
+    thread-safe (a flag or a fresh DB read, not a shared session). skip_reason: the caller knows no
+    engine can be built for this run (a service with no GPU worker, say): the static checks and
+    profiles are still produced, then the result is "skipped" with this reason and nothing is built.
     """
     options = EngineOptions(
         workspace_bytes=workspace_bytes,
@@ -288,6 +313,9 @@ def build_engine(
         chosen, profile_error = (), str(error)
         metadata.update(profiles=None, profile_error=profile_error)
 
+    if skip_reason:
+        monitor.report(STAGE, 1.0, f"skipped: {skip_reason}")
+        return EngineResult(status="skipped", reason=skip_reason, metadata=metadata, qdq_checks=checks)
     usable, cuda_reason = cuda_status()
     trt, trt_reason = tensorrt_module()
     if trt is not None:

@@ -1,7 +1,8 @@
 """GPU latency with CUDA events: the device time of one enqueued inference, not host overhead.
 
 ``launch()`` enqueues one inference on torch's current CUDA stream (for TensorRT:
-``context.execute_async_v3(stream)`` with buffers already bound). Protocol: ``warmup`` launches and a
+``context.execute_async_v3(stream)`` with buffers already bound, called inside
+``torch.cuda.stream(stream)`` so the events bracket the same, non-default, stream). Protocol: ``warmup`` launches and a
 device synchronize, then per timed run an event before and after the launch on the same stream;
 ``elapsed_time`` gives ms. The summary is ``quantcore.engine.latency.summarize`` (p50/p90/p99,
 throughput = batch · runs / Σ t) plus ``"timer": "cuda-events"``.

@@ -192,3 +192,17 @@ def test_metadata_hashes_external_data(tmp_path) -> None:
     result = build_engine(tmp_path / "m.onnx", tmp_path, calibration_shapes={"input": [(4, 3, 8, 8)]})
     assert result.metadata["onnx_sha256"] == file_sha256(tmp_path / "m.onnx")
     assert result.metadata["onnx_external_data"] == [{"path": "m.data", "sha256": file_sha256(tmp_path / "m.data")}]
+
+
+def test_a_caller_known_skip_still_checks_and_round_trips(exported, tmp_path) -> None:
+    # A service that knows no GPU worker exists says so; the static checks and profiles still run.
+    _, qdq, data, _ = exported
+    reason = "no GPU worker with TensorRT is registered"
+    result = build_engine(qdq, tmp_path, calibration_shapes=observed_shapes(data, 16), skip_reason=reason)
+    assert result.status == "skipped" and result.reason == reason
+    assert result.qdq_checks == {"errors": 0, "warnings": 0, "findings": []}
+    assert result.metadata["profiles"] and result.metadata["onnx_sha256"] == file_sha256(qdq)
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing written
+    # A result written by another process (the engine worker) reads back to the same document.
+    document = json.loads(json.dumps(result.to_dict()))
+    assert EngineResult.from_dict(document).to_dict() == result.to_dict()
