@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from jobs.preprocessing import PreprocessingSpec
+
 Platform = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "academic"]
 Observer = Literal["minmax", "ema_minmax", "percentile", "kl", "mse", "floating"]
 PRECISION_PATTERN = r"^(int8|fp8|w[2-8]a[2-8])$"
@@ -132,6 +134,9 @@ class Recipe(_Spec):
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
+    preprocessing: PreprocessingSpec | None = Field(
+        None, description="Image datasets only: how each image becomes the model input (see jobs/preprocessing.py)."
+    )
 
     @field_validator("precision")
     @classmethod
