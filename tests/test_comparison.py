@@ -6,11 +6,13 @@ each figure is cross-checked against the job's own report and artifacts, not aga
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import numpy as np
 import pytest
 
+from cli import quantctl
 from jobs.summary import recipe_summary, report_summary
 from tests.conftest import Service
 from tests.onnx_builders import tiny_conv_bytes
@@ -96,6 +98,19 @@ def test_another_projects_model_is_not_found(service: Service, compared: dict) -
         assert_problem(stranger.get(f"/models/{uuid.uuid4()}/comparison"), 404, "not found")
     with service.client(key="") as anonymous:
         assert anonymous.get(url).status_code == 401
+
+
+def test_quantctl_compare_prints_the_table(service: Service, compared: dict, capsys) -> None:
+    argv = ["--url", service.url, "--api-key", compared["key"], "--no-progress", "compare", compared["model"]["id"]]
+    assert quantctl.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["JOB", "STATUS", "RECIPE"]
+    rows = compared["body"]["items"]
+    for line, row in zip(lines[1:], rows, strict=True):
+        assert line.startswith(row["job_id"][:8]) and "succeeded" in line and row["recipe"]["observer"] in line
+        assert f"{row['metrics']['sqnr_db_min']:.2f}" in line
+    assert quantctl.main([*argv, "--json"]) == 0
+    assert [r["job_id"] for r in json.loads(capsys.readouterr().out)] == [r["job_id"] for r in rows]
 
 
 def test_a_job_without_report_shows_nulls_not_zeros() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 import stat
 import zipfile
@@ -22,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 from pydantic import ValidationError
 
+from cli import quantctl
 from jobs.archives import ArchiveLimits, InvalidImageArchive, inspect_image_zip
 from jobs.preprocessing import PreprocessingSpec, preprocessing_mismatches
 from quantcore.errors import InvalidDataError
@@ -233,6 +235,14 @@ def test_image_dataset_upload_is_described(images: dict) -> None:
     assert dataset["arrays"] == []
     assert dataset["images"]["classes"] == ["blue", "red"] and dataset["images"]["label_source"] == "folders"
     assert dataset["images"]["formats"] == {"jpeg": 12, "png": 12}
+
+
+def test_quantctl_uploads_an_image_zip(service: Service, images: dict, tmp_path: Path, capsys) -> None:
+    path = write(tmp_path, zip_bytes(class_folders(2)))
+    argv = ["--url", service.url, "--api-key", images["key"], "--no-progress", "datasets", "upload", str(path)]
+    assert quantctl.main(argv) == 0
+    dataset = json.loads(capsys.readouterr().out)
+    assert (dataset["kind"], dataset["status"], dataset["num_samples"]) == ("images", "ready", 4)
 
 
 def test_image_job_succeeds_with_top1_and_the_split_recorded(service: Service, images: dict) -> None:
