@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     max_images_expanded_bytes: int = Field(default=8192 * MiB, ge=1)
     max_archive_ratio: float = Field(default=100.0, ge=1.0)
     max_image_pixels: int = Field(default=50_000_000, ge=1)
+    # A job's calibration + evaluation images, once preprocessed, are held in the worker's memory.
+    max_decoded_image_bytes: int = Field(default=4096 * MiB, ge=1)
     # Seconds POST /models (and POST /datasets with images) waits for the validation task before
     # answering 202 (pending).
     validation_wait_seconds: float = 60.0

@@ -12,15 +12,19 @@ The output size must be known before any image is read, so either `center_crop` 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from jobs.compat import dataset_mismatches
 from jobs.models import Dataset, DatasetKind
 
+if TYPE_CHECKING:
+    from jobs.recipe import Recipe
+
 Side = Annotated[int, Field(ge=1, le=4096)]  # pixels
 Size = Side | tuple[Side, Side]
+ITEM_BYTES = {"float32": 4, "float16": 2, "uint8": 1}
 
 
 class PreprocessingSpec(BaseModel):
@@ -119,13 +123,33 @@ def preprocessing_mismatches(
     return [(field, f"{described} do not fit: {p}") for p in dataset_mismatches(model_info, produced)]
 
 
+def decoded_bytes(spec: PreprocessingSpec, num_images: int) -> int:
+    """Bytes the worker holds once `num_images` images are preprocessed (one array per split)."""
+    height, width = spec.size
+    return num_images * spec.channels * height * width * ITEM_BYTES[spec.dtype]
+
+
 def job_input_mismatches(
-    model_info: dict[str, Any], *, dataset: Dataset, preprocessing: PreprocessingSpec | None
+    model_info: dict[str, Any], *, dataset: Dataset, recipe: Recipe, max_decoded_bytes: int
 ) -> list[tuple[str, str]]:
     """(field, reason) pairs why a job's data cannot feed the model: arrays checked by name, images
-    through the preprocessing they will get."""
+    through the preprocessing they will get, and the decoded images against the worker's memory cap."""
+    preprocessing = recipe.preprocessing
     if dataset.kind == DatasetKind.images:
-        return preprocessing_mismatches(model_info, preprocessing, dataset.num_samples)
+        problems = preprocessing_mismatches(model_info, preprocessing, dataset.num_samples)
+        if preprocessing is not None and not problems:
+            num_calibration, num_eval = recipe.split_sizes(dataset.num_samples)
+            need = decoded_bytes(preprocessing, num_calibration + num_eval)
+            if need > max_decoded_bytes:
+                problems.append(
+                    (
+                        "recipe.calibration.num_samples",
+                        f"{num_calibration} calibration + {num_eval} evaluation images decode to {need} bytes, more "
+                        f"than the {max_decoded_bytes} a worker holds: lower calibration.num_samples or "
+                        "evaluation.max_samples",
+                    )
+                )
+        return problems
     problems = [("dataset_id", p) for p in dataset_mismatches(model_info, dataset.arrays)]
     if preprocessing is not None:
         problems.append(("recipe.preprocessing", "applies to image datasets only; this dataset is an .npz of arrays"))

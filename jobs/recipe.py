@@ -138,6 +138,14 @@ class Recipe(_Spec):
         None, description="Image datasets only: how each image becomes the model input (see jobs/preprocessing.py)."
     )
 
+    def split_sizes(self, num_samples: int) -> tuple[int, int]:
+        """(calibration, evaluation) sample counts for a dataset of `num_samples` (>= 2): round(N ·
+        holdout_fraction) held out, at least 1, at most N - 1 and evaluation.max_samples; then at most
+        calibration.num_samples of the rest calibrate."""
+        num_eval = min(max(1, round(num_samples * self.evaluation.holdout_fraction)), num_samples - 1)
+        num_eval = min(num_eval, self.evaluation.max_samples)
+        return min(num_samples - num_eval, self.calibration.num_samples), num_eval
+
     @field_validator("precision")
     @classmethod
     def _precision_fits_platform(cls, value: str, info: ValidationInfo) -> str:

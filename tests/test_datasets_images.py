@@ -25,7 +25,9 @@ from pydantic import ValidationError
 
 from cli import quantctl
 from jobs.archives import ArchiveLimits, InvalidImageArchive, inspect_image_zip
-from jobs.preprocessing import PreprocessingSpec, preprocessing_mismatches
+from jobs.models import Dataset, DatasetKind
+from jobs.preprocessing import PreprocessingSpec, job_input_mismatches, preprocessing_mismatches
+from jobs.recipe import Recipe
 from quantcore.errors import InvalidDataError
 from tests.conftest import Service
 from tests.test_api import assert_problem, leftovers, npz_bytes
@@ -188,6 +190,17 @@ def test_spec_validation_names_the_field() -> None:
     problems = preprocessing_mismatches(info, PreprocessingSpec(center_crop=8, layout="nhwc"), 10)
     assert [field for field, _ in problems] == ["recipe.preprocessing"] * 2  # axes 1 and 3 differ
     assert "axis 1 must be 3" in problems[0][1] and "axis 3 must be 8" in problems[1][1]
+
+
+def test_decoded_images_are_capped_naming_the_field() -> None:
+    info = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8]}]}
+    dataset = Dataset(kind=DatasetKind.images, num_samples=1000, arrays=[])
+    recipe = Recipe(preprocessing=PreprocessingSpec(center_crop=8), calibration={"num_samples": 500})
+    per_image = 3 * 8 * 8 * 4  # float32 bytes
+    # 200 held out (20 %) + 500 calibrating = 700 images.
+    assert job_input_mismatches(info, dataset=dataset, recipe=recipe, max_decoded_bytes=700 * per_image) == []
+    [(field, message)] = job_input_mismatches(info, dataset=dataset, recipe=recipe, max_decoded_bytes=699 * per_image)
+    assert field == "recipe.calibration.num_samples" and "500 calibration + 200 evaluation images" in message
 
 
 # Through the service -------------------------------------------------------------------------

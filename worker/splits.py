@@ -36,12 +36,10 @@ class Split:
 
 def split_indices(num_samples: int, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
     """(calibration, evaluation) sample indices, each sorted: a seeded permutation whose first
-    round(N · holdout_fraction) entries (at least 1, at most N - 1 and evaluation.max_samples) are
-    held out, and whose next calibration.num_samples entries calibrate."""
+    `num_eval` entries are held out and whose next `num_calibration` calibrate (`Recipe.split_sizes`)."""
     order = np.random.default_rng(recipe.seed).permutation(num_samples)
-    num_eval = min(max(1, round(num_samples * recipe.evaluation.holdout_fraction)), num_samples - 1)
-    num_eval = min(num_eval, recipe.evaluation.max_samples)
-    return np.sort(order[num_eval:][: recipe.calibration.num_samples]), np.sort(order[:num_eval])
+    num_calibration, num_eval = recipe.split_sizes(num_samples)
+    return np.sort(order[num_eval : num_eval + num_calibration]), np.sort(order[:num_eval])
 
 
 def _digest(items: Sequence[object]) -> str:

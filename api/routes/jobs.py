@@ -72,7 +72,9 @@ def create_job(
             slug="dataset-not-ready",
             errors=[{"field": "dataset_id", "message": f"dataset is {dataset.status.value}"}],
         )
-    problems = job_input_mismatches(model.info or {}, dataset=dataset, preprocessing=body.recipe.preprocessing)
+    problems = job_input_mismatches(
+        model.info or {}, dataset=dataset, recipe=body.recipe, max_decoded_bytes=settings.max_decoded_image_bytes
+    )
     if problems:
         raise Problem(
             422,
