@@ -83,8 +83,46 @@ class ImageListing:
         }
 
 
-def is_image_zip(path: Path) -> bool:
-    """An image archive rather than an `.npz`: a readable zip whose members are not all top-level `.npy`."""
+_EOCD = b"PK\x05\x06"  # end of central directory record
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_EOCD = b"PK\x06\x06"
+_EOCD_SEARCH = 22 + 65535  # the record (22 bytes) plus the longest archive comment
+
+
+def declared_members(path: Path) -> int | None:
+    """The member count the archive's end record declares, read from its last 64 kB only; None when
+    there is no end record. `zipfile` would build an object per member before any cap could apply,
+    so a 1 GB directory of empty entries is refused from this number first."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, 2)
+        start = max(0, size - _EOCD_SEARCH)
+        handle.seek(start)
+        tail = handle.read()
+        at = tail.rfind(_EOCD)
+        if at < 0 or len(tail) < at + 22:
+            return None
+        count = int.from_bytes(tail[at + 10 : at + 12], "little")  # entries in total
+        locator = at - 20
+        if count == 0xFFFF and locator >= 0 and tail[locator : locator + 4] == _ZIP64_LOCATOR:
+            handle.seek(int.from_bytes(tail[locator + 8 : locator + 16], "little"))
+            record = handle.read(56)
+            if record[:4] == _ZIP64_EOCD and len(record) == 56:
+                count = int.from_bytes(record[32:40], "little")
+        return count
+
+
+def _check_count(path: Path, max_files: int) -> None:
+    count = declared_members(path)
+    if count is not None and count > max_files:
+        raise InvalidImageArchive(f"the archive holds {count} members; at most {max_files} allowed")
+
+
+def is_image_zip(path: Path, *, max_files: int) -> bool:
+    """An image archive rather than an `.npz`: a readable zip whose members are not all top-level `.npy`.
+    A zip declaring more than `max_files` members counts as one (`inspect_image_zip` then refuses it)."""
+    count = declared_members(path)
+    if count is not None and count > max_files:
+        return True
     try:
         with zipfile.ZipFile(path) as archive:
             names = [m.filename for m in archive.infolist() if not m.is_dir()]
@@ -109,6 +147,7 @@ def _is_junk(name: str) -> bool:
 
 def inspect_image_zip(path: Path, *, limits: ArchiveLimits) -> ImageListing:
     """List and check the archive's images and labels; raises `InvalidImageArchive` naming the member."""
+    _check_count(path, limits.max_files)
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:

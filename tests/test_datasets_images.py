@@ -24,7 +24,7 @@ from PIL import Image
 from pydantic import ValidationError
 
 from cli import quantctl
-from jobs.archives import ArchiveLimits, InvalidImageArchive, inspect_image_zip
+from jobs.archives import ArchiveLimits, InvalidImageArchive, declared_members, inspect_image_zip
 from jobs.models import Dataset, DatasetKind
 from jobs.preprocessing import PreprocessingSpec, job_input_mismatches, preprocessing_mismatches
 from jobs.recipe import Recipe
@@ -140,6 +140,15 @@ def test_caps_on_count_size_and_ratio(tmp_path: Path) -> None:
     other = zip_bytes({"a.png": b"x", "notes.txt": b"hello"})
     with pytest.raises(InvalidImageArchive, match=re.escape("'notes.txt' is neither")):
         inspect_image_zip(write(tmp_path, other), limits=LIMITS)
+
+
+@pytest.mark.parametrize("members", [3, 70_000], ids=["zip", "zip64"])
+def test_member_count_is_read_from_the_end_record(tmp_path: Path, members: int) -> None:
+    path = write(tmp_path, zip_bytes({f"{i}.png": b"" for i in range(members)}, compression=zipfile.ZIP_STORED))
+    # Beyond 65,535 members the count lives in the ZIP64 end record; both must match what zipfile lists.
+    with zipfile.ZipFile(path) as archive:
+        assert declared_members(path) == len(archive.infolist()) == members
+    assert declared_members(write(tmp_path, b"not a zip at all")) is None
 
 
 def test_corrupt_and_oversized_images_are_named(tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset
     dataset_id = uuid.uuid4()
     fields: dict = {"kind": DatasetKind.arrays}
     try:
-        if upload.filename.lower().endswith(".zip") or is_image_zip(upload.path):
+        if upload.filename.lower().endswith(".zip") or is_image_zip(upload.path, max_files=settings.max_dataset_images):
             listing = inspect_image_zip(upload.path, limits=archive_limits(settings))
             relative = storage.image_archive_path(project_id, dataset_id)
             fields = {
