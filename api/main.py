@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI
 
 from api import problems
 from api.dashboard import mount_dashboard
-from api.routes import datasets, health, jobs, models, webhooks
+from api.routes import comparison, datasets, health, jobs, models, webhooks
 from jobs.config import Settings
 from jobs.config import settings as default_settings
 from jobs.queue import make_celery
@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
     app.state.celery = make_celery(settings, broker_url)
     problems.install(app)
     api = APIRouter(prefix=API_PREFIX)
-    for router in (models.router, datasets.router, jobs.router, health.router, webhooks.router):
+    for router in (models.router, comparison.router, datasets.router, jobs.router, health.router, webhooks.router):
         api.include_router(router)
     app.include_router(api)
     mount_dashboard(app)  # the built frontend at /, for paths no API route answers

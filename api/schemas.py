@@ -8,7 +8,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AnyUrl, BaseModel, ConfigDict, Field, UrlConstraints
 
-from jobs.models import DeliveryStatus, JobStatus, ModelStatus
+from jobs.models import DatasetKind, DatasetStatus, DeliveryStatus, JobStatus, ModelStatus
 from jobs.outbox import EVENT_TYPES
 from jobs.recipe import Recipe
 
@@ -53,12 +53,26 @@ class ArrayInfo(BaseModel):
     shape: list[int]
 
 
+class ImageSetInfo(BaseModel):
+    num_images: int
+    formats: dict[str, int] = Field(description="Images per format: jpeg, png.")
+    classes: list[str] = Field(description="Class id i is classes[i]; empty when the images are unlabelled.")
+    label_source: Literal["folders", "csv"] | None = Field(
+        description="folders: one folder per class, ids in sorted folder order; csv: labels.csv `file,label`."
+    )
+    expanded_bytes: int
+
+
 class DatasetPublic(_Public):
     id: uuid.UUID
     filename: str
+    kind: DatasetKind = Field(description="arrays: an .npz of named input arrays; images: a zip of JPEG/PNG.")
+    status: DatasetStatus = Field(description="Image datasets are pending until a worker has decoded every image.")
+    error: str | None = None
     sha256: str
     size_bytes: int
-    arrays: list[ArrayInfo]
+    arrays: list[ArrayInfo] = Field(description="The .npz's arrays; empty for images.")
+    images: ImageSetInfo | None = None
     num_samples: int
     created_at: datetime
 
@@ -205,3 +219,57 @@ class DeliveryPublic(BaseModel):
     last_error: str | None
     created_at: datetime
     attempt_log: list[AttemptPublic]
+
+
+class RecipeSummary(BaseModel):
+    platform: str | None
+    precision: str | None
+    observer: str | None
+    percentile: float | None = Field(description="With observer percentile: the |x| percentile taken as range.")
+    calibration_samples: int | None
+    reconstruction: dict[str, Any] | None = Field(description="The recipe's reconstruction section, when it has one.")
+    target: dict[str, Any] | None = Field(description="The recipe's accuracy target, when it states one.")
+
+
+class ComparisonMetrics(BaseModel):
+    top1_fp32: float | None = Field(description="Top-1 in [0, 1] of the FP32 model on the held-out samples.")
+    top1_quantized: float | None = Field(description="Top-1 of the QDQ model, exact QDQ arithmetic.")
+    top1_deployed: float | None = Field(description="Top-1 of the QDQ model on the CPU EP's integer kernels.")
+    top1_drop: float | None = Field(description="(top1_fp32 - top1_quantized) x 100, in points.")
+    sqnr_db_min: float | None = Field(description="Lowest per-output SQNR (dB), exact QDQ vs FP32.")
+    cosine_min: float | None = Field(description="Lowest per-output cosine similarity, exact QDQ vs FP32.")
+    argmax_agreement_min: float | None = Field(description="Lowest per-output argmax agreement with FP32.")
+    num_samples: int | None = Field(description="Held-out samples the figures were measured on.")
+
+
+class ComparisonSize(BaseModel):
+    fp32_bytes: float | None
+    quantized_bytes: float | None
+
+
+class ComparisonLatency(BaseModel):
+    fp32_p50_ms: float | None = Field(description="FP32 median latency at batch 1, ONNX Runtime CPU EP.")
+    quantized_p50_ms: float | None = Field(description="Quantized median latency at batch 1, ONNX Runtime CPU EP.")
+
+
+class ComparisonRow(BaseModel):
+    job_id: uuid.UUID
+    status: JobStatus
+    error: str | None
+    dataset_id: uuid.UUID
+    created_at: datetime
+    finished_at: datetime | None
+    recipe: RecipeSummary
+    metrics: ComparisonMetrics | None = Field(description="Null until the job has a report.")
+    size: ComparisonSize | None
+    latency: ComparisonLatency | None
+    artifacts: list[ArtifactPublic]
+    report_url: str | None = Field(description="The full report (JSON), when the job has one.")
+
+
+class ModelComparison(BaseModel):
+    model_id: uuid.UUID
+    filename: str
+    size_bytes: int = Field(description="The uploaded FP32 model file.")
+    items: list[ComparisonRow] = Field(description="The model's jobs, newest first.")
+    next_cursor: str | None = Field(description="Pass as `cursor` to get the next page; null on the last page.")

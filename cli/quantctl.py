@@ -4,12 +4,13 @@
 
     models upload FILE.onnx [--no-wait]      models list [--limit N] [--cursor C] [--all] [--json]
     models show ID
-    datasets upload FILE.npz                 datasets show ID
+    datasets upload FILE.npz|IMAGES.zip      datasets show ID
+    compare MODEL_ID [--limit N] [--cursor C] [--all] [--json]
     jobs submit --model ID --dataset ID [--recipe FILE] [--set KEY=VALUE ...] [--watch]
     jobs list [--status S] [--limit N] [--cursor C] [--all] [--json]
     jobs show ID | cancel ID | watch ID | report ID [--json]
     jobs download ID [--name ARTIFACT ...] [-o DIR]
-    quantize MODEL.onnx DATA.npz [--recipe FILE] [--set KEY=VALUE ...] [-o DIR]
+    quantize MODEL.onnx DATA.npz|IMAGES.zip [--recipe FILE] [--set KEY=VALUE ...] [-o DIR]
 
 The URL and key come from `--url`/`--api-key`, else `QUANT_API_URL`/`QUANT_API_KEY`; the global
 options are accepted before or after the command. JSON goes to stdout, progress and errors to
@@ -96,35 +97,35 @@ JOB_COLUMNS = (
 # ---------------------------------------------------------------- models and datasets
 
 
-def upload_model(ctx: Context, path: Path, *, wait: bool = True) -> dict[str, Any]:
-    """Upload, then poll while the validation task has not decided (202 / status pending)."""
-    _, model = upload(ctx.client, "models", path, progress=ctx.progress)
-    if not wait or model.get("status") != "pending":
-        return model
+def upload_checked(ctx: Context, collection: str, path: Path, *, wait: bool = True) -> dict[str, Any]:
+    """Upload a model or dataset, then poll while its validation task has not decided (202 / pending)."""
+    _, row = upload(ctx.client, collection, path, progress=ctx.progress)
+    if not wait or row.get("status") != "pending":
+        return row
     deadline, delay = time.monotonic() + ctx.model_wait, 0.5
-    note(f"model {model.get('id')} uploaded; waiting for validation")
-    while model.get("status") == "pending" and time.monotonic() < deadline:
+    note(f"{collection[:-1]} {row.get('id')} uploaded; waiting for validation")
+    while row.get("status") == "pending" and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 1.5, 5.0)
-        model = ctx.client.get_json(resource_path("models", str(model["id"])))
-    return model
+        row = ctx.client.get_json(resource_path(collection, str(row["id"])))
+    return row
 
 
-def model_outcome(model: dict[str, Any]) -> int:
-    status = model.get("status")
+def validation_outcome(row: dict[str, Any], collection: str = "models") -> int:
+    status, kind = row.get("status"), collection[:-1]
     if status == "invalid":
-        note(f"error: model {model.get('id')} is invalid: {model.get('error') or 'no reason given'}")
+        note(f"error: {kind} {row.get('id')} is invalid: {row.get('error') or 'no reason given'}")
         return EXIT_FAILED
     if status == "pending":
-        note(f"error: model {model.get('id')} is still pending validation; check later with `quantctl models show`")
+        note(f"error: {kind} {row.get('id')} is still pending validation; see `quantctl {collection} show`")
         return EXIT_FAILED
     return EXIT_OK
 
 
 def cmd_models_upload(ctx: Context, args: argparse.Namespace) -> int:
-    model = upload_model(ctx, args.file, wait=not args.no_wait)
+    model = upload_checked(ctx, "models", args.file, wait=not args.no_wait)
     emit_json(model)
-    return EXIT_OK if args.no_wait and model.get("status") == "pending" else model_outcome(model)
+    return EXIT_OK if args.no_wait and model.get("status") == "pending" else validation_outcome(model)
 
 
 def cmd_models_list(ctx: Context, args: argparse.Namespace) -> int:
@@ -137,14 +138,63 @@ def cmd_models_show(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_datasets_upload(ctx: Context, args: argparse.Namespace) -> int:
-    _, dataset = upload(ctx.client, "datasets", args.file, progress=ctx.progress)
+    """An .npz is ready at once; a zip of images waits for the worker that decodes every image."""
+    dataset = upload_checked(ctx, "datasets", args.file)
     emit_json(dataset)
-    return EXIT_OK
+    return validation_outcome(dataset, "datasets")
 
 
 def cmd_datasets_show(ctx: Context, args: argparse.Namespace) -> int:
     emit_json(ctx.client.get_json(resource_path("datasets", args.id)))
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def _arrow(before: str, after: str) -> str:
+    return "" if not before and not after else f"{before or '-'} -> {after or '-'}"
+
+
+def _fixed(value: Any, digits: int) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else ""
+
+
+def _recipe_text(recipe: dict[str, Any]) -> str:
+    parts = [recipe.get("platform"), recipe.get("precision"), recipe.get("observer"), recipe.get("percentile")]
+    if recipe.get("reconstruction"):
+        parts.append("reconstruction")
+    if recipe.get("target"):
+        parts.append("target")
+    return " ".join(str(p) for p in parts if p is not None)
+
+
+def _metric(row: dict[str, Any], key: str) -> Any:
+    return (row.get("metrics") or {}).get(key)
+
+
+COMPARISON_COLUMNS = (
+    ("JOB", lambda r: str(r.get("job_id", ""))[:8]),
+    ("STATUS", lambda r: r.get("status")),
+    ("RECIPE", lambda r: _recipe_text(r.get("recipe") or {})),
+    ("TOP1 FP32->Q", lambda r: _arrow(_fixed(_metric(r, "top1_fp32"), 4), _fixed(_metric(r, "top1_quantized"), 4))),
+    ("DROP PTS", lambda r: _fixed(_metric(r, "top1_drop"), 2)),
+    ("SQNR MIN dB", lambda r: _fixed(_metric(r, "sqnr_db_min"), 2)),
+    ("COS MIN", lambda r: _fixed(_metric(r, "cosine_min"), 5)),
+    ("SIZE Q", lambda r: (r.get("size") or {}).get("quantized_bytes")),
+    (
+        "CPU P50 ms FP32->Q",
+        lambda r: _arrow(
+            _fixed((r.get("latency") or {}).get("fp32_p50_ms"), 3),
+            _fixed((r.get("latency") or {}).get("quantized_p50_ms"), 3),
+        ),
+    ),
+)
+
+
+def cmd_compare(ctx: Context, args: argparse.Namespace) -> int:
+    """Every job of one model side by side (GET /models/{id}/comparison)."""
+    return _list(ctx, args, f"{resource_path('models', args.model)}/comparison", {}, COMPARISON_COLUMNS)
 
 
 # ---------------------------------------------------------------- jobs
@@ -255,11 +305,13 @@ def cmd_jobs_download(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_quantize(ctx: Context, args: argparse.Namespace) -> int:
     recipe = build_recipe(args.recipe, args.set)  # a bad --set fails before anything is uploaded
-    model = upload_model(ctx, args.model)
-    if (code := model_outcome(model)) != EXIT_OK:
+    model = upload_checked(ctx, "models", args.model)
+    if (code := validation_outcome(model)) != EXIT_OK:
         return code
     note(f"model {model['id']} {model['status']}")
-    _, dataset = upload(ctx.client, "datasets", args.data, progress=ctx.progress)
+    dataset = upload_checked(ctx, "datasets", args.data)
+    if (code := validation_outcome(dataset, "datasets")) != EXIT_OK:
+        return code
     note(f"dataset {dataset['id']}: {dataset.get('num_samples', '?')} samples")
     job = submit_job(ctx, str(model["id"]), str(dataset["id"]), recipe)
     job_id = str(job["id"])
@@ -332,9 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     datasets = groups.add_parser("datasets", help="upload and inspect calibration data").add_subparsers(
         dest="command", required=True, metavar="ACTION"
     )
-    command(datasets, "upload", cmd_datasets_upload, "upload an .npz of named input arrays").add_argument(
-        "file", type=existing_file
-    )
+    command(
+        datasets, "upload", cmd_datasets_upload, "upload an .npz of named input arrays, or a zip of JPEG/PNG images"
+    ).add_argument("file", type=existing_file)
     command(datasets, "show", cmd_datasets_show, "show one dataset").add_argument("id")
 
     jobs = groups.add_parser("jobs", help="submit, follow and collect quantization jobs").add_subparsers(
@@ -359,9 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
     leaf.add_argument("--name", action="append", default=[], metavar="ARTIFACT", help="only this artifact (repeatable)")
     leaf.add_argument("-o", "--output", type=Path, help="directory (default: ./JOB_ID)")
 
+    leaf = command(groups, "compare", cmd_compare, "compare every job of one model: recipe, accuracy, size, latency")
+    leaf.add_argument("model", help="model id")
+    listing(leaf)
+
     leaf = command(groups, "quantize", cmd_quantize, "upload, quantize, watch and download in one go")
     leaf.add_argument("model", type=existing_file, help="FP32 ONNX model")
-    leaf.add_argument("data", type=existing_file, help="calibration data (.npz)")
+    leaf.add_argument("data", type=existing_file, help="calibration data (.npz, or a zip of images)")
     recipe_options(leaf)
     leaf.add_argument("-o", "--output", type=Path, help="directory for the artifacts (default: ./JOB_ID)")
     return parser

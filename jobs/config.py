@@ -36,7 +36,18 @@ class Settings(BaseSettings):
     max_dataset_arrays: int = 64
     min_opset: int = 7
     max_opset: int = 23
-    # Seconds POST /models waits for the validation task before answering 202 (pending).
+    # Image-zip datasets (jobs.archives): members, bytes per image and in all once expanded, the
+    # highest compression ratio accepted (JPEG/PNG barely compress: a high ratio is a zip bomb), and
+    # pixels per image (checked from the header before decoding).
+    max_dataset_images: int = Field(default=100_000, ge=2)
+    max_image_bytes: int = Field(default=64 * MiB, ge=1)
+    max_images_expanded_bytes: int = Field(default=8192 * MiB, ge=1)
+    max_archive_ratio: float = Field(default=100.0, ge=1.0)
+    max_image_pixels: int = Field(default=50_000_000, ge=1)
+    # A job's calibration + evaluation images, once preprocessed, are held in the worker's memory.
+    max_decoded_image_bytes: int = Field(default=4096 * MiB, ge=1)
+    # Seconds POST /models (and POST /datasets with images) waits for the validation task before
+    # answering 202 (pending).
     validation_wait_seconds: float = 60.0
 
     # Jobs

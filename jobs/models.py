@@ -2,7 +2,7 @@
 
     Project ─┬─ ApiKey            (only a SHA-256 of the key is stored)
              ├─ Model             (an uploaded ONNX file, validated by a task)
-             ├─ Dataset           (an uploaded .npz of named input arrays)
+             ├─ Dataset           (an uploaded .npz of named input arrays, or a zip of images)
              ├─ Job ─┬─ JobEvent  (stage / progress / log, the SSE stream; id is the event id)
              │       └─ Artifact  (files a job produced, under the storage root)
              ├─ WebhookEndpoint   (a URL, the event types it wants, its signing secret(s))
@@ -69,6 +69,15 @@ class ModelStatus(enum.StrEnum):
     invalid = "invalid"
 
 
+class DatasetKind(enum.StrEnum):
+    arrays = "arrays"  # .npz of named input arrays
+    images = "images"  # zip of JPEG/PNG images, turned into arrays by the recipe's preprocessing
+
+
+# Image datasets are checked by a task as models are (every image decoded); .npz ones are ready at once.
+DatasetStatus = ModelStatus
+
+
 def _enum(cls: type[enum.Enum], name: str) -> Enum:
     # Stored as plain strings (no native PG enum) so adding a value needs no type migration.
     return Enum(cls, name=name, native_enum=False, length=16, validate_strings=True)
@@ -124,9 +133,18 @@ class Dataset(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     path: Mapped[str] = mapped_column(String(1024))
-    # [{"name", "dtype", "shape"}] for every array in the archive; first axis = samples.
+    # [{"name", "dtype", "shape"}] for every array in the archive; first axis = samples. [] for images.
     arrays: Mapped[list[Any]] = mapped_column(JSON)
     num_samples: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[DatasetKind] = mapped_column(
+        _enum(DatasetKind, "dataset_kind"), default=DatasetKind.arrays, server_default=DatasetKind.arrays.value
+    )
+    status: Mapped[DatasetStatus] = mapped_column(
+        _enum(DatasetStatus, "dataset_status"), default=DatasetStatus.ready, server_default=DatasetStatus.ready.value
+    )
+    error: Mapped[str | None] = mapped_column(Text)
+    # Image datasets: {num_images, formats, classes, label_source, expanded_bytes} (jobs.archives).
+    images: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -25,6 +25,8 @@ from jobs.models import (
     ApiKey,
     Artifact,
     Dataset,
+    DatasetKind,
+    DatasetStatus,
     Job,
     JobEvent,
     JobStatus,
@@ -134,7 +136,10 @@ def create_dataset(
     path: str,
     arrays: list[dict[str, Any]],
     num_samples: int,
+    kind: DatasetKind = DatasetKind.arrays,
+    images: dict[str, Any] | None = None,
 ) -> Dataset:
+    """An `.npz` dataset is ready at once; an image dataset waits (`pending`) for its validation task."""
     dataset = Dataset(
         id=dataset_id,
         project_id=project_id,
@@ -144,6 +149,9 @@ def create_dataset(
         path=path,
         arrays=arrays,
         num_samples=num_samples,
+        kind=kind,
+        status=DatasetStatus.ready if kind == DatasetKind.arrays else DatasetStatus.pending,
+        images=images,
     )
     session.add(dataset)
     session.flush()
@@ -152,6 +160,26 @@ def create_dataset(
 
 def get_dataset(*, session: Session, project_id: uuid.UUID, dataset_id: uuid.UUID) -> Dataset | None:
     return session.scalar(select(Dataset).where(Dataset.id == dataset_id, Dataset.project_id == project_id))
+
+
+def get_dataset_unscoped(*, session: Session, dataset_id: uuid.UUID) -> Dataset | None:
+    """For the worker, which acts on ids it was handed by the API (already scoped)."""
+    return session.get(Dataset, dataset_id)
+
+
+def record_dataset_validation(*, session: Session, dataset_id: uuid.UUID, error: str | None) -> Dataset | None:
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None:
+        return None
+    dataset.status = DatasetStatus.ready if error is None else DatasetStatus.invalid
+    dataset.error = error
+    session.flush()
+    return dataset
+
+
+def delete_dataset(*, session: Session, dataset: Dataset) -> None:
+    session.delete(dataset)
+    session.flush()
 
 
 def list_datasets(
@@ -197,11 +225,19 @@ def get_job_unscoped(*, session: Session, job_id: uuid.UUID) -> Job | None:
 
 
 def list_jobs(
-    *, session: Session, project_id: uuid.UUID, status: JobStatus | None, limit: int, cursor: str | None
+    *,
+    session: Session,
+    project_id: uuid.UUID,
+    status: JobStatus | None,
+    limit: int,
+    cursor: str | None,
+    model_id: uuid.UUID | None = None,
 ) -> tuple[list[Job], str | None]:
     query = select(Job).where(Job.project_id == project_id)
     if status is not None:
         query = query.where(Job.status == status)
+    if model_id is not None:
+        query = query.where(Job.model_id == model_id)
     return _paginate(session=session, query=query, entity=Job, limit=limit, cursor=cursor)
 
 
@@ -459,6 +495,16 @@ def add_artifact(
 
 def list_artifacts(*, session: Session, job_id: uuid.UUID) -> Sequence[Artifact]:
     return session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.name)).all()
+
+
+def artifacts_by_job(*, session: Session, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[Artifact]]:
+    """Every artifact of the given jobs in one query, by job id (jobs without any map to [])."""
+    found: dict[uuid.UUID, list[Artifact]] = {job_id: [] for job_id in job_ids}
+    if job_ids:
+        rows = session.scalars(select(Artifact).where(Artifact.job_id.in_(job_ids)).order_by(Artifact.name))
+        for artifact in rows:
+            found[artifact.job_id].append(artifact)
+    return found
 
 
 def get_artifact(*, session: Session, job_id: uuid.UUID, name: str) -> Artifact | None:

@@ -20,6 +20,7 @@ from jobs.config import Settings
 
 RUN_JOB = "worker.run_job"
 VALIDATE_MODEL = "worker.validate_model"
+VALIDATE_DATASET = "worker.validate_dataset"
 REAP_ORPHANS = "worker.reap_orphans"
 POLL_WEBHOOKS = "worker.poll_webhooks"
 DELIVER_WEBHOOK = "worker.deliver_webhook"
@@ -65,6 +66,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         task_routes={
             RUN_JOB: {"queue": GPU_QUEUE},
             VALIDATE_MODEL: {"queue": DEFAULT_QUEUE},
+            VALIDATE_DATASET: {"queue": DEFAULT_QUEUE},
             POLL_WEBHOOKS: {"queue": DEFAULT_QUEUE},
             DELIVER_WEBHOOK: {"queue": DEFAULT_QUEUE},
             BUILD_ENGINE: {"queue": ENGINE_QUEUE},
@@ -106,6 +108,10 @@ def enqueue_engine_build(app: Celery, job_id: uuid.UUID, request: uuid.UUID, dir
 
 def enqueue_validation(app: Celery, model_id: uuid.UUID) -> None:
     app.send_task(VALIDATE_MODEL, args=[str(model_id)], queue=DEFAULT_QUEUE)
+
+
+def enqueue_dataset_validation(app: Celery, dataset_id: uuid.UUID) -> None:
+    app.send_task(VALIDATE_DATASET, args=[str(dataset_id)], queue=DEFAULT_QUEUE)
 
 
 def enqueue_webhook_poll(app: Celery) -> None:

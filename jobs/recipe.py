@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from jobs.preprocessing import PreprocessingSpec
+
 Platform = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "academic"]
 Observer = Literal["minmax", "ema_minmax", "percentile", "kl", "mse", "floating"]
 PRECISION_PATTERN = r"^(int8|fp8|w[2-8]a[2-8])$"
@@ -132,6 +134,17 @@ class Recipe(_Spec):
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
+    preprocessing: PreprocessingSpec | None = Field(
+        None, description="Image datasets only: how each image becomes the model input (see jobs/preprocessing.py)."
+    )
+
+    def split_sizes(self, num_samples: int) -> tuple[int, int]:
+        """(calibration, evaluation) sample counts for a dataset of `num_samples` (>= 2): round(N ·
+        holdout_fraction) held out, at least 1, at most N - 1 and evaluation.max_samples; then at most
+        calibration.num_samples of the rest calibrate."""
+        num_eval = min(max(1, round(num_samples * self.evaluation.holdout_fraction)), num_samples - 1)
+        num_eval = min(num_eval, self.evaluation.max_samples)
+        return min(num_samples - num_eval, self.calibration.num_samples), num_eval
 
     @field_validator("precision")
     @classmethod

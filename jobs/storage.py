@@ -1,7 +1,7 @@
 """Where files live under the storage root, and how they get there safely.
 
     <root>/<project>/models/<model>/model.onnx
-    <root>/<project>/datasets/<dataset>/data.npz
+    <root>/<project>/datasets/<dataset>/data.npz     (or images.zip)
     <root>/<project>/jobs/<job>/<artifact name>
 
 Rows store paths relative to the root, so the root can move (or become an S3 prefix) without
@@ -25,6 +25,10 @@ def model_path(project_id: uuid.UUID, model_id: uuid.UUID) -> str:
 
 def dataset_path(project_id: uuid.UUID, dataset_id: uuid.UUID) -> str:
     return f"{project_id}/datasets/{dataset_id}/data.npz"
+
+
+def image_archive_path(project_id: uuid.UUID, dataset_id: uuid.UUID) -> str:
+    return f"{project_id}/datasets/{dataset_id}/images.zip"
 
 
 def job_dir(project_id: uuid.UUID, job_id: uuid.UUID) -> str:

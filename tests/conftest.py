@@ -126,6 +126,7 @@ SERVICE_ENV = {
     "QUANT_ENVIRONMENT": "test",
     "QUANT_MAX_MODEL_BYTES": str(4 * 1024 * 1024),
     "QUANT_MAX_DATASET_BYTES": str(32 * 1024 * 1024),
+    "QUANT_MAX_DATASET_IMAGES": "500",  # so the too-many-files test needs 501 members, not 100,001
     # Short beats so the crash tests finish in seconds; the timeout stays several beats long.
     "QUANT_HEARTBEAT_INTERVAL": "0.5",
     "QUANT_HEARTBEAT_TIMEOUT": "4",

@@ -11,6 +11,7 @@ batch loop, through quantcore's `should_cancel`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -23,13 +24,15 @@ from pathlib import Path
 from celery.exceptions import SoftTimeLimitExceeded
 
 from jobs import queries, storage
+from jobs.archives import archive_limits
 from jobs.config import settings
 from jobs.db import session_scope
-from jobs.models import JobStatus
-from quantcore import QuantizeResult, quantize
+from jobs.models import DatasetKind, JobStatus
+from jobs.recipe import Recipe
+from quantcore import QuantizeResult, atomic, quantize
 from quantcore.errors import Canceled, QuantcoreError
 from worker.engine_routing import EngineRouter
-from worker.splits import split_dataset
+from worker.splits import Split, split_dataset, split_images
 from worker.translate import parse_recipe, to_quantize_config
 
 log = logging.getLogger(__name__)
@@ -187,6 +190,7 @@ def run_job(job_id: uuid.UUID) -> None:
             return
         model_path = storage.resolve(settings.artifact_root, job.model.path)
         dataset_path = storage.resolve(settings.artifact_root, job.dataset.path)
+        dataset_kind = job.dataset.kind
         input_names = [spec["name"] for spec in (job.model.info or {}).get("inputs", [])]
         recipe_data, project_id = job.recipe, job.project_id
 
@@ -196,7 +200,7 @@ def run_job(job_id: uuid.UUID) -> None:
     work_dir = settings.artifact_root / ".work" / f"{job_id}-{uuid.uuid4().hex[:8]}"
     try:
         status, error, stored = _execute(
-            progress, model_path, dataset_path, input_names, recipe_data, work_dir, project_id
+            progress, model_path, (dataset_path, dataset_kind), input_names, recipe_data, work_dir, project_id
         )
     except Abandoned as exc:
         log.warning("%s", exc)
@@ -218,7 +222,7 @@ def run_job(job_id: uuid.UUID) -> None:
 def _execute(
     progress: Progress,
     model_path: Path,
-    dataset_path: Path,
+    dataset: tuple[Path, DatasetKind],
     input_names: list[str],
     recipe_data: dict,
     work_dir: Path,
@@ -227,7 +231,7 @@ def _execute(
     try:
         recipe = parse_recipe(recipe_data)
         progress("load", 0.0, "reading the dataset")
-        split = split_dataset(dataset_path, input_names, recipe)
+        split = _load_split(progress, *dataset, input_names, recipe)
         progress(
             "load",
             1.0,
@@ -251,6 +255,7 @@ def _execute(
         )
         for warning in result.report.get("warnings", []):
             progress.log(str(warning))
+        _record_split(result.report_path, split.record)
         progress("store", 0.0, "storing artifacts")
         stored = _store(progress, project_id, result)
         if should_cancel():
@@ -268,6 +273,32 @@ def _execute(
     except Exception as exc:
         log.exception("job %s crashed", progress.job_id)
         return JobStatus.failed, f"internal error during {progress.stage}: {type(exc).__name__}: {exc}", []
+
+
+def _load_split(progress: Progress, path: Path, kind: DatasetKind, input_names: list[str], recipe: Recipe) -> Split:
+    if kind == DatasetKind.arrays:
+        return split_dataset(path, input_names, recipe)
+
+    def should_stop() -> None:
+        if progress.should_cancel():
+            raise Canceled("canceled while decoding images")
+
+    return split_images(
+        path,
+        input_names,
+        recipe,
+        limits=archive_limits(settings),
+        max_pixels=settings.max_image_pixels,
+        should_stop=should_stop,
+    )
+
+
+def _record_split(report_path: str | Path, record: dict) -> None:
+    """Add the seeded split (counts, SHA-256 of the chosen samples, label source) to report.json."""
+    path = Path(report_path)
+    report = json.loads(path.read_text())
+    report["dataset"] = record
+    atomic.write_json(path, report)
 
 
 def _store(progress: Progress, project_id: uuid.UUID, result: QuantizeResult) -> list[dict]:

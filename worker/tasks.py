@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import uuid
 
-from jobs.queue import BUILD_ENGINE, DELIVER_WEBHOOK, POLL_WEBHOOKS, REAP_ORPHANS, RUN_JOB, VALIDATE_MODEL
+from jobs.queue import (
+    BUILD_ENGINE,
+    DELIVER_WEBHOOK,
+    POLL_WEBHOOKS,
+    REAP_ORPHANS,
+    RUN_JOB,
+    VALIDATE_DATASET,
+    VALIDATE_MODEL,
+)
 from worker.app import app
 from worker.engine_task import build_for_job
 from worker.reaper import reap
 from worker.runner import run_job
-from worker.validation import validate_model
+from worker.validation import validate_dataset, validate_model
 from worker.webhooks import deliver, poll
 
 
@@ -26,6 +34,11 @@ def build_engine_task(self, job_id: str, request: str, directory: str) -> None:
 @app.task(name=VALIDATE_MODEL, acks_late=True, reject_on_worker_lost=True, time_limit=600, soft_time_limit=540)
 def validate_model_task(model_id: str) -> None:
     validate_model(uuid.UUID(model_id))
+
+
+@app.task(name=VALIDATE_DATASET, acks_late=True, reject_on_worker_lost=True, time_limit=3600, soft_time_limit=3540)
+def validate_dataset_task(dataset_id: str) -> None:
+    validate_dataset(uuid.UUID(dataset_id))
 
 
 @app.task(name=REAP_ORPHANS, ignore_result=True, soft_time_limit=100, time_limit=120)

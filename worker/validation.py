@@ -1,4 +1,4 @@
-"""Validate an uploaded model with quantcore and record the verdict on its row."""
+"""Validate an uploaded model (quantcore) or image dataset (every image decoded) and record the verdict."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import logging
 import uuid
 
 from jobs import queries, storage
+from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip
 from jobs.config import settings
 from jobs.db import session_scope
 from quantcore import inspect_model
-from quantcore.errors import InvalidModelError
+from quantcore.errors import InvalidDataError, InvalidModelError
+from worker.images import verify_images
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +33,24 @@ def validate_model(model_id: uuid.UUID) -> None:
         error = f"the model could not be read ({type(exc).__name__}: {exc})"
     with session_scope(url) as session:
         queries.record_model_validation(session=session, model_id=model_id, info=info, error=error)
+
+
+def validate_dataset(dataset_id: uuid.UUID) -> None:
+    """Re-read an image dataset's listing and decode every image once; record ready or the first error."""
+    url = settings.resolved_database_url
+    with session_scope(url) as session:
+        dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
+        if dataset is None:
+            return  # discarded meanwhile
+        path = storage.resolve(settings.artifact_root, dataset.path)
+    error = None
+    try:
+        listing = inspect_image_zip(path, limits=archive_limits(settings))
+        verify_images(path, listing.files, max_pixels=settings.max_image_pixels)
+    except (InvalidImageArchive, InvalidDataError) as exc:
+        error = str(exc)
+    except Exception as exc:  # a validator crash must still end in a verdict, never a stuck 'pending'
+        log.exception("validation of dataset %s crashed", dataset_id)
+        error = f"the archive could not be read ({type(exc).__name__}: {exc})"
+    with session_scope(url) as session:
+        queries.record_dataset_validation(session=session, dataset_id=dataset_id, error=error)

@@ -1,30 +1,49 @@
-"""`/datasets`: upload calibration/evaluation data as `.npz` of arrays named after model inputs."""
+"""`/datasets`: upload calibration/evaluation data: an `.npz` of arrays named after model inputs, or a
+zip of JPEG/PNG images (optionally one folder per class, or a `labels.csv`)."""
 
 from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import ProjectDep, SessionDep, SettingsDep
+from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import DatasetPublic, Page
 from api.uploads import UPLOAD_BODY, Upload, receive_upload
+from api.verdicts import wait_for_verdict
 from jobs import queries, storage
+from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip, is_image_zip
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Dataset
+from jobs.models import Dataset, DatasetKind, DatasetStatus
 from jobs.npz import InvalidArchive, inspect_npz
+from jobs.queue import enqueue_dataset_validation
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
 
-@router.post("", status_code=201, response_model=DatasetPublic, openapi_extra=UPLOAD_BODY, summary="Upload a dataset")
-async def upload_dataset(request: Request, settings: SettingsDep, project: ProjectDep) -> Dataset:
-    """An `.npz` whose arrays are named after the model's inputs, first axis = samples; other
-    arrays (e.g. `labels`) may ride along. Object arrays are refused (they would unpickle)."""
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetPublic,
+    openapi_extra=UPLOAD_BODY,
+    responses={202: {"model": DatasetPublic, "description": "Images stored; decoding still running (poll it)."}},
+    summary="Upload a dataset",
+)
+async def upload_dataset(
+    request: Request, response: Response, settings: SettingsDep, project: ProjectDep, celery: CeleryDep
+) -> Dataset:
+    """Either an `.npz` whose arrays are named after the model's inputs, first axis = samples, other
+    arrays (e.g. `labels`, 1-D integers) riding along; object arrays are refused (they would unpickle).
+
+    Or a zip of `.jpg`/`.jpeg`/`.png` images: in one folder per class (labels = sorted folder names →
+    0, 1, ...), or with a top-level `labels.csv` of `file,label` rows, or unlabelled. Its listing is
+    checked here (no absolute or `..` names, no symlinks, caps on members, size per image and in all,
+    compression ratio); then a worker decodes every image, and a corrupt one is answered with 422
+    naming it. Jobs on image datasets need `recipe.preprocessing`."""
     upload = await receive_upload(
         request,
         directory=settings.artifact_root / ".uploads",
@@ -32,18 +51,45 @@ async def upload_dataset(request: Request, settings: SettingsDep, project: Proje
         fallback_name="data.npz",
     )
     try:
-        return await run_in_threadpool(_store, settings, project.id, upload)
+        dataset = await run_in_threadpool(_store, settings, project.id, upload)
     finally:
         upload.path.unlink(missing_ok=True)  # moved into place on success, discarded otherwise
+    if dataset.kind == DatasetKind.arrays:
+        return dataset
+    try:
+        enqueue_dataset_validation(celery, dataset.id)
+    except BaseException:
+        await run_in_threadpool(_discard, settings, dataset.id, dataset.path)
+        raise
+    dataset = await wait_for_verdict(settings, lambda: _load(settings, dataset.id))
+    if dataset.status == DatasetStatus.invalid:
+        await run_in_threadpool(_discard, settings, dataset.id, dataset.path)
+        raise Problem(422, f"not a usable image dataset: {dataset.error}", slug="invalid-dataset")
+    if dataset.status == DatasetStatus.pending:
+        response.status_code = 202
+    return dataset
 
 
 def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset:
-    try:
-        arrays, num_samples = inspect_npz(upload.path, max_arrays=settings.max_dataset_arrays)
-    except InvalidArchive as exc:
-        raise Problem(422, f"not a usable dataset: {exc}", slug="invalid-dataset") from exc
+    """Check the archive's listing, move it into place and record it."""
     dataset_id = uuid.uuid4()
-    relative = storage.dataset_path(project_id, dataset_id)
+    fields: dict = {"kind": DatasetKind.arrays}
+    try:
+        if upload.filename.lower().endswith(".zip") or is_image_zip(upload.path, max_files=settings.max_dataset_images):
+            listing = inspect_image_zip(upload.path, limits=archive_limits(settings))
+            relative = storage.image_archive_path(project_id, dataset_id)
+            fields = {
+                "kind": DatasetKind.images,
+                "arrays": [],
+                "num_samples": len(listing.files),
+                "images": listing.summary(),
+            }
+        else:
+            arrays, num_samples = inspect_npz(upload.path, max_arrays=settings.max_dataset_arrays)
+            relative = storage.dataset_path(project_id, dataset_id)
+            fields.update(arrays=arrays, num_samples=num_samples)
+    except (InvalidArchive, InvalidImageArchive) as exc:
+        raise Problem(422, f"not a usable dataset: {exc}", slug="invalid-dataset") from exc
     target = storage.resolve(settings.artifact_root, relative)
     target.parent.mkdir(parents=True, exist_ok=True)
     upload.path.replace(target)
@@ -57,12 +103,26 @@ def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset
                 sha256=upload.sha256,
                 size_bytes=upload.size_bytes,
                 path=relative,
-                arrays=arrays,
-                num_samples=num_samples,
+                **fields,
             )
     except BaseException:
         storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
         raise
+
+
+def _load(settings: Settings, dataset_id: uuid.UUID) -> Dataset:
+    with session_scope(settings.resolved_database_url) as session:
+        dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
+        assert dataset is not None
+        return dataset
+
+
+def _discard(settings: Settings, dataset_id: uuid.UUID, relative: str) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
+        if dataset is not None:
+            queries.delete_dataset(session=session, dataset=dataset)
+    storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
 
 
 @router.get("", response_model=Page[DatasetPublic], summary="List the project's datasets, newest first")

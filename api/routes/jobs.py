@@ -17,8 +17,8 @@ from api.problems import Problem
 from api.routes.webhooks import check_target
 from api.schemas import ArtifactPublic, JobCreate, JobCreated, JobPublic, Page
 from jobs import queries, storage
-from jobs.compat import dataset_mismatches
-from jobs.models import Job, JobStatus, ModelStatus
+from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
+from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -65,13 +65,22 @@ def create_job(
             slug="dataset-not-found",
             errors=[{"field": "dataset_id", "message": "not found"}],
         )
-    problems = dataset_mismatches(model.info or {}, dataset.arrays)
+    if dataset.status != DatasetStatus.ready:
+        raise Problem(
+            409,
+            f"dataset_id: dataset {dataset.id} is {dataset.status.value}, not ready",
+            slug="dataset-not-ready",
+            errors=[{"field": "dataset_id", "message": f"dataset is {dataset.status.value}"}],
+        )
+    problems = job_input_mismatches(
+        model.info or {}, dataset=dataset, recipe=body.recipe, max_decoded_bytes=settings.max_decoded_image_bytes
+    )
     if problems:
         raise Problem(
             422,
-            "dataset does not fit the model: " + "; ".join(problems),
+            "dataset does not fit the model: " + "; ".join(f"{field}: {message}" for field, message in problems),
             slug="dataset-mismatch",
-            errors=[{"field": "dataset_id", "message": p} for p in problems],
+            errors=[{"field": field, "message": message} for field, message in problems],
         )
     job = queries.create_job(
         session=session,

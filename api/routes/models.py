@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 from fastapi import APIRouter, Request, Response
@@ -14,6 +12,7 @@ from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import ModelPublic, Page
 from api.uploads import UPLOAD_BODY, Upload, receive_upload
+from api.verdicts import wait_for_verdict
 from jobs import queries, storage
 from jobs.config import Settings
 from jobs.db import session_scope
@@ -53,7 +52,7 @@ async def upload_model(
         upload.path.unlink(missing_ok=True)
         await run_in_threadpool(_discard, settings, model_id, relative)
         raise
-    model = await _wait_for_validation(settings, model.id)
+    model = await wait_for_verdict(settings, lambda: _load(settings, model_id))
     if model.status == ModelStatus.invalid:
         await run_in_threadpool(_discard, settings, model_id, relative)
         raise Problem(422, f"not a usable ONNX model: {model.error}", slug="invalid-model")
@@ -94,17 +93,6 @@ def _discard(settings: Settings, model_id: uuid.UUID, relative: str) -> None:
         if model is not None:
             queries.delete_model(session=session, model=model)
     storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
-
-
-async def _wait_for_validation(settings: Settings, model_id: uuid.UUID) -> Model:
-    deadline = time.monotonic() + settings.validation_wait_seconds
-    delay = 0.05
-    while True:
-        model = await run_in_threadpool(_load, settings, model_id)
-        if model.status != ModelStatus.pending or time.monotonic() >= deadline:
-            return model
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
 
 
 def _load(settings: Settings, model_id: uuid.UUID) -> Model:

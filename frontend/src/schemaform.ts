@@ -60,6 +60,7 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
   const readers = new Map<string, Reader>();
   const inputs = new Map<string, HTMLInputElement | HTMLSelectElement>();
   const errorSlots = new Map<string, HTMLElement>();
+  const optional = new Map<string, HTMLInputElement>(); // optional section path → its on/off switch
 
   function fieldId(path: string): string {
     return `f-${path.replace(/[^A-Za-z0-9]+/g, "-")}`;
@@ -70,13 +71,28 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
     // A nested spec's own title is its class name ("CalibrationSpec"): name it after the field.
     const title = tidy(schema.$ref || !s.title ? heading(key) : s.title);
     if (s.type === "object" && s.properties) {
-      return h(
+      const fields = Object.entries(s.properties).map(([child, childSchema]) => build(childSchema, `${path}.${child}`, child));
+      const hint = s.description ? h("p", { class: "hint" }, s.description) : null;
+      if (!schema.anyOf?.some((option) => option.type === "null")) {
+        return h("fieldset", { class: "group" }, h("legend", {}, title), hint, fields);
+      }
+      // An optional section (null by default, e.g. preprocessing): sent only when switched on, so its
+      // selects' defaults do not turn "absent" into "present with defaults".
+      const toggle = h("input", { type: "checkbox", id: `${fieldId(path)}-on`, name: path });
+      const error = h("p", { id: `${fieldId(path)}-error`, class: "field-error", hidden: true });
+      const group = h(
         "fieldset",
-        { class: "group" },
-        h("legend", {}, title),
-        s.description ? h("p", { class: "hint" }, s.description) : null,
-        Object.entries(s.properties).map(([child, childSchema]) => build(childSchema, `${path}.${child}`, child)),
+        { class: "group", disabled: true },
+        h("legend", {}, toggle, h("label", { for: toggle.id }, ` ${title}`)),
+        hint,
+        error,
+        fields,
       );
+      toggle.addEventListener("change", () => (group.disabled = !toggle.checked));
+      optional.set(path, toggle);
+      inputs.set(path, toggle);
+      errorSlots.set(path, error);
+      return group;
     }
     const id = fieldId(path);
     const hintId = `${id}-hint`;
@@ -184,6 +200,7 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
     value() {
       const out: Record<string, unknown> = {};
       for (const [path, read] of readers) {
+        if ([...optional].some(([section, on]) => !on.checked && path.startsWith(`${section}.`))) continue;
         const value = read();
         if (value === undefined) continue;
         const parts = (prefix ? path.slice(prefix.length + 1) : path).split(".");
@@ -197,6 +214,8 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
       for (const [key, value] of Object.entries(recipe)) {
         const full = path ? `${path}.${key}` : key;
         if (value && typeof value === "object" && !Array.isArray(value)) {
+          const on = optional.get(full);
+          if (on && !on.checked) on.click(); // switch the section on (its change handler enables it)
           this.set(value as Record<string, unknown>, full);
           continue;
         }

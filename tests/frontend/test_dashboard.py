@@ -98,13 +98,22 @@ def test_upload_quantize_watch_report_download(page, service: Service, digits: t
     expect(first).to_contain_text("succeeded")
     screenshot(page, "jobs")
     audit(page, "jobs")
+    # The comparison page reads one endpoint, not every job's report.
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
     page.goto(f"{model_url}/compare")
-    expect(page.locator("#compare-table")).to_contain_text(job_id[:8])
+    compare = page.locator("#compare-table")
+    expect(compare).to_contain_text(job_id[:8])
+    expect(compare).to_contain_text(re.compile(r"\d+\.\d\d % → \d+\.\d\d %"))  # top-1 FP32 → QDQ
+    expect(compare.get_by_role("button", name=f"Download model.qdq.onnx of job {job_id[:8]}")).to_be_visible()
     expect(page.locator("canvas[role=img]")).to_have_count(1)
+    api_calls = [url.split("/api/v1", 1)[1] for url in requests if "/api/v1/" in url]
+    assert any(call.startswith(f"/models/{model_url.rsplit('/', 1)[1]}/comparison") for call in api_calls), api_calls
+    assert not [call for call in api_calls if call.endswith("/report") or call.startswith("/jobs")], api_calls
     axis = page.get_by_label("Horizontal axis")
     if axis.count():  # offered when the report measured latency as well as size
         axis.select_option("latency")
-        expect(page.get_by_role("heading", name=re.compile("against latency"))).to_be_visible()
+        expect(page.get_by_role("heading", name=re.compile("against CPU p50 latency"))).to_be_visible()
         expect(page.locator("canvas[role=img]")).to_have_count(1)
     screenshot(page, "compare")
     audit(page, "compare")

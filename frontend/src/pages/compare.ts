@@ -1,94 +1,134 @@
-import { api, message, unwrap, type Job, type Model } from "../api/client";
+import { api, message, unwrap, type Schemas } from "../api/client";
 import { chart, PALETTE } from "../charts";
 import { bytes, h, notice, num, percent, shortId, statusBadge, table, when } from "../dom";
+import { download } from "./job";
 
-type Obj = Record<string, unknown>;
-const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
-const MAX_PAGES = 10;
+type Comparison = Schemas["ModelComparison"];
+type Row = Schemas["ComparisonRow"];
+type Recipe = Schemas["RecipeSummary"];
+const PAGE = 50;
 
-interface Row {
-  job: Job;
-  report: Obj | null;
-  top1: number | null;
-  sqnr: number | null;
-  size: number | null;
-  latency: number | null;
-}
-
-/** Every job of one model side by side, and accuracy against size or latency. */
+/** Every job of one model side by side (GET /models/{id}/comparison), and accuracy against size or latency. */
 export async function renderCompare(main: HTMLElement, params: Record<string, string>): Promise<(() => void) | void> {
-  let model: Model;
+  let first: Comparison;
   try {
-    model = unwrap(await api.GET("/api/v1/models/{model_id}", { params: { path: { model_id: params.id } } }));
+    first = await fetchPage(params.id, null);
   } catch (error) {
     main.append(h("h1", {}, "Compare jobs"), notice(message(error)));
     return;
   }
-  main.append(h("h1", {}, "Compare jobs of ", h("a", { href: `/models/${model.id}` }, model.filename)));
-  const jobs: Job[] = [];
-  let cursor: string | null | undefined = undefined;
-  // The list has no model filter yet: read pages (newest first) and keep this model's jobs.
-  for (let i = 0; i < MAX_PAGES; i++) {
-    const page: { items: Job[]; next_cursor?: string | null } = unwrap(await api.GET("/api/v1/jobs", { params: { query: { limit: 200, ...(cursor ? { cursor } : {}) } } }));
-    jobs.push(...page.items.filter((j) => j.model_id === model.id));
-    cursor = page.next_cursor;
-    if (!cursor) break;
-  }
-  if (!jobs.length) {
-    main.append(h("p", {}, "This model has no jobs yet. ", h("a", { href: `/jobs/new?model=${model.id}` }, "Start one"), "."));
+  main.append(h("h1", {}, "Compare jobs of ", h("a", { href: `/models/${first.model_id}` }, first.filename)));
+  if (!first.items.length) {
+    main.append(h("p", {}, "This model has no jobs yet. ", h("a", { href: `/jobs/new?model=${first.model_id}` }, "Start one"), "."));
     return;
   }
-  const rows: Row[] = await Promise.all(
-    jobs.map(async (job) => {
-      let report: Obj | null = null;
-      if (job.status === "succeeded") {
-        const result = await api.GET("/api/v1/jobs/{job_id}/report", { params: { path: { job_id: job.id } } });
-        report = isObj(result.data) ? result.data : null;
-      }
-      return { job, report, ...metrics(report) };
-    }),
-  );
+  const rows: Row[] = [...first.items];
+  let cursor = first.next_cursor;
+  const tableHolder = h("div", { class: "scroll" });
+  const more = h("button", { type: "button", class: "secondary", id: "compare-more" }, "Load older jobs");
+  const plot = h("section", { "aria-labelledby": "plot-title" });
+  let destroy = () => {};
+  const render = (): void => {
+    tableHolder.replaceChildren(comparisonTable(rows, first.size_bytes));
+    more.hidden = !cursor;
+    destroy();
+    destroy = drawPlot(plot, rows);
+  };
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      const next = await fetchPage(params.id, cursor ?? null);
+      rows.push(...next.items);
+      cursor = next.next_cursor;
+      render();
+    } catch (error) {
+      main.append(notice(message(error)));
+    } finally {
+      more.disabled = false;
+    }
+  });
   main.append(
-    h(
-      "div",
-      { class: "scroll" },
-      table(
-        null,
-        ["Job", "Status", "Recipe", "Top-1 (QDQ)", "SQNR dB", "QDQ size", "Latency (ms)", "Created"],
-        rows.map((r) => [
-          h("a", { href: `/jobs/${r.job.id}` }, h("code", {}, shortId(r.job.id))),
-          statusBadge(r.job.status),
-          h("code", { class: "recipe-summary" }, recipeSummary(r.job.recipe)),
-          percent(r.top1),
-          num(r.sqnr, 2),
-          r.size === null ? "—" : bytes(r.size),
-          num(r.latency, 3),
-          when(r.job.created_at),
-        ]),
-        { class: "data", id: "compare-table" },
-      ),
-    ),
+    h("p", { class: "hint" }, "Accuracy of the QDQ model in exact QDQ arithmetic on each job's held-out samples; latency is the ONNX Runtime CPU median at batch 1."),
+    tableHolder,
+    more,
+    plot,
   );
-  const plotted = rows.filter((r) => (r.top1 ?? r.sqnr) !== null && (r.latency ?? r.size) !== null);
-  if (!plotted.length) return;
-  const useTop1 = plotted.every((r) => r.top1 !== null);
+  render();
+  return () => destroy();
+}
+
+async function fetchPage(modelId: string, cursor: string | null): Promise<Comparison> {
+  const query = { limit: PAGE, ...(cursor ? { cursor } : {}) };
+  return unwrap(await api.GET("/api/v1/models/{model_id}/comparison", { params: { path: { model_id: modelId }, query } }));
+}
+
+function comparisonTable(rows: Row[], fp32Bytes: number): HTMLTableElement {
+  return table(
+    null,
+    ["Job", "Status", "Recipe", "Top-1 FP32 → QDQ", "Δ top-1 (points)", "Min SQNR dB", "Min cosine", "Size FP32 → QDQ", "CPU p50 ms FP32 → QDQ", "Artifacts", "Created"],
+    rows.map((r) => [
+      h("a", { href: `/jobs/${r.job_id}` }, h("code", {}, shortId(r.job_id))),
+      r.error ? h("span", { title: r.error }, statusBadge(r.status)) : statusBadge(r.status),
+      h("code", { class: "recipe-summary" }, recipeText(r.recipe)),
+      pair(percent(r.metrics?.top1_fp32), percent(r.metrics?.top1_quantized)),
+      num(r.metrics?.top1_drop, 2),
+      num(r.metrics?.sqnr_db_min, 2),
+      num(r.metrics?.cosine_min, 5),
+      pair(bytes(r.size?.fp32_bytes ?? fp32Bytes), bytes(r.size?.quantized_bytes)),
+      pair(num(r.latency?.fp32_p50_ms, 3), num(r.latency?.quantized_p50_ms, 3)),
+      h(
+        "span",
+        { class: "artifact-links" },
+        r.artifacts.map((a) =>
+          h("button", { type: "button", class: "link", "aria-label": `Download ${a.name} of job ${shortId(r.job_id)}`, onclick: () => void download(a) }, a.name),
+        ),
+      ),
+      when(r.created_at),
+    ]),
+    { class: "data", id: "compare-table" },
+  );
+}
+
+function pair(before: string, after: string): string {
+  return before === "—" && after === "—" ? "—" : `${before} → ${after}`;
+}
+
+function recipeText(recipe: Recipe): string {
+  const parts: unknown[] = [
+    recipe.platform,
+    recipe.precision,
+    recipe.observer,
+    recipe.percentile,
+    recipe.calibration_samples ? `n=${recipe.calibration_samples}` : null,
+    recipe.reconstruction ? `recon=${String(recipe.reconstruction.method ?? "on")}` : null,
+    recipe.target ? `target=${JSON.stringify(recipe.target)}` : null,
+  ];
+  return parts.filter((p) => p !== null && p !== undefined && p !== "").join(" ");
+}
+
+/** A scatter of accuracy (top-1, or min SQNR without labels) against quantized size or latency. */
+function drawPlot(section: HTMLElement, rows: Row[]): () => void {
+  section.replaceChildren();
+  const plotted = rows.filter((r) => (r.metrics?.top1_quantized ?? r.metrics?.sqnr_db_min ?? null) !== null);
+  if (!plotted.length) return () => {};
+  const useTop1 = plotted.every((r) => r.metrics?.top1_quantized !== null && r.metrics?.top1_quantized !== undefined);
   const axes = [
-    { key: "size", title: "quantized size (KiB)", value: (r: Row) => (r.size === null ? null : r.size / 1024) },
-    { key: "latency", title: "latency (ms)", value: (r: Row) => r.latency },
+    { key: "size", title: "quantized size (KiB)", value: (r: Row) => (r.size?.quantized_bytes == null ? null : r.size.quantized_bytes / 1024) },
+    { key: "latency", title: "CPU p50 latency (ms)", value: (r: Row) => r.latency?.quantized_p50_ms ?? null },
   ].filter((axis) => plotted.every((r) => axis.value(r) !== null));
-  if (!axes.length) return;
-  const yTitle = useTop1 ? "top-1 (%)" : "SQNR (dB)";
-  const section = h("section", { "aria-labelledby": "plot-title" });
+  if (!axes.length) return () => {};
+  const yTitle = useTop1 ? "top-1 (%)" : "min SQNR (dB)";
+  const y = (r: Row): number => (useTop1 ? (r.metrics?.top1_quantized as number) * 100 : (r.metrics?.sqnr_db_min as number));
   let destroy = () => {};
   const draw = (axis: (typeof axes)[number]): void => {
     destroy();
-    const points = plotted.map((r) => ({ x: axis.value(r) as number, y: useTop1 ? (r.top1 as number) * 100 : (r.sqnr as number) }));
-    const plot = chart(
+    const points = plotted.map((r) => ({ x: axis.value(r) as number, y: y(r) }));
+    const made = chart(
       {
         type: "scatter",
         data: {
           datasets: plotted.map((r, i) => ({
-            label: `${shortId(r.job.id)} ${recipeSummary(r.job.recipe)}`,
+            label: `${shortId(r.job_id)} ${recipeText(r.recipe)}`,
             data: [points[i]],
             backgroundColor: PALETTE[i % PALETTE.length],
             pointRadius: 6,
@@ -99,17 +139,17 @@ export async function renderCompare(main: HTMLElement, params: Record<string, st
           plugins: { legend: { position: "bottom" } },
           scales: {
             x: { title: { display: true, text: axis.title } },
-            y: { title: { display: true, text: yTitle }, ...(useTop1 ? { suggestedMin: 90, max: 100 } : {}) },
+            y: { title: { display: true, text: yTitle }, ...(useTop1 ? { max: 100 } : {}) },
           },
         },
       },
-      `${yTitle} against ${axis.title}: ` + plotted.map((r, i) => `job ${shortId(r.job.id)} ${num(points[i].y, 2)} at ${num(points[i].x, 3)}`).join("; "),
+      `${yTitle} against ${axis.title}: ` + plotted.map((r, i) => `job ${shortId(r.job_id)} ${num(points[i].y, 2)} at ${num(points[i].x, 3)}`).join("; "),
       320,
     );
-    destroy = plot.destroy;
+    destroy = made.destroy;
     section.querySelector(".chart")?.remove();
     (section.querySelector("#plot-title") as HTMLElement).textContent = `${yTitle} against ${axis.title}`;
-    section.append(plot.el);
+    section.append(made.el);
   };
   const select = h(
     "select",
@@ -121,49 +161,6 @@ export async function renderCompare(main: HTMLElement, params: Record<string, st
     h("h2", { id: "plot-title" }),
     axes.length > 1 ? h("div", { class: "toolbar" }, h("label", { for: "plot-axis" }, "Horizontal axis"), select) : "",
   );
-  main.append(section);
   draw(axes[0]);
   return () => destroy();
-}
-
-function metrics(report: Obj | null): Omit<Row, "job" | "report"> {
-  const evaluation = isObj(report?.evaluation) ? report.evaluation : {};
-  const exact = isObj(evaluation.qdq_exact) ? evaluation.qdq_exact : {};
-  const model = isObj(evaluation.model) ? evaluation.model : {};
-  const outputs = isObj(exact.outputs) ? Object.values(exact.outputs).filter(isObj) : [];
-  const first = outputs[0] ?? {};
-  return {
-    top1: typeof exact.top1 === "number" ? exact.top1 : null,
-    sqnr: typeof first.sqnr_db === "number" ? first.sqnr_db : null,
-    size: typeof model.qdq_bytes === "number" ? model.qdq_bytes : null,
-    latency: findLatency(evaluation),
-  };
-}
-
-/** The quantized model's latency, wherever a report version puts it (null until measured). */
-function findLatency(evaluation: Obj): number | null {
-  // {latency_ms_per_sample: {fp32, qdq_exact, qdq_deployed}}: the deployed model's figure.
-  for (const [key, value] of Object.entries(evaluation)) {
-    if (!/latency/.test(key) || !isObj(value)) continue;
-    const quantized = value.qdq_deployed ?? value.qdq_exact ?? value.qdq ?? value.quantized;
-    if (typeof quantized === "number") return quantized;
-  }
-  for (const key of ["qdq_deployed", "latency", "qdq_exact"]) {
-    const v = evaluation[key];
-    if (!isObj(v)) continue;
-    for (const [k, value] of Object.entries(v)) {
-      if (/latency/.test(k) && typeof value === "number") return value;
-      if (/latency/.test(k) && isObj(value)) {
-        const inner = value.qdq ?? value.quantized ?? value.mean_ms ?? value.p50_ms;
-        if (typeof inner === "number") return inner;
-      }
-    }
-  }
-  return null;
-}
-
-function recipeSummary(recipe: Obj): string {
-  const calibration = isObj(recipe.calibration) ? recipe.calibration : {};
-  const parts = [recipe.platform, recipe.precision, calibration.observer, calibration.observer === "percentile" ? calibration.percentile : null, calibration.num_samples ? `n=${calibration.num_samples}` : null];
-  return parts.filter((p) => p !== null && p !== undefined && p !== "").join(" ");
 }

@@ -18,8 +18,8 @@ export async function renderDatasets(main: HTMLElement): Promise<void> {
       path: "/api/v1/datasets",
       id: "dataset-file",
       label: "Upload calibration data",
-      accept: ".npz",
-      hint: "An .npz of arrays named after the model's inputs, first axis = samples. An optional 'labels' array enables top-1.",
+      accept: ".npz,.zip",
+      hint: "An .npz of arrays named after the model's inputs, first axis = samples (an optional 'labels' array enables top-1); or a .zip of JPEG/PNG images, one folder per class or with a labels.csv (file,label). Jobs on images need the recipe's preprocessing section.",
       onDone: () => void load(),
     }),
     list,
@@ -31,11 +31,11 @@ function datasetTable(datasets: Dataset[]): HTMLElement {
   if (!datasets.length) return h("p", {}, "No datasets yet: upload one above.");
   return table(
     null,
-    ["Dataset", "Samples", "Arrays", "Size", "Uploaded"],
+    ["Dataset", "Samples", "Contents", "Size", "Uploaded"],
     datasets.map((d) => [
       h("span", {}, d.filename, " ", h("span", { class: "muted" }, `(${shortId(d.id)})`)),
       d.num_samples.toLocaleString("en"),
-      h(
+      d.images ? imageSummary(d) : h(
         "ul",
         { class: "plain" },
         d.arrays.map((a) => h("li", {}, h("code", {}, a.name), ` ${a.dtype} [${a.shape.join(", ")}]`)),
@@ -45,4 +45,13 @@ function datasetTable(datasets: Dataset[]): HTMLElement {
     ]),
     { class: "data", id: "datasets-table" },
   );
+}
+
+function imageSummary(d: Dataset): HTMLElement {
+  const images = d.images!;
+  const formats = Object.entries(images.formats).map(([format, count]) => `${count} ${format}`).join(", ");
+  const labels = images.label_source
+    ? `${images.classes.length} classes from ${images.label_source === "csv" ? "labels.csv" : "folders"}`
+    : "unlabelled";
+  return h("span", {}, `images (${formats}); ${labels}`, d.status !== "ready" ? h("span", { class: "muted" }, ` — ${d.status}`) : "");
 }

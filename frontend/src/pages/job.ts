@@ -150,7 +150,7 @@ async function showResults(job: Job, into: HTMLElement, cleanups: (() => void)[]
 }
 
 /** Artifacts need the key header, so a plain link will not do: fetch, then save the blob. */
-async function download(artifact: Artifact): Promise<void> {
+export async function download(artifact: Artifact): Promise<void> {
   const response = await authedFetch(artifact.url);
   const blob = await response.blob();
   const url = URL.createObjectURL(blob);

@@ -54,13 +54,19 @@ export async function renderNewJob(main: HTMLElement, _params: Record<string, st
   const datasetSelect = h(
     "select",
     { id: "f-dataset_id", name: "dataset_id", "aria-describedby": "f-dataset_id-error" },
-    datasets.items.map((d) => h("option", { value: d.id }, `${d.filename} (${shortId(d.id)}, ${d.num_samples} samples)`)),
+    datasets.items.map((d) => h("option", { value: d.id }, `${d.filename} (${shortId(d.id)}, ${d.num_samples} ${d.kind === "images" ? "images" : "samples"})`)),
   );
   const topErrors: Record<string, HTMLElement> = {
     model_id: h("p", { id: "f-model_id-error", class: "field-error", hidden: true }),
     dataset_id: h("p", { id: "f-dataset_id-error", class: "field-error", hidden: true }),
   };
   const recipe = recipeForm();
+  // Image datasets need the preprocessing section: switch it on when one is picked.
+  const syncPreprocessing = (): void => {
+    if (datasets.items.find((d) => d.id === datasetSelect.value)?.kind === "images") recipe.set({ preprocessing: {} });
+  };
+  datasetSelect.addEventListener("change", syncPreprocessing);
+  syncPreprocessing();
   // Whatever else a job request takes besides the recipe (e.g. a one-off webhook URL).
   const extras = schemaForm("JobCreate", "", ["model_id", "dataset_id", "recipe"]);
   const summary = h("div", { id: "form-errors" });
