@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from quantcore.metrics import OutputAgreement, TopOneAccuracy
+from quantcore.metrics import OutputAgreement, TopKAccuracy
 from quantcore.report import jsonable
 
 
@@ -38,7 +38,7 @@ def test_perfect_match_has_undefined_sqnr_and_rank_one_has_no_argmax() -> None:
 
 
 def test_top_one() -> None:
-    accuracy = TopOneAccuracy()
+    accuracy = TopKAccuracy(1)
     accuracy.update(np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), np.array([1, 1, 1]))
     assert accuracy.result() == pytest.approx(2 / 3)
 

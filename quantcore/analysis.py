@@ -1,0 +1,367 @@
+"""Layer-wise error analysis: where the quantization error comes from, tensor by tensor and layer by layer
+(PPQ's graphwise and layerwise analyses, ONNX Runtime's ``qdq_loss_debug``).
+
+One *switchable* model serves every measurement: the exported QDQ graph (``quantcore.qdq``) in which
+each input a quantized node reads through a DequantizeLinear is wrapped in ``Where(mask[k], x̂, x)``,
+with ``mask`` a boolean graph input of one flag per layer k (a layer = a node reading at least one
+quantized tensor). Every flag off is the FP32 (prepared) model, every flag on the exported model run
+as exact Q/DQ, one flag on is "only layer k quantized". One ONNX Runtime session, no model rebuilt per
+layer. Tensors to observe are extra graph outputs, fetched one batch at a time and reduced to sums at
+once: memory holds one batch of each observed tensor, never the dataset.
+
+For every quantized tensor t (x = its FP32 value, x̂ = its dequantized value):
+
+- ``graphwise_sqnr_db``: SQNR of x̂ in the fully quantized model against x in the FP32 model, i.e. the
+  error accumulated from the inputs up to and including t's own quantization;
+- ``local_sqnr_db``: SQNR of Q/DQ(x) against x on FP32 inputs: what quantizing t alone costs at t;
+- the range statistics: observed min/max of x (weights: their values; activations: over the analysed
+  samples), the range the chosen clipping keeps (``range_min``/``range_max`` = (quant_min − o)·s and
+  (quant_max − o)·s, FP8: ±quant_max·s; the widest channel's when per-channel) and ``clipped_fraction``,
+  the fraction of x outside it; weights also ``channel_range_ratio`` = max_c amax_c / median_c amax_c
+  (an outlier channel shows up as a large ratio).
+
+For every layer k: ``sqnr_db``/``cosine`` of the model outputs with only layer k quantized against
+FP32 (SQNR = 10·log10(Σx²/Σ(x − x̂)²), the worst over the float outputs). Layers are ranked by harm:
+lowest layer-wise SQNR first (non-finite outputs first of all; layers without a layer-wise run last).
+
+Cost: graphwise 2 runs per batch; layer-wise (1 + L) runs per batch over ``layerwise_samples``
+samples, for L = min(layers, ``max_layers``) layers (those with the lowest local SQNR at their
+inputs); the report states both bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantcore.analysis_config import AnalysisOptions
+from quantcore.annotation import Annotation
+from quantcore.batching import Batches, input_specs
+from quantcore.config import QuantizeConfig
+from quantcore.evaluation import EXACT_OPTIMIZATION
+from quantcore.fake_quant import fake_quantize_numpy
+from quantcore.graph import GraphIndex, NameScope
+from quantcore.metrics import OutputAgreement
+from quantcore.preparation import PreparedModel
+from quantcore.progress import Monitor
+from quantcore.qdq import build_qdq_model
+from quantcore.session import open_session
+from quantcore.tqc import TensorQuantConfig
+
+STAGE = "analyze"
+MASK_INPUT = "quantcore_analysis_mask"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Node ``node`` reading the quantized tensors ``tensors`` (activations and weights)."""
+
+    node: str
+    op_type: str
+    tensors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SwitchableModel:
+    model: onnx.ModelProto
+    layers: tuple[Layer, ...]
+    dequantized: Mapping[str, str]  # quantized activation -> its DequantizeLinear output
+    outputs: tuple[str, ...]  # the model's own outputs
+
+
+def switchable_model(prepared: PreparedModel, annotation: Annotation) -> SwitchableModel:
+    """The exported graph with every rewired node input behind a ``Where`` on its layer's mask flag
+    (see module). Float initializers the export replaced by codes are put back for the float branch."""
+    model = build_qdq_model(prepared, annotation)
+    graph = model.graph
+    original_nodes = {node.name: node for node in prepared.model.graph.node}
+    original_initializers = {t.name: t for t in prepared.model.graph.initializer}
+    present = {t.name for t in graph.initializer}
+    scope = NameScope(GraphIndex(graph).used_names() | {MASK_INPUT})
+    layers: list[Layer] = []
+    ordered: list[onnx.NodeProto] = []
+    for node in graph.node:
+        source = original_nodes.get(node.name)
+        changed = [] if source is None else [i for i, name in enumerate(source.input) if node.input[i] != name]
+        if changed:
+            k = len(layers)
+            index_name, flag = scope.fresh(f"{node.name}_layer_index"), scope.fresh(f"{node.name}_quantized_flag")
+            graph.initializer.append(numpy_helper.from_array(np.array(k, np.int64), index_name))
+            ordered.append(helper.make_node("Gather", [MASK_INPUT, index_name], [flag], name=scope.fresh(flag)))
+            for i in changed:
+                float_input = source.input[i]
+                if float_input in original_initializers and float_input not in present:
+                    graph.initializer.append(original_initializers[float_input])
+                    present.add(float_input)
+                selected = scope.fresh(f"{node.name}_input{i}_selected")
+                ordered.append(
+                    helper.make_node("Where", [flag, node.input[i], float_input], [selected], name=scope.fresh(selected))
+                )
+                node.input[i] = selected
+            tensors = tuple(source.input[i] for i in changed if source.input[i] in annotation.configs)
+            layers.append(Layer(node.name, node.op_type, tensors))
+        ordered.append(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    graph.input.append(helper.make_tensor_value_info(MASK_INPUT, TensorProto.BOOL, [len(layers)]))
+    dequantized = _dequantized_outputs(graph, set(annotation.activations))
+    outputs = tuple(o.name for o in prepared.model.graph.output)
+    existing = set(outputs)
+    for name in [*dequantized, *dequantized.values()]:
+        if name not in existing:
+            graph.output.append(onnx.ValueInfoProto(name=name))
+            existing.add(name)
+    return SwitchableModel(model, tuple(layers), dequantized, outputs)
+
+
+def _dequantized_outputs(graph: onnx.GraphProto, activations: set[str]) -> dict[str, str]:
+    """activation t -> output of the DequantizeLinear after t's QuantizeLinear (a Clip may precede it)."""
+    produced_from: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "Clip" and node.input and node.input[0] in activations:
+            produced_from[node.output[0]] = node.input[0]
+    quantized: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear":
+            source = produced_from.get(node.input[0], node.input[0])
+            if source in activations:
+                quantized[node.output[0]] = source
+    return {quantized[n.input[0]]: n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in quantized}
+
+
+def representable_range(tqc: TensorQuantConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of the values ``tqc`` keeps unclipped: (quant_min − o)·s, (quant_max − o)·s; FP8 ±quant_max·s.
+    Scalars, or (C,) per channel."""
+    scale = np.asarray(tqc.scale, np.float64)
+    if tqc.floating:
+        return -float(tqc.quant_max) * scale, float(tqc.quant_max) * scale
+    offset = np.asarray(tqc.offset, np.float64)
+    return (float(tqc.quant_min) - offset) * scale, (float(tqc.quant_max) - offset) * scale
+
+
+def _broadcast(values: np.ndarray, tqc: TensorQuantConfig, ndim: int) -> np.ndarray:
+    if values.ndim == 0 or not tqc.per_channel:
+        return values
+    shape = [1] * ndim
+    shape[tqc.channel_axis] = -1
+    return values.reshape(shape)
+
+
+class RangeStats:
+    """Streams min, max and the count of values the quantization saturates: linear, beyond half a step
+    outside the representable range (nearer values round onto the end of the grid anyway); FP8, beyond
+    ±quant_max·s."""
+
+    def __init__(self, tqc: TensorQuantConfig) -> None:
+        self.tqc = tqc
+        self.lo, self.hi = representable_range(tqc)
+        half_step = 0.0 if tqc.floating else 0.5 * np.asarray(tqc.scale, np.float64)
+        self.saturate_lo, self.saturate_hi = self.lo - half_step, self.hi + half_step
+        self.minimum, self.maximum = math.inf, -math.inf
+        self.clipped = 0
+        self.total = 0
+
+    def update(self, x: np.ndarray) -> None:
+        if not x.size:
+            return
+        self.minimum = min(self.minimum, float(x.min()))
+        self.maximum = max(self.maximum, float(x.max()))
+        lo = _broadcast(self.saturate_lo, self.tqc, x.ndim)
+        hi = _broadcast(self.saturate_hi, self.tqc, x.ndim)
+        self.clipped += int(np.count_nonzero((x < lo) | (x > hi)))
+        self.total += x.size
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "observed_min": self.minimum if self.total else None,
+            "observed_max": self.maximum if self.total else None,
+            "range_min": float(np.min(self.lo)),
+            "range_max": float(np.max(self.hi)),
+            "clipped_fraction": self.clipped / self.total if self.total else None,
+        }
+
+
+def _first_samples(arrays: Mapping[str, np.ndarray], count: int | None, minimum: int) -> dict[str, np.ndarray]:
+    if count is None:
+        return dict(arrays)
+    return {name: array[: max(count, minimum)] for name, array in arrays.items()}
+
+
+def analyze(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    evaluation: Mapping[str, np.ndarray],
+    config: QuantizeConfig,
+    *,
+    options: AnalysisOptions | None = None,
+    monitor: Monitor | None = None,
+) -> dict[str, Any]:
+    """Per-tensor and per-layer error of the calibrated ``annotation`` on ``evaluation`` (``{input:
+    array}``, first axis samples); a JSON-ready dict (see module). Raises ``Canceled`` between batches."""
+    options = options or config.analysis
+    monitor = monitor or Monitor()
+    switchable = switchable_model(prepared, annotation)
+    layers = switchable.layers
+    specs = input_specs(prepared.model)
+    fixed = max((s.fixed_batch or 1 for s in specs), default=1)
+    graphwise_batches = Batches(
+        _first_samples(evaluation, options.graphwise_samples, fixed), specs, config.batch_size, what="evaluation"
+    )
+    activations = [t for t in annotation.activations if t in switchable.dequantized]
+    stats = {t: RangeStats(annotation.configs[t]) for t in activations}
+    local = {t: OutputAgreement() for t in activations}
+    graphwise = {t: OutputAgreement() for t in activations}
+    graph_inputs = {s.name for s in specs}
+    fetch_off = [t for t in activations if t not in graph_inputs] + [switchable.dequantized[t] for t in activations]
+    fetch_on = [switchable.dequantized[t] for t in activations]
+    all_off, all_on = np.zeros(len(layers), bool), np.ones(len(layers), bool)
+    layerwise_batches = Batches(
+        _first_samples(evaluation, options.layerwise_samples, fixed), specs, config.batch_size, what="evaluation"
+    )
+    total_runs = len(graphwise_batches) + len(layerwise_batches)
+    with open_session(switchable.model, device=config.device, exact_qdq=True, optimization=EXACT_OPTIMIZATION) as session:
+        for i, batch in enumerate(graphwise_batches):
+            monitor.check(STAGE)
+            off = dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True)) if fetch_off else {}
+            on = dict(zip(fetch_on, session.run(fetch_on, {**batch, MASK_INPUT: all_on}), strict=True)) if fetch_on else {}
+            for t in activations:
+                x = batch[t] if t in graph_inputs else off[t]
+                stats[t].update(x)
+                local[t].update(x, off[switchable.dequantized[t]])
+                graphwise[t].update(x, on[switchable.dequantized[t]])
+            del off, on
+            monitor.report(STAGE, (i + 1) / total_runs, f"graph-wise batch {i + 1}/{len(graphwise_batches)}")
+
+        tensors = _tensor_rows(prepared, annotation, activations, stats, local, graphwise)
+        local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
+        order = sorted(range(len(layers)), key=lambda k: _harm_key(min_or_none([local_of.get(t) for t in layers[k].tensors]), 0))
+        chosen = sorted(order[: options.max_layers])
+        harm = {k: {name: OutputAgreement() for name in switchable.outputs} for k in chosen}
+        outputs = list(switchable.outputs)
+        for i, batch in enumerate(layerwise_batches):
+            monitor.check(STAGE)
+            reference = session.run(outputs, {**batch, MASK_INPUT: all_off})
+            for k in chosen:
+                mask = all_off.copy()
+                mask[k] = True
+                for name, x, y in zip(outputs, reference, session.run(outputs, {**batch, MASK_INPUT: mask}), strict=True):
+                    if np.issubdtype(x.dtype, np.floating):
+                        harm[k][name].update(x, y)
+            done = len(graphwise_batches) + i + 1
+            monitor.report(STAGE, done / total_runs, f"layer-wise batch {i + 1}/{len(layerwise_batches)}")
+
+    rows = []
+    for k, layer in enumerate(layers):
+        results = [a.result() for a in harm[k].values() if a.elements] if k in harm else []
+        nonfinite = any(r["nonfinite"] for r in results)
+        rows.append(
+            {
+                "node": layer.node,
+                "op_type": layer.op_type,
+                "tensors": list(layer.tensors),
+                "sqnr_db": None if nonfinite else min_or_none([r["sqnr_db"] for r in results]),
+                "cosine": None if nonfinite else min_or_none([r["cosine"] for r in results]),
+                "nonfinite": nonfinite,
+                "analyzed": k in harm,
+                "local_sqnr_db": min_or_none([local_of.get(t) for t in layer.tensors]),
+            }
+        )
+    rows.sort(key=lambda r: _harm_key(r["sqnr_db"], r["nonfinite"], analyzed=r["analyzed"], exact=_exact(r)))
+    for rank, row in enumerate(rows, start=1):
+        row["rank"] = rank
+    return {
+        "graphwise": {"samples": graphwise_batches.num_samples, "runs_per_batch": 2},
+        "layerwise": {
+            "samples": layerwise_batches.num_samples,
+            "layers_total": len(layers),
+            "layers_analyzed": len(chosen),
+            "runs_per_batch": 1 + len(chosen),
+            "bounds": options.to_dict(),
+            "statement": (
+                f"layer-wise error measured on the first {layerwise_batches.num_samples} evaluation samples for "
+                f"{len(chosen)} of {len(layers)} layers"
+                + ("" if len(chosen) == len(layers) else " (those with the lowest local SQNR at their inputs)")
+            ),
+        },
+        "layers": rows,
+        "tensors": tensors,
+    }
+
+
+def min_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def _exact(row: dict[str, Any]) -> bool:
+    """A layer whose quantization changed no output at all (SQNR undefined because the error is 0)."""
+    return row["analyzed"] and row["sqnr_db"] is None and not row["nonfinite"] and row["cosine"] is not None
+
+
+def _harm_key(sqnr: float | None, nonfinite: bool, *, analyzed: bool = True, exact: bool = False) -> tuple:
+    """Sort key, most harmful first: non-finite outputs, then ascending SQNR, then error-free layers,
+    then layers without a measurement."""
+    if nonfinite:
+        return (0, 0.0)
+    if sqnr is not None:
+        return (1, sqnr)
+    return (2, 0.0) if exact or analyzed else (3, 0.0)
+
+
+def _tensor_rows(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    activations: list[str],
+    stats: Mapping[str, RangeStats],
+    local: Mapping[str, OutputAgreement],
+    graphwise: Mapping[str, OutputAgreement],
+) -> list[dict[str, Any]]:
+    """One row per quantized tensor: activations from the streamed sums, weights from their values."""
+    rows = []
+    for t in activations:
+        rows.append(
+            {
+                "tensor": t,
+                "kind": "activation",
+                "graphwise_sqnr_db": graphwise[t].result()["sqnr_db"],
+                "local_sqnr_db": local[t].result()["sqnr_db"],
+                **stats[t].result(),
+                "channel_range_ratio": None,
+            }
+        )
+    index = GraphIndex(prepared.model.graph)
+    for name in sorted(annotation.parameters):
+        tqc = annotation.configs[name]
+        weight = index.array(name).astype(np.float32)
+        range_stats = RangeStats(tqc)
+        range_stats.update(weight)
+        agreement = OutputAgreement()
+        agreement.update(weight.reshape(1, -1), fake_quantize_numpy(weight, tqc).reshape(1, -1))
+        sqnr = agreement.result()["sqnr_db"]
+        rows.append(
+            {
+                "tensor": name,
+                "kind": "weight",
+                "graphwise_sqnr_db": sqnr,  # a weight's value does not depend on the layers before it
+                "local_sqnr_db": sqnr,
+                **range_stats.result(),
+                "channel_range_ratio": _channel_range_ratio(weight, tqc),
+            }
+        )
+    return rows
+
+
+def _channel_range_ratio(weight: np.ndarray, tqc: TensorQuantConfig) -> float | None:
+    """max_c amax_c / median_c amax_c over the output channels (the tqc's channel axis, else axis 0)."""
+    if weight.ndim < 2:
+        return None
+    axis = tqc.channel_axis if tqc.per_channel else 0
+    amax = np.abs(np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)).max(axis=1)  # (C,)
+    median = float(np.median(amax))
+    return float(amax.max()) / median if median > 0 else None
