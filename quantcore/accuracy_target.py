@@ -45,6 +45,7 @@ from quantcore.progress import CancelCheck, Monitor
 from quantcore.qdq import ExportResult, export
 
 STAGE = "target"
+VERDICT_NAMES = 10  # float layers named in the verdict (all of them are in the report)
 
 
 def check_target(target: AccuracyTarget | None, labels: np.ndarray | None) -> None:
@@ -141,11 +142,17 @@ def _step(run: TargetRun, config: QuantizeConfig, target: AccuracyTarget, layers
     calibrated = reuse_calibration(run.base, run.base_calibrated, annotation)
     reused = calibrated is not None
     if calibrated is None:
-        calibrated = calibrate(run.prepared, annotation, run.calibration, step_config, should_cancel=monitor.should_cancel)
+        calibrated = calibrate(
+            run.prepared, annotation, run.calibration, step_config, should_cancel=monitor.should_cancel
+        )
     with tempfile.TemporaryDirectory(prefix="quantcore-target-") as scratch:
         exported = export(run.prepared, calibrated, scratch, platform=step_config.platform)
         evaluation = evaluate(
-            run.model_path, exported.model_path, run.evaluation, step_config, labels=run.labels,
+            run.model_path,
+            exported.model_path,
+            run.evaluation,
+            step_config,
+            labels=run.labels,
             should_cancel=monitor.should_cancel,
         )
     value = measure(target, evaluation)
@@ -192,7 +199,11 @@ def reach_target(
         candidate, reused = _step(run, config, target, tuple(ranking[:count]), monitor)
         steps.append(_step_row(len(steps), candidate, reused=reused, seconds=time.perf_counter() - started))
         shown = "undefined" if candidate.value is None else f"{candidate.value:.4g}"
-        monitor.report(STAGE, min(0.95, len(steps) / (2 * math.log2(limit + 1) + 2)), f"{count} layers in float: {target.metric} {shown}")
+        monitor.report(
+            STAGE,
+            min(0.95, len(steps) / (2 * math.log2(limit + 1) + 2)),
+            f"{count} layers in float: {target.metric} {shown}",
+        )
         return candidate
 
     while chosen is None and 0 < n <= limit:
@@ -220,7 +231,8 @@ def reach_target(
     )
     kept_step = next(s["step"] for s in steps if tuple(s["float_layers"]) == kept.float_layers)
     value = "undefined" if kept.value is None else f"{kept.value:.6g}"
-    layers = f"{len(kept.float_layers)} layer(s) in float" + (f" ({', '.join(kept.float_layers)})" if kept.float_layers else "")
+    named = ", ".join(kept.float_layers[:VERDICT_NAMES]) + (", ..." if len(kept.float_layers) > VERDICT_NAMES else "")
+    layers = f"{len(kept.float_layers)} layer(s) in float" + (f" ({named})" if kept.float_layers else "")
     if met:
         verdict = f"target {target.statement()} met: {target.metric} = {value} with {layers}"
     else:

@@ -15,13 +15,13 @@ For every quantized tensor t (x = its FP32 value, x̂ = its dequantized value):
   error accumulated from the inputs up to and including t's own quantization;
 - ``local_sqnr_db``: SQNR of Q/DQ(x) against x on FP32 inputs: what quantizing t alone costs at t;
 - the range statistics: observed min/max of x (weights: their values; activations: over the analysed
-  samples), the range the chosen clipping keeps (``range_min``/``range_max`` = (quant_min − o)·s and
-  (quant_max − o)·s, FP8: ±quant_max·s; the widest channel's when per-channel) and ``clipped_fraction``,
+  samples), the range the chosen clipping keeps (``range_min``/``range_max`` = (quant_min - o)·s and
+  (quant_max - o)·s, FP8: ±quant_max·s; the widest channel's when per-channel) and ``clipped_fraction``,
   the fraction of x outside it; weights also ``channel_range_ratio`` = max_c amax_c / median_c amax_c
   (an outlier channel shows up as a large ratio).
 
 For every layer k: ``sqnr_db``/``cosine`` of the model outputs with only layer k quantized against
-FP32 (SQNR = 10·log10(Σx²/Σ(x − x̂)²), the worst over the float outputs). Layers are ranked by harm:
+FP32 (SQNR = 10·log10(Σx²/Σ(x - x̂)²), the worst over the float outputs). Layers are ranked by harm:
 lowest layer-wise SQNR first (non-finite outputs first of all; layers without a layer-wise run last).
 
 Cost: graphwise 2 runs per batch; layer-wise (1 + L) runs per batch over ``layerwise_samples``
@@ -51,7 +51,7 @@ from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
 from quantcore.progress import Monitor
 from quantcore.qdq import build_qdq_model
-from quantcore.session import open_session
+from quantcore.session import PROTOBUF_LIMIT, open_session
 from quantcore.tqc import TensorQuantConfig
 
 STAGE = "analyze"
@@ -101,7 +101,9 @@ def switchable_model(prepared: PreparedModel, annotation: Annotation) -> Switcha
                     present.add(float_input)
                 selected = scope.fresh(f"{node.name}_input{i}_selected")
                 ordered.append(
-                    helper.make_node("Where", [flag, node.input[i], float_input], [selected], name=scope.fresh(selected))
+                    helper.make_node(
+                        "Where", [flag, node.input[i], float_input], [selected], name=scope.fresh(selected)
+                    )
                 )
                 node.input[i] = selected
             tensors = tuple(source.input[i] for i in changed if source.input[i] in annotation.configs)
@@ -112,11 +114,17 @@ def switchable_model(prepared: PreparedModel, annotation: Annotation) -> Switcha
     graph.input.append(helper.make_tensor_value_info(MASK_INPUT, TensorProto.BOOL, [len(layers)]))
     dequantized = _dequantized_outputs(graph, set(annotation.activations))
     outputs = tuple(o.name for o in prepared.model.graph.output)
-    existing = set(outputs)
-    for name in [*dequantized, *dequantized.values()]:
-        if name not in existing:
-            graph.output.append(onnx.ValueInfoProto(name=name))
-            existing.add(name)
+    existing = set(outputs) | set(GraphIndex(graph).graph_inputs)
+    typed = onnx.shape_inference.infer_shapes(model) if model.ByteSize() < PROTOBUF_LIMIT else model
+    known = {v.name: v for v in [*typed.graph.value_info, *typed.graph.input, *typed.graph.output]}
+    for tensor, dq_output in dequantized.items():  # typed as shape inference knew t (ONNX Runtime takes untyped)
+        for name in (tensor, dq_output):
+            if name not in existing:
+                output = onnx.ValueInfoProto(name=name)
+                if tensor in known:
+                    output.type.CopyFrom(known[tensor].type)
+                graph.output.append(output)
+                existing.add(name)
     return SwitchableModel(model, tuple(layers), dequantized, outputs)
 
 
@@ -132,11 +140,15 @@ def _dequantized_outputs(graph: onnx.GraphProto, activations: set[str]) -> dict[
             source = produced_from.get(node.input[0], node.input[0])
             if source in activations:
                 quantized[node.output[0]] = source
-    return {quantized[n.input[0]]: n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in quantized}
+    return {
+        quantized[n.input[0]]: n.output[0]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
+    }
 
 
 def representable_range(tqc: TensorQuantConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) of the values ``tqc`` keeps unclipped: (quant_min − o)·s, (quant_max − o)·s; FP8 ±quant_max·s.
+    """(lo, hi) of the values ``tqc`` keeps unclipped: (quant_min - o)·s, (quant_max - o)·s; FP8 ±quant_max·s.
     Scalars, or (C,) per channel."""
     scale = np.asarray(tqc.scale, np.float64)
     if tqc.floating:
@@ -225,11 +237,21 @@ def analyze(
         _first_samples(evaluation, options.layerwise_samples, fixed), specs, config.batch_size, what="evaluation"
     )
     total_runs = len(graphwise_batches) + len(layerwise_batches)
-    with open_session(switchable.model, device=config.device, exact_qdq=True, optimization=EXACT_OPTIMIZATION) as session:
+    with open_session(
+        switchable.model, device=config.device, exact_qdq=True, optimization=EXACT_OPTIMIZATION
+    ) as session:
         for i, batch in enumerate(graphwise_batches):
             monitor.check(STAGE)
-            off = dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True)) if fetch_off else {}
-            on = dict(zip(fetch_on, session.run(fetch_on, {**batch, MASK_INPUT: all_on}), strict=True)) if fetch_on else {}
+            off = (
+                dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True))
+                if fetch_off
+                else {}
+            )
+            on = (
+                dict(zip(fetch_on, session.run(fetch_on, {**batch, MASK_INPUT: all_on}), strict=True))
+                if fetch_on
+                else {}
+            )
             for t in activations:
                 x = batch[t] if t in graph_inputs else off[t]
                 stats[t].update(x)
@@ -240,7 +262,9 @@ def analyze(
 
         tensors = _tensor_rows(prepared, annotation, activations, stats, local, graphwise)
         local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
-        order = sorted(range(len(layers)), key=lambda k: _harm_key(min_or_none([local_of.get(t) for t in layers[k].tensors]), 0))
+        order = sorted(
+            range(len(layers)), key=lambda k: _harm_key(min_or_none([local_of.get(t) for t in layers[k].tensors]), 0)
+        )
         chosen = sorted(order[: options.max_layers])
         harm = {k: {name: OutputAgreement() for name in switchable.outputs} for k in chosen}
         outputs = list(switchable.outputs)
@@ -250,7 +274,9 @@ def analyze(
             for k in chosen:
                 mask = all_off.copy()
                 mask[k] = True
-                for name, x, y in zip(outputs, reference, session.run(outputs, {**batch, MASK_INPUT: mask}), strict=True):
+                for name, x, y in zip(
+                    outputs, reference, session.run(outputs, {**batch, MASK_INPUT: mask}), strict=True
+                ):
                     if np.issubdtype(x.dtype, np.floating):
                         harm[k][name].update(x, y)
             done = len(graphwise_batches) + i + 1

@@ -29,7 +29,7 @@ class AnalysisOptions:
     enabled: run it at all (the accuracy-target mode runs it regardless: it needs the ranking).
     graphwise_samples: evaluation samples for the per-tensor SQNR and range statistics (None: all).
     layerwise_samples: evaluation samples for the one-layer-at-a-time runs; their cost is
-    layers × samples forward passes, so this is the bound that matters on big models.
+    layers x samples forward passes, so this is the bound that matters on big models.
     max_layers: at most this many layers get a layer-wise run, those whose own quantization loses the
     most (lowest local SQNR at their inputs); the others are listed without a layer-wise figure.
     """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
@@ -83,7 +83,7 @@ class QuantizeConfig:
     device: str = "cpu"
     cpu_latency: bool = True
     tensorrt_engine: bool = False
-    analysis: AnalysisOptions = AnalysisOptions()
+    analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
     target: AccuracyTarget | None = None
 
     def __post_init__(self) -> None:

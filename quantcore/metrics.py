@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-
 RELATIVE_ERROR_PERCENTILES = (50, 90, 99)
 RELATIVE_ERROR_KEYS = tuple(f"relative_error_p{p}" for p in RELATIVE_ERROR_PERCENTILES)
 

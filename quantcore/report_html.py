@@ -19,7 +19,8 @@ BAR_HEIGHT, LABEL_WIDTH, PLOT_WIDTH = 18, 320, 420  # px
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;color:#1f2937;margin:2rem auto;max-width:1100px;padding:0 1rem}
 h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #d1d5db}
-table{border-collapse:collapse;margin:.5rem 0;font-size:13px}th,td{border:1px solid #d1d5db;padding:2px 8px;text-align:left}
+table{border-collapse:collapse;margin:.5rem 0;font-size:13px}
+th,td{border:1px solid #d1d5db;padding:2px 8px;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f4f6}
 .ok{color:#047857;font-weight:600}.fail{color:#be123c;font-weight:600}code{font-size:12px}
 .note{color:#4b5563}
@@ -114,9 +115,27 @@ def _target(target: Mapping[str, Any] | None) -> str:
         return ""
     verdict_class = "ok" if target.get("met") else "fail"
     steps = _table(
-        ["step", "layers in float", target.get("metric", "metric"), "met", "top-1", "size (bytes)", "ms/sample", "calibration"],
+        [
+            "step",
+            "layers in float",
+            target.get("metric", "metric"),
+            "met",
+            "top-1",
+            "size (bytes)",
+            "ms/sample",
+            "calibration",
+        ],
         (
-            [s["step"], s["float_layers"], s["value"], s["met"], s["top1"], s["qdq_bytes"], s["latency_ms_per_sample"], s["calibration"]]
+            [
+                s["step"],
+                s["float_layers"],
+                s["value"],
+                s["met"],
+                s["top1"],
+                s["qdq_bytes"],
+                s["latency_ms_per_sample"],
+                s["calibration"],
+            ]
             for s in target.get("steps", [])
         ),
     )
@@ -128,8 +147,16 @@ def _target(target: Mapping[str, Any] | None) -> str:
 
 
 def _outputs(evaluation: Mapping[str, Any]) -> str:
-    keys = ("sqnr_db", "cosine", "max_abs_error", "mean_abs_error", "relative_error_p50", "relative_error_p90",
-            "relative_error_p99", "argmax_agreement")  # fmt: skip
+    keys = (
+        "sqnr_db",
+        "cosine",
+        "max_abs_error",
+        "mean_abs_error",
+        "relative_error_p50",
+        "relative_error_p90",
+        "relative_error_p99",
+        "argmax_agreement",
+    )
     rows = []
     for mode in ("qdq_exact", "qdq_deployed"):
         for output, metrics in ((evaluation.get(mode) or {}).get("outputs") or {}).items():
@@ -143,15 +170,38 @@ def _analysis(analysis: Mapping[str, Any] | None) -> str:
     layers = analysis.get("layers", [])
     layer_table = _table(
         ["rank", "node", "op", "layer-wise SQNR (dB)", "cosine", "local SQNR (dB)", "quantized tensors"],
-        ([r["rank"], r["node"], r["op_type"], r["sqnr_db"], r["cosine"], r["local_sqnr_db"], r["tensors"]] for r in layers),
+        (
+            [r["rank"], r["node"], r["op_type"], r["sqnr_db"], r["cosine"], r["local_sqnr_db"], r["tensors"]]
+            for r in layers
+        ),
         code_columns=[1, 6],
     )
     tensor_table = _table(
-        ["tensor", "kind", "graph-wise SQNR (dB)", "local SQNR (dB)", "observed min", "observed max", "range min",
-         "range max", "clipped", "channel range ratio"],  # fmt: skip
+        [
+            "tensor",
+            "kind",
+            "graph-wise SQNR (dB)",
+            "local SQNR (dB)",
+            "observed min",
+            "observed max",
+            "range min",
+            "range max",
+            "clipped",
+            "channel range ratio",
+        ],
         (
-            [t["tensor"], t["kind"], t["graphwise_sqnr_db"], t["local_sqnr_db"], t["observed_min"], t["observed_max"],
-             t["range_min"], t["range_max"], t["clipped_fraction"], t["channel_range_ratio"]]  # fmt: skip
+            [
+                t["tensor"],
+                t["kind"],
+                t["graphwise_sqnr_db"],
+                t["local_sqnr_db"],
+                t["observed_min"],
+                t["observed_max"],
+                t["range_min"],
+                t["range_max"],
+                t["clipped_fraction"],
+                t["channel_range_ratio"],
+            ]
             for t in analysis.get("tensors", [])
         ),
         code_columns=[0],
