@@ -227,8 +227,8 @@ def analyze(
     )
     activations = [t for t in annotation.activations if t in switchable.dequantized]
     stats = {t: RangeStats(annotation.configs[t]) for t in activations}
-    local = {t: OutputAgreement() for t in activations}
-    graphwise = {t: OutputAgreement() for t in activations}
+    local = {t: OutputAgreement(argmax=False) for t in activations}
+    graphwise = {t: OutputAgreement(argmax=False) for t in activations}
     graph_inputs = {s.name for s in specs}
     fetch_off = [t for t in activations if t not in graph_inputs] + [switchable.dequantized[t] for t in activations]
     fetch_on = [switchable.dequantized[t] for t in activations]
