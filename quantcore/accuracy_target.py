@@ -41,7 +41,7 @@ from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.evaluation import evaluate
 from quantcore.preparation import PreparedModel
-from quantcore.progress import CancelCheck, Monitor
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import ExportResult, export
 
 STAGE = "target"
@@ -175,7 +175,7 @@ def reach_target(
     first_evaluation: dict[str, Any],
     ranking: list[str],
     *,
-    progress: Any = None,
+    progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
 ) -> TargetOutcome:
     """Search the float-layer prefix of ``ranking`` (node names, most harmful first) as the module says,

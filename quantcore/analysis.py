@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore.analysis_config import AnalysisOptions
@@ -219,71 +220,27 @@ def analyze(
     options = options or config.analysis
     monitor = monitor or Monitor()
     switchable = switchable_model(prepared, annotation)
-    layers = switchable.layers
     specs = input_specs(prepared.model)
     fixed = max((s.fixed_batch or 1 for s in specs), default=1)
-    graphwise_batches = Batches(
-        _first_samples(evaluation, options.graphwise_samples, fixed), specs, config.batch_size, what="evaluation"
-    )
-    activations = [t for t in annotation.activations if t in switchable.dequantized]
-    stats = {t: RangeStats(annotation.configs[t]) for t in activations}
-    local = {t: OutputAgreement(argmax=False) for t in activations}
-    graphwise = {t: OutputAgreement(argmax=False) for t in activations}
-    graph_inputs = {s.name for s in specs}
-    fetch_off = [t for t in activations if t not in graph_inputs] + [switchable.dequantized[t] for t in activations]
-    fetch_on = [switchable.dequantized[t] for t in activations]
-    all_off, all_on = np.zeros(len(layers), bool), np.ones(len(layers), bool)
-    layerwise_batches = Batches(
-        _first_samples(evaluation, options.layerwise_samples, fixed), specs, config.batch_size, what="evaluation"
-    )
-    total_runs = len(graphwise_batches) + len(layerwise_batches)
-    with open_session(
-        switchable.model, device=config.device, exact_qdq=True, optimization=EXACT_OPTIMIZATION
-    ) as session:
-        for i, batch in enumerate(graphwise_batches):
-            monitor.check(STAGE)
-            off = (
-                dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True))
-                if fetch_off
-                else {}
-            )
-            on = (
-                dict(zip(fetch_on, session.run(fetch_on, {**batch, MASK_INPUT: all_on}), strict=True))
-                if fetch_on
-                else {}
-            )
-            for t in activations:
-                x = batch[t] if t in graph_inputs else off[t]
-                stats[t].update(x)
-                local[t].update(x, off[switchable.dequantized[t]])
-                graphwise[t].update(x, on[switchable.dequantized[t]])
-            del off, on
-            monitor.report(STAGE, (i + 1) / total_runs, f"graph-wise batch {i + 1}/{len(graphwise_batches)}")
 
-        tensors = _tensor_rows(prepared, annotation, activations, stats, local, graphwise)
+    def batches(count: int | None) -> Batches:
+        return Batches(_first_samples(evaluation, count, fixed), specs, config.batch_size, what="evaluation")
+
+    graphwise_batches, layerwise_batches = batches(options.graphwise_samples), batches(options.layerwise_samples)
+    progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
+    options_of_session = {"device": config.device, "exact_qdq": True, "optimization": EXACT_OPTIMIZATION}
+    with open_session(switchable.model, **options_of_session) as session:
+        tensors = _graphwise(session, switchable, annotation, graphwise_batches, progress)
+        tensors += _weight_rows(prepared, annotation)
         local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
-        order = sorted(
-            range(len(layers)), key=lambda k: _harm_key(min_or_none([local_of.get(t) for t in layers[k].tensors]), 0)
-        )
+        local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in switchable.layers]
+        # the layers whose own quantization loses most at their inputs get the layer-wise runs
+        order = sorted(range(len(switchable.layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
         chosen = sorted(order[: options.max_layers])
-        harm = {k: {name: OutputAgreement() for name in switchable.outputs} for k in chosen}
-        outputs = list(switchable.outputs)
-        for i, batch in enumerate(layerwise_batches):
-            monitor.check(STAGE)
-            reference = session.run(outputs, {**batch, MASK_INPUT: all_off})
-            for k in chosen:
-                mask = all_off.copy()
-                mask[k] = True
-                for name, x, y in zip(
-                    outputs, reference, session.run(outputs, {**batch, MASK_INPUT: mask}), strict=True
-                ):
-                    if np.issubdtype(x.dtype, np.floating):
-                        harm[k][name].update(x, y)
-            done = len(graphwise_batches) + i + 1
-            monitor.report(STAGE, done / total_runs, f"layer-wise batch {i + 1}/{len(layerwise_batches)}")
+        harm = _layerwise(session, switchable, chosen, layerwise_batches, progress)
 
     rows = []
-    for k, layer in enumerate(layers):
+    for k, layer in enumerate(switchable.layers):
         results = [a.result() for a in harm[k].values() if a.elements] if k in harm else []
         nonfinite = any(r["nonfinite"] for r in results)
         rows.append(
@@ -295,29 +252,105 @@ def analyze(
                 "cosine": None if nonfinite else min_or_none([r["cosine"] for r in results]),
                 "nonfinite": nonfinite,
                 "analyzed": k in harm,
-                "local_sqnr_db": min_or_none([local_of.get(t) for t in layer.tensors]),
+                "local_sqnr_db": local_of_layer[k],
             }
         )
     rows.sort(key=lambda r: _harm_key(r["sqnr_db"], r["nonfinite"], analyzed=r["analyzed"], exact=_exact(r)))
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
+    total, measured, samples = len(switchable.layers), len(chosen), layerwise_batches.num_samples
     return {
         "graphwise": {"samples": graphwise_batches.num_samples, "runs_per_batch": 2},
         "layerwise": {
-            "samples": layerwise_batches.num_samples,
-            "layers_total": len(layers),
-            "layers_analyzed": len(chosen),
-            "runs_per_batch": 1 + len(chosen),
+            "samples": samples,
+            "layers_total": total,
+            "layers_analyzed": measured,
+            "runs_per_batch": 1 + measured,
             "bounds": options.to_dict(),
             "statement": (
-                f"layer-wise error measured on the first {layerwise_batches.num_samples} evaluation samples for "
-                f"{len(chosen)} of {len(layers)} layers"
-                + ("" if len(chosen) == len(layers) else " (those with the lowest local SQNR at their inputs)")
+                f"layer-wise error measured on the first {samples} evaluation samples for {measured} of {total} layers"
+                + ("" if measured == total else " (those with the lowest local SQNR at their inputs)")
             ),
         },
         "layers": rows,
         "tensors": tensors,
     }
+
+
+class _Progress:
+    """Counts batches over both passes for the stage's progress fraction."""
+
+    def __init__(self, monitor: Monitor, total: int) -> None:
+        self.monitor, self.total, self.done = monitor, max(total, 1), 0
+
+    def check(self) -> None:
+        self.monitor.check(STAGE)
+
+    def step(self, message: str) -> None:
+        self.done += 1
+        self.monitor.report(STAGE, self.done / self.total, message)
+
+
+def _graphwise(
+    session: ort.InferenceSession,
+    switchable: SwitchableModel,
+    annotation: Annotation,
+    batches: Batches,
+    progress: _Progress,
+) -> list[dict[str, Any]]:
+    """Rows of the activations: two runs per batch (every flag off, every flag on), reduced at once."""
+    activations = [t for t in annotation.activations if t in switchable.dequantized]
+    stats = {t: RangeStats(annotation.configs[t]) for t in activations}
+    local = {t: OutputAgreement(argmax=False) for t in activations}
+    graphwise = {t: OutputAgreement(argmax=False) for t in activations}
+    graph_inputs = {s.name for s in batches.specs}
+    dequantized = [switchable.dequantized[t] for t in activations]
+    fetch_off = [t for t in activations if t not in graph_inputs] + dequantized
+    all_off, all_on = np.zeros(len(switchable.layers), bool), np.ones(len(switchable.layers), bool)
+    for i, batch in enumerate(batches):
+        progress.check()
+        if activations:
+            off = dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True))
+            on = dict(zip(dequantized, session.run(dequantized, {**batch, MASK_INPUT: all_on}), strict=True))
+            for t in activations:
+                x = batch[t] if t in graph_inputs else off[t]
+                stats[t].update(x)
+                local[t].update(x, off[switchable.dequantized[t]])
+                graphwise[t].update(x, on[switchable.dequantized[t]])
+            del off, on  # this batch's tensors go before the next run
+        progress.step(f"graph-wise batch {i + 1}/{len(batches)}")
+    return [
+        {
+            "tensor": t,
+            "kind": "activation",
+            "graphwise_sqnr_db": graphwise[t].result()["sqnr_db"],
+            "local_sqnr_db": local[t].result()["sqnr_db"],
+            **stats[t].result(),
+            "channel_range_ratio": None,
+        }
+        for t in activations
+    ]
+
+
+def _layerwise(
+    session: ort.InferenceSession, switchable: SwitchableModel, chosen: list[int], batches: Batches, progress: _Progress
+) -> dict[int, dict[str, OutputAgreement]]:
+    """Per chosen layer k, the float outputs with only k quantized against all flags off (1 + L runs per batch)."""
+    harm = {k: {name: OutputAgreement() for name in switchable.outputs} for k in chosen}
+    outputs = list(switchable.outputs)
+    all_off = np.zeros(len(switchable.layers), bool)
+    for i, batch in enumerate(batches):
+        progress.check()
+        reference = session.run(outputs, {**batch, MASK_INPUT: all_off})
+        for k in chosen:
+            mask = all_off.copy()
+            mask[k] = True
+            quantized = session.run(outputs, {**batch, MASK_INPUT: mask})
+            for name, x, y in zip(outputs, reference, quantized, strict=True):
+                if np.issubdtype(x.dtype, np.floating):
+                    harm[k][name].update(x, y)
+        progress.step(f"layer-wise batch {i + 1}/{len(batches)}")
+    return harm
 
 
 def min_or_none(values: list[float | None]) -> float | None:
@@ -330,7 +363,7 @@ def _exact(row: dict[str, Any]) -> bool:
     return row["analyzed"] and row["sqnr_db"] is None and not row["nonfinite"] and row["cosine"] is not None
 
 
-def _harm_key(sqnr: float | None, nonfinite: bool, *, analyzed: bool = True, exact: bool = False) -> tuple:
+def _harm_key(sqnr: float | None, nonfinite: bool, *, analyzed: bool = True, exact: bool = False) -> tuple[int, float]:
     """Sort key, most harmful first: non-finite outputs, then ascending SQNR, then error-free layers,
     then layers without a measurement."""
     if nonfinite:
@@ -340,41 +373,24 @@ def _harm_key(sqnr: float | None, nonfinite: bool, *, analyzed: bool = True, exa
     return (2, 0.0) if exact or analyzed else (3, 0.0)
 
 
-def _tensor_rows(
-    prepared: PreparedModel,
-    annotation: Annotation,
-    activations: list[str],
-    stats: Mapping[str, RangeStats],
-    local: Mapping[str, OutputAgreement],
-    graphwise: Mapping[str, OutputAgreement],
-) -> list[dict[str, Any]]:
-    """One row per quantized tensor: activations from the streamed sums, weights from their values."""
-    rows = []
-    for t in activations:
-        rows.append(
-            {
-                "tensor": t,
-                "kind": "activation",
-                "graphwise_sqnr_db": graphwise[t].result()["sqnr_db"],
-                "local_sqnr_db": local[t].result()["sqnr_db"],
-                **stats[t].result(),
-                "channel_range_ratio": None,
-            }
-        )
+def _weight_rows(prepared: PreparedModel, annotation: Annotation) -> list[dict[str, Any]]:
+    """Rows of the quantized weights, from their values (a weight's graph-wise SQNR is its local one: its
+    value does not depend on the layers before it)."""
     index = GraphIndex(prepared.model.graph)
+    rows = []
     for name in sorted(annotation.parameters):
         tqc = annotation.configs[name]
         weight = index.array(name).astype(np.float32)
         range_stats = RangeStats(tqc)
         range_stats.update(weight)
-        agreement = OutputAgreement()
+        agreement = OutputAgreement(argmax=False)
         agreement.update(weight.reshape(1, -1), fake_quantize_numpy(weight, tqc).reshape(1, -1))
         sqnr = agreement.result()["sqnr_db"]
         rows.append(
             {
                 "tensor": name,
                 "kind": "weight",
-                "graphwise_sqnr_db": sqnr,  # a weight's value does not depend on the layers before it
+                "graphwise_sqnr_db": sqnr,
                 "local_sqnr_db": sqnr,
                 **range_stats.result(),
                 "channel_range_ratio": _channel_range_ratio(weight, tqc),
