@@ -87,7 +87,7 @@ function summary(evaluation: Obj, variants: [string, Obj][]): HTMLElement {
       const reference = isObj(fp32?.task_metrics) ? fp32.task_metrics[metric] : metric === "top1" ? fp32?.top1 : null;
       const drop = name !== "fp32" && typeof reference === "number" ? (value - reference) * 100 : null;
       cards.push(
-        stat(`${label(metric)} · ${label(name)}`, percent(value), drop === null ? undefined : `${drop >= 0 ? "+" : ""}${drop.toFixed(2)} points vs FP32`),
+        stat(`${label(metric).replace(/^./, (c) => c.toUpperCase())} · ${label(name)}`, percent(value), drop === null ? undefined : `${drop >= 0 ? "+" : ""}${drop.toFixed(2)} points vs FP32`),
       );
     }
   }

@@ -96,7 +96,7 @@ def test_report_view_ranks_layers_and_shows_the_target(page, service: Service, t
     model = report["evaluation"]["model"]
     ratio = model["fp32_bytes"] / model["qdq_bytes"]
     expect(section.locator("#report-summary")).to_contain_text(f"{ratio:.2f}\u00d7 smaller")
-    expect(section.locator("#report-summary")).to_contain_text("top-5 · FP32")
+    expect(section.locator("#report-summary")).to_contain_text("Top-5 · FP32")
     expect(page.locator("#target-verdict")).to_contain_text("met: cosine")
     expect(page.locator("#target-steps tbody tr")).to_have_count(len(report["target"]["steps"]))
     expect(page.locator("#target-steps tbody tr").nth(1)).to_contain_text("conv3")
