@@ -143,7 +143,7 @@ function targetView(target: Target): HTMLElement {
   const steps = target.steps.map((s) => [
     String(s.step),
     s.float_layers.length ? h("span", {}, s.float_layers.flatMap((name, i) => [i ? ", " : "", h("code", {}, name)])) : "none",
-    num(s.value),
+    num(s.value, target.metric === "cosine" ? 7 : 3), // cosine targets live in the 6th-7th decimal
     s.met ? "yes" : "no",
     percent(s.top1),
     bytes(s.qdq_bytes),
