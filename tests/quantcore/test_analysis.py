@@ -8,8 +8,9 @@ import onnx
 import pytest
 
 from quantcore import QuantizeConfig, annotate, calibrate, export, prepare
-from quantcore.analysis import MASK_INPUT, RangeStats, analyze, switchable_model
+from quantcore.analysis import MASK_INPUT, analyze, switchable_model
 from quantcore.analysis_config import AnalysisOptions
+from quantcore.analysis_ranges import RangeStats
 from quantcore.evaluation import EXACT_OPTIMIZATION
 from quantcore.session import open_session
 from quantcore.tqc import TensorQuantConfig
