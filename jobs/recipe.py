@@ -9,6 +9,7 @@ depend on each other are checked on the later field, so the error names it too:
                     academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8)
     overrides.bits  not with fp8 (FP8 has one width)
     reduce_range    on/off only with platform onnxruntime (7-bit weights for CPUs without VNNI)
+    target.threshold  in [-1, 1] with metric cosine
 
 The worker translates a `Recipe` into quantcore's own dataclasses in exactly one function
 (`worker.translate.to_quantize_config`).
@@ -109,6 +110,48 @@ class DeploySpec(_Spec):
     )
 
 
+class AnalysisSpec(_Spec):
+    enabled: bool = Field(
+        True,
+        description="Measure each quantized tensor's SQNR in the quantized model and each layer's error when "
+        "it alone is quantized, ranked by harm. Always on with a target.",
+    )
+    graphwise_samples: int | None = Field(
+        None, ge=1, le=100_000, description="Evaluation samples for the per-tensor statistics (null: all)."
+    )
+    layerwise_samples: int = Field(
+        64,
+        ge=1,
+        le=10_000,
+        description="Evaluation samples for the one-layer-at-a-time runs (cost: layers x samples forward passes).",
+    )
+    max_layers: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="At most this many layers get a layer-wise run: those whose own quantization loses most.",
+    )
+
+
+class TargetSpec(_Spec):
+    metric: Literal["top1_drop", "cosine", "sqnr"] = Field(
+        ...,
+        description="top1_drop: FP32 minus quantized top-1 in percentage points (needs labels), met when <= "
+        "threshold; cosine / sqnr: the worst output's cosine / SQNR (dB) to FP32, met when >= threshold.",
+    )
+    threshold: float = Field(..., ge=-100.0, le=300.0, description="The bound the metric must meet.")
+    max_float_layers: int | None = Field(
+        None, ge=1, le=100_000, description="At most this many layers may be kept in float (null: as many as needed)."
+    )
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_fits_metric(cls, value: float, info: ValidationInfo) -> float:
+        if info.data.get("metric") == "cosine" and not -1.0 <= value <= 1.0:
+            raise ValueError("a cosine threshold must be in [-1, 1]")
+        return value
+
+
 class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
@@ -133,6 +176,12 @@ class Recipe(_Spec):
         "do not saturate; auto decides from the worker's CPU.",
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    target: TargetSpec | None = Field(
+        None,
+        description="An accuracy the job must reach: the most harmful layers (by the layer-wise analysis) are "
+        "kept in float step by step until it is met; if it cannot be, the job fails with the best model kept.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
     preprocessing: PreprocessingSpec | None = Field(
         None, description="Image datasets only: how each image becomes the model input (see jobs/preprocessing.py)."

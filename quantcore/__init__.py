@@ -18,11 +18,18 @@ or compose the stages::
     exported = export(prepared, annotation, "out/")
     report = evaluate("model.onnx", exported.model_path, evaluation, config)
 
+Where the error comes from: ``analyze(prepared, calibrated, evaluation, config)`` ranks the layers by
+harm (``AnalysisOptions`` bounds it); ``QuantizeConfig(target=AccuracyTarget("cosine", 0.999))`` keeps
+the most harmful layers in float until the target is met; ``render_html(report)`` is the report as a
+standalone page.
+
 Deployment: ``build_engine`` (TensorRT, GPU workers; ``skipped`` with the reason elsewhere),
 ``check_qdq`` (TensorRT's explicit-quantization rules, anywhere), ``cpu_latency`` (ONNX Runtime).
 Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors: ``quantcore.errors``.
 """
 
+from quantcore.analysis import analyze
+from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
 from quantcore.annotation import Annotation, annotate
 from quantcore.calibration import calibrate
 from quantcore.config import NodeOverride, QuantizeConfig
@@ -42,6 +49,7 @@ from quantcore.platforms import PLATFORMS, Platform
 from quantcore.policy import QuantPolicy, RoundingPolicy
 from quantcore.preparation import PreparedModel, prepare
 from quantcore.qdq import ExportResult, export
+from quantcore.report_html import render_html
 from quantcore.storage import StorageType, storage_type
 from quantcore.tqc import QuantState, TensorQuantConfig
 from quantcore.validate import inspect_model
@@ -49,6 +57,8 @@ from quantcore.validate import inspect_model
 __all__ = [
     "PLATFORMS",
     "STAGES",
+    "AccuracyTarget",
+    "AnalysisOptions",
     "Annotation",
     "Canceled",
     "ExportResult",
@@ -67,6 +77,7 @@ __all__ = [
     "StorageType",
     "TensorQuantConfig",
     "UnsupportedModelError",
+    "analyze",
     "annotate",
     "build_engine",
     "calibrate",
@@ -79,5 +90,6 @@ __all__ = [
     "inspect_model",
     "prepare",
     "quantize",
+    "render_html",
     "storage_type",
 ]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
 from quantcore.checks import require_bool, require_choice, require_int, string_tuple
 from quantcore.cpu_features import REDUCE_RANGE_CHOICES
 from quantcore.observers import ACTIVATION_OBSERVERS
@@ -65,7 +66,9 @@ class QuantizeConfig:
     saturate, see ``quantcore.cpu_features``), ``on``, ``off``. device: ``cpu`` or ``cuda``.
     cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
     tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
-    the reason where CUDA or TensorRT is missing).
+    the reason where CUDA or TensorRT is missing). analysis: what the layer-wise analysis may spend
+    (``quantcore.analysis_config``). target: an accuracy the run must reach by keeping the most
+    harmful layers in float (``quantcore.accuracy_target``); None: quantize everything the rules allow.
     """
 
     platform: str = "tensorrt"
@@ -80,6 +83,8 @@ class QuantizeConfig:
     device: str = "cpu"
     cpu_latency: bool = True
     tensorrt_engine: bool = False
+    analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
+    target: AccuracyTarget | None = None
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
@@ -112,6 +117,10 @@ class QuantizeConfig:
         if not all(isinstance(o, NodeOverride) for o in self.overrides):
             raise ValueError("overrides entries must be NodeOverride")
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        if not isinstance(self.analysis, AnalysisOptions):
+            raise ValueError(f"analysis must be an AnalysisOptions, got {self.analysis!r}")
+        if self.target is not None and not isinstance(self.target, AccuracyTarget):
+            raise ValueError(f"target must be an AccuracyTarget or None, got {self.target!r}")
         if self.precision == "fp8" and any(o.bits is not None for o in self.overrides):
             raise ValueError("overrides.bits is not available with precision 'fp8' (FP8 has one width)")
 
@@ -134,4 +143,6 @@ class QuantizeConfig:
             "device": self.device,
             "cpu_latency": self.cpu_latency,
             "tensorrt_engine": self.tensorrt_engine,
+            "analysis": self.analysis.to_dict(),
+            "target": None if self.target is None else self.target.to_dict(),
         }

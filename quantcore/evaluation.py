@@ -12,7 +12,8 @@ Per output and mode: SQNR, cosine, max/mean abs error, argmax agreement (``quant
 ``deployed_vs_exact``: the same metrics of the deployed outputs against the exact ones (the input of
 ``quantcore.parity``). If ONNX Runtime cannot build the deployed session (its optimizer has no kernel
 for a sub-8-bit type, for example), ``qdq_deployed.skipped`` says why and its metrics are None.
-With labels: top-1 accuracy of FP32 and of both QDQ modes on the first output of rank ≥ 2.
+With labels: every task metric (``quantcore.metrics.TASK_METRICS``: top-1, top-5, ...) of FP32 and
+of both QDQ modes on the first output of rank ≥ 2, under ``task_metrics`` (``top1`` also on its own).
 ``latency_ms_per_sample``: wall time of ``session.run`` per sample for FP32 and both modes, summed over
 the evaluation batches on this machine (a rough figure: no warm-up, other load included).
 Also the model sizes (bytes, external data included), Q/DQ node counts, and the op types of the graph
@@ -38,7 +39,7 @@ from quantcore.batching import Batches, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError, QuantcoreError
 from quantcore.graph import external_locations
-from quantcore.metrics import OutputAgreement, TopOneAccuracy
+from quantcore.metrics import TASK_METRICS, OutputAgreement, TaskMetric
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.session import open_session
 
@@ -120,6 +121,11 @@ def check_labels(labels: np.ndarray | None, total: int, used: int) -> np.ndarray
     return labels[:used]
 
 
+def _task_results(metrics: dict[str, TaskMetric], labels: np.ndarray | None) -> dict[str, float | None]:
+    """Each task metric's result; empty without labels (nothing was scored)."""
+    return {} if labels is None else {name: metric.result() for name, metric in metrics.items()}
+
+
 def evaluate(
     fp32_model: str | Path,
     qdq_model: str | Path,
@@ -145,7 +151,9 @@ def evaluate(
     agreement = {mode: {name: OutputAgreement() for name in output_names} for mode in MODES}
     parity = {name: OutputAgreement() for name in output_names}
     seconds = {"fp32": 0.0, **{mode: 0.0 for mode in MODES}}  # wall time of session.run, summed
-    top1 = {mode: TopOneAccuracy() for mode in ("fp32", *MODES)}
+    task: dict[str, dict[str, TaskMetric]] = {
+        mode: {name: factory() for name, factory in TASK_METRICS.items()} for mode in ("fp32", *MODES)
+    }
     top1_output: str | None = None
     scratch = tempfile.TemporaryDirectory(prefix="quantcore-eval-")
     deployed_graph = Path(scratch.name) / "deployed.onnx"
@@ -192,7 +200,8 @@ def evaluate(
                     raise InvalidDataError("labels were given but no model output has rank >= 2 to take argmax of")
             batch_labels = labels[start : start + size] if labels is not None else None
             if batch_labels is not None:
-                top1["fp32"].update(reference[top1_output], batch_labels)
+                for metric in task["fp32"].values():
+                    metric.update(reference[top1_output], batch_labels)
             results = {}
             for mode, session in sessions.items():
                 started = time.perf_counter()
@@ -201,7 +210,8 @@ def evaluate(
                 for name in output_names:
                     agreement[mode][name].update(reference[name], results[mode][name])
                 if batch_labels is not None:
-                    top1[mode].update(results[mode][top1_output], batch_labels)
+                    for metric in task[mode].values():
+                        metric.update(results[mode][top1_output], batch_labels)
             if "qdq_deployed" in results:
                 for name in output_names:
                     parity[name].update(results["qdq_exact"][name], results["qdq_deployed"][name])
@@ -219,12 +229,13 @@ def evaluate(
         "num_samples": batches.num_samples,
         "batch_size": batches.batch_size,
         "top1_output": top1_output,
-        "fp32": {"top1": top1["fp32"].result()},
+        "fp32": {"top1": task["fp32"]["top1"].result(), "task_metrics": _task_results(task["fp32"], labels)},
     }
     for mode in MODES:
         measured = mode in sessions
         report[mode] = {
-            "top1": top1[mode].result() if measured else None,
+            "top1": task[mode]["top1"].result() if measured else None,
+            "task_metrics": _task_results(task[mode], labels if measured else None),
             "outputs": {name: agreement[mode][name].result() for name in output_names} if measured else {},
         }
     report["qdq_deployed"]["kernels"] = deployed_kernels

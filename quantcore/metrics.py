@@ -8,23 +8,35 @@ samples::
     max_abs_error    = max |x - x̂|
     mean_abs_error   = Σ |x - x̂| / #elements
     argmax_agreement = fraction of rows with argmax(x, -1) == argmax(x̂, -1), rank ≥ 2 only (else None)
+    relative_error_p50/p90/p99 = percentiles over samples of ‖x_i - x̂_i‖₂ / ‖x_i‖₂ (sample i = index on
+                       the first axis; samples with ‖x_i‖ = 0 skipped; one float per sample is kept)
 
 SQNR of a perfect match is undefined (infinite) and reported as None, never as a large stand-in.
 Non-finite quantized outputs make every metric of that output None and are counted in ``nonfinite``.
+
+Task metrics score one model's output against labels; ``TASK_METRICS`` maps a name to a factory of
+``TaskMetric`` accumulators (built in: ``top1``, ``top5``), and ``register_task_metric`` adds one.
+The evaluation runs every registered metric on the FP32 model and on each quantized mode.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
+RELATIVE_ERROR_PERCENTILES = (50, 90, 99)
+RELATIVE_ERROR_KEYS = tuple(f"relative_error_p{p}" for p in RELATIVE_ERROR_PERCENTILES)
+
 
 class OutputAgreement:
-    """Accumulates the metrics above for one output tensor."""
+    """Accumulates the metrics above for one output tensor (``argmax=False``: no argmax agreement, which
+    means nothing for an intermediate activation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, argmax: bool = True) -> None:
+        self.argmax = argmax
         self.sum_x2 = 0.0
         self.sum_y2 = 0.0
         self.sum_xy = 0.0
@@ -35,6 +47,7 @@ class OutputAgreement:
         self.rows = 0
         self.rows_agree = 0
         self.nonfinite = 0
+        self.relative_errors: list[np.ndarray] = []  # (samples,) per batch
 
     def update(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         if reference.shape != candidate.shape:
@@ -45,16 +58,25 @@ class OutputAgreement:
         if not finite.all():
             self.nonfinite += int(finite.size - finite.sum())
         e = x - y
-        self.sum_x2 += float(x @ x)
-        self.sum_y2 += float(y @ y)
-        self.sum_xy += float(x @ y)
-        self.sum_e2 += float(e @ e)
+        # einsum, not x @ x: BLAS's threaded dot stalls for tens of ms right after an ONNX Runtime run
+        # (its spinning threads and BLAS's compete for the cores); einsum sums in one thread.
+        self.sum_x2 += float(np.einsum("i,i->", x, x))
+        self.sum_y2 += float(np.einsum("i,i->", y, y))
+        self.sum_xy += float(np.einsum("i,i->", x, y))
+        self.sum_e2 += float(np.einsum("i,i->", e, e))
         abs_e = np.abs(e)
         self.sum_abs += float(abs_e.sum())
         if abs_e.size:
             self.max_abs = max(self.max_abs, float(abs_e.max()))
         self.elements += e.size
-        if reference.ndim >= 2 and reference.shape[-1] > 0:
+        if reference.ndim >= 1 and reference.shape[0] > 0:
+            rows_x = x.reshape(reference.shape[0], -1)
+            norms = np.sqrt(np.einsum("ij,ij->i", rows_x, rows_x))  # (samples,)
+            rows_e = e.reshape(reference.shape[0], -1)
+            errors = np.sqrt(np.einsum("ij,ij->i", rows_e, rows_e))
+            kept = norms > 0
+            self.relative_errors.append(errors[kept] / norms[kept])
+        if self.argmax and reference.ndim >= 2 and reference.shape[-1] > 0:
             agree = reference.argmax(axis=-1) == candidate.argmax(axis=-1)
             self.rows += agree.size
             self.rows_agree += int(agree.sum())
@@ -67,6 +89,7 @@ class OutputAgreement:
                 "max_abs_error": None,
                 "mean_abs_error": None,
                 "argmax_agreement": None,
+                **dict.fromkeys(RELATIVE_ERROR_KEYS),
                 "nonfinite": self.nonfinite,
             }
         sqnr = 10.0 * math.log10(self.sum_x2 / self.sum_e2) if self.sum_x2 > 0 and self.sum_e2 > 0 else None
@@ -78,21 +101,63 @@ class OutputAgreement:
             "max_abs_error": self.max_abs,
             "mean_abs_error": self.sum_abs / self.elements if self.elements else None,
             "argmax_agreement": self.rows_agree / self.rows if self.rows else None,
+            **self._relative_error_percentiles(),
             "nonfinite": 0,
         }
 
+    def _relative_error_percentiles(self) -> dict[str, float | None]:
+        errors = np.concatenate(self.relative_errors) if self.relative_errors else np.empty(0)
+        if not errors.size:
+            return dict.fromkeys(RELATIVE_ERROR_KEYS)
+        values = np.percentile(errors, RELATIVE_ERROR_PERCENTILES)
+        return {key: float(v) for key, v in zip(RELATIVE_ERROR_KEYS, values, strict=True)}
 
-class TopOneAccuracy:
-    """Fraction of samples whose argmax over the last axis equals the label."""
 
-    def __init__(self) -> None:
-        self.correct = 0
-        self.total = 0
+class TaskMetric(Protocol):
+    """Scores one model's output against labels, batch by batch."""
 
     def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
-        predictions = logits.reshape(len(labels), -1).argmax(axis=-1)
-        self.correct += int((predictions == labels).sum())
+        """logits: (N, ...) the task output of one batch; labels: (N,) integer class ids."""
+
+    def result(self) -> float | None:
+        """The score over every batch seen, None when undefined."""
+
+
+class TopKAccuracy:
+    """Fraction of samples whose label is among the k largest scores (the logits flattened per sample).
+    Undefined (None) with k or fewer classes, where it would be trivially 1."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.correct = 0
+        self.total = 0
+        self.trivial = False
+
+    def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        scores = logits.reshape(len(labels), -1)  # (N, classes)
+        if scores.shape[1] <= self.k and self.k > 1:
+            self.trivial = True
+            return
+        if self.k == 1:
+            hits = scores.argmax(axis=-1) == labels
+        else:
+            top = np.argpartition(-scores, self.k - 1, axis=-1)[:, : self.k]  # (N, k), unordered
+            hits = (top == labels[:, None]).any(axis=-1)
+        self.correct += int(hits.sum())
         self.total += len(labels)
 
     def result(self) -> float | None:
-        return self.correct / self.total if self.total else None
+        return None if self.trivial or not self.total else self.correct / self.total
+
+
+TASK_METRICS: dict[str, Callable[[], TaskMetric]] = {
+    "top1": lambda: TopKAccuracy(1),
+    "top5": lambda: TopKAccuracy(5),
+}
+
+
+def register_task_metric(name: str, factory: Callable[[], TaskMetric]) -> None:
+    """Add a task metric; every later evaluation reports it for FP32 and each quantized mode."""
+    if not name or name in TASK_METRICS:
+        raise ValueError(f"task metric name {name!r} is empty or already registered")
+    TASK_METRICS[name] = factory

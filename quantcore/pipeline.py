@@ -1,11 +1,17 @@
 """``quantize``: the five stages in one call, with progress, cancellation and atomic outputs.
 
-    prepare → annotate → calibrate → export → evaluate
+    prepare → annotate → calibrate → export → evaluate → analyze → target → latency → engine
+
+``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each quantized
+tensor's and each layer's error; ``target`` runs only with ``config.target``
+(``quantcore.accuracy_target``): it keeps the most harmful layers in float until the target is met
+and replaces the exported files with the model kept; ``report["target"]["met"]`` says whether it was.
 
 Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
 end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
 between batches. Files appear in ``out_dir`` only complete (written under a temporary name, then
-renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``report.json``.
+renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``report.json``,
+``report.html``.
 A run canceled or failed after export leaves the exported files in place; ``report.json`` is written
 last, so its presence marks a finished run.
 
@@ -29,6 +35,8 @@ import numpy as np
 import onnx
 
 from quantcore import atomic
+from quantcore.accuracy_target import TargetRun, check_target, reach_target
+from quantcore.analysis import analyze
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate
@@ -41,8 +49,9 @@ from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
 from quantcore.report import REPORT_FORMAT, jsonable
+from quantcore.report_html import HTML_FILE, render_html
 
-STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate", "latency", "engine")
+STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate", "analyze", "target", "latency", "engine")
 REPORT_FILE = "report.json"
 
 
@@ -51,6 +60,7 @@ class QuantizeResult:
     model_path: Path  # the QDQ ONNX model
     tqc_path: Path  # every quantized tensor's config, JSON
     report_path: Path  # the report below, JSON
+    # (report.html beside it: the same report as a standalone page, ``quantcore.report_html``)
     report: dict[str, Any]
     engine_path: Path | None = None  # the TensorRT engine, when one was built
     engine_metadata_path: Path | None = None  # its engine.json
@@ -108,6 +118,7 @@ def quantize(
     calibration_batches = Batches(calibration, specs, config.batch_size, what="calibration")
     evaluation_batches = Batches(evaluation, specs, config.batch_size, what="evaluation")
     check_labels(labels, evaluation_batches.total_samples, evaluation_batches.num_samples)
+    check_target(config.target, labels)
     stages.end(
         "prepare",
         started,
@@ -164,6 +175,23 @@ def quantize(
         }
     stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")
 
+    analysis = target = None
+    if config.analysis.enabled or config.target is not None:  # the target search needs the ranking
+        started = stages.begin("analyze")
+        analysis = analyze(prepared, calibrated, evaluation, config, monitor=monitor)
+        stages.end("analyze", started, analysis["layerwise"]["statement"])
+    if config.target is not None:
+        started = stages.begin("target")
+        run = TargetRun(
+            model_path, prepared, calibration_batches, evaluation, labels, out_dir, annotation, calibrated, exported
+        )
+        ranking = [row["node"] for row in analysis["layers"]]
+        outcome = reach_target(run, config, evaluation_report, ranking, progress=progress, should_cancel=should_cancel)
+        config, annotation, exported = outcome.chosen.config, outcome.chosen.annotation, outcome.exported
+        evaluation_report, target = outcome.chosen.evaluation, outcome.report
+        parity = {**parity, **check_parity(evaluation_report).to_dict()}  # of the model kept
+        stages.end("target", started, target["verdict"])
+
     latency = None
     if config.cpu_latency:
         started = stages.begin("latency")
@@ -206,6 +234,8 @@ def quantize(
             },
             "evaluation": evaluation_report,
             "parity": parity,
+            "analysis": analysis,
+            "target": target,
             "latency": {"cpu": latency},
             "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stages.seconds,
@@ -213,6 +243,7 @@ def quantize(
         }
     )
     report_path = out_dir / REPORT_FILE
+    atomic.write_bytes(out_dir / HTML_FILE, render_html(report).encode())
     atomic.write_json(report_path, report)
     built = engine is not None and engine.status == "built"
     return QuantizeResult(

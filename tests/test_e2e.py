@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from jobs.report import Report
 from samples.digits import HELDOUT_FILE
 from tests.conftest import Service
 
@@ -104,7 +105,7 @@ def test_job_succeeds_with_stage_progress_events(finished_job: dict) -> None:
 
 def test_artifacts_download_and_range(finished_job: dict) -> None:
     names = {a["name"] for a in finished_job["artifacts"]}
-    assert names == {"model.qdq.onnx", "tqc.json", "report.json"}
+    assert names == {"model.qdq.onnx", "tqc.json", "report.json", "report.html"}
     model_artifact = next(a for a in finished_job["artifacts"] if a["name"] == "model.qdq.onnx")
     assert model_artifact["size_bytes"] == len(finished_job["model_bytes"])
     import hashlib
@@ -215,3 +216,34 @@ def test_report_has_cpu_latency_and_an_honest_engine_stage(finished_job: dict) -
     assert engine["qdq_checks"]["errors"] == 0, engine["qdq_checks"]  # TensorRT's Q/DQ rules hold anyway
     events = finished_job["events"]
     assert {"latency", "engine"} <= {e["data"]["stage"] for e in events if e["event"] == "stage"}
+
+
+def test_served_report_validates_and_ranks_layers(finished_job: dict) -> None:
+    report = Report.model_validate(finished_job["report"])  # the OpenAPI schema of GET /jobs/{id}/report
+    assert report.analysis is not None and report.target is None
+    ranks = [layer.rank for layer in report.analysis.layers]
+    assert ranks == list(range(1, len(ranks) + 1)) and report.analysis.layers[0].sqnr_db is not None
+    assert report.evaluation.fp32.task_metrics["top1"] == report.evaluation.fp32.top1
+
+
+def test_unmet_target_fails_the_job_and_keeps_the_best_model(service: Service, finished_job: dict) -> None:
+    job = finished_job["job"]
+    # No INT8 model of the digits CNN with at most one float layer has a 100 dB output SQNR (measured ~37 dB).
+    recipe = {"target": {"metric": "sqnr", "threshold": 100, "max_float_layers": 1}, "deploy": {"cpu_latency": False}}
+    with service.client(finished_job["key"]) as client:
+        created = client.post(
+            "/jobs", json={"model_id": job["model_id"], "dataset_id": job["dataset_id"], "recipe": recipe}
+        ).json()
+        with client.stream("GET", f"/jobs/{created['id']}/events") as response:
+            read_events(response)
+        final = client.get(f"/jobs/{created['id']}").json()
+        names = {a["name"] for a in client.get(f"/jobs/{created['id']}/artifacts").json()}
+        report = client.get(f"/jobs/{created['id']}/report").json()
+        page = client.get(f"/jobs/{created['id']}/artifacts/report.html")
+    assert final["status"] == "failed" and "NOT met" in final["error"], final
+    assert {"model.qdq.onnx", "report.json", "report.html"} <= names
+    target = report["target"]
+    assert target["met"] is False and target["verdict"] == final["error"]
+    assert [len(step["float_layers"]) for step in target["steps"]] == [0, 1]
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "NOT met" in page.text and "<svg" in page.text

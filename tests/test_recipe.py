@@ -35,6 +35,8 @@ def error_of(recipe: dict) -> tuple[str, str]:
             "overrides": [{"pattern": "/stem/*", "observer": "minmax"}, {"pattern": "/fc", "bits": 8}],
             "calibration": {"observer": "ema_minmax", "batch_size": 8, "num_samples": 64},
         },
+        {"target": {"metric": "top1_drop", "threshold": 0.5}, "analysis": {"layerwise_samples": 16}},
+        {"target": {"metric": "cosine", "threshold": 0.999, "max_float_layers": 3}, "analysis": {"enabled": False}},
     ],
 )
 def test_valid_recipes_translate_to_a_valid_config(recipe: dict) -> None:
@@ -49,6 +51,8 @@ def test_valid_recipes_translate_to_a_valid_config(recipe: dict) -> None:
     assert config.reduce_range == parsed.reduce_range
     assert config.exclude_op_types == tuple(parsed.exclude.op_types)
     assert [o.pattern for o in config.overrides] == [o.pattern for o in parsed.overrides]
+    assert config.analysis.to_dict() == parsed.analysis.model_dump()
+    assert (config.target and config.target.to_dict()) == (parsed.target and parsed.target.model_dump())
 
 
 def test_overrides_translate_in_order() -> None:
@@ -95,6 +99,11 @@ def test_overrides_translate_in_order() -> None:
         ({"exclude": {"op_types": [""]}}, "exclude.op_types", "non-empty"),
         ({"exclude": {"node_patterns": ["*"] * 257}}, "exclude.node_patterns", "at most 256"),
         ({"turbo": True}, "turbo", "Extra inputs"),
+        ({"target": {"metric": "accuracy", "threshold": 1}}, "target.metric", "top1_drop"),
+        ({"target": {"metric": "cosine", "threshold": 1.5}}, "target.threshold", "[-1, 1]"),
+        ({"target": {"metric": "sqnr"}}, "target.threshold", "Field required"),
+        ({"target": {"metric": "sqnr", "threshold": 30, "max_float_layers": 0}}, "target.max_float_layers", "1"),
+        ({"analysis": {"layerwise_samples": 0}}, "analysis.layerwise_samples", "greater than or equal to 1"),
     ],
 )
 def test_invalid_recipes_name_the_field(recipe: dict, field: str, needle: str) -> None:

@@ -1,7 +1,10 @@
 """Run one job: claim the row, heartbeat, run quantcore's stages, store artifacts, end the job.
 
-    claim ─▶ load data ─▶ quantcore.quantize (prepare, annotate, calibrate, export, evaluate)
+    claim ─▶ load data ─▶ quantcore.quantize (prepare, annotate, calibrate, export, evaluate, analyze, ...)
           ─▶ store artifacts (temp name, rename) ─▶ succeeded | failed | canceled
+
+A job whose accuracy target was not met fails with the engine's verdict as its error, and keeps its
+artifacts (the best model found and the report saying why).
 
 A redelivered duplicate finds the job claimed by a live worker and does nothing. A job whose
 worker died is claimable again (same host: the owner pid is gone; elsewhere: the heartbeat is
@@ -31,6 +34,7 @@ from jobs.models import DatasetKind, JobStatus
 from jobs.recipe import Recipe
 from quantcore import QuantizeResult, atomic, quantize
 from quantcore.errors import Canceled, QuantcoreError
+from quantcore.report_html import HTML_FILE
 from worker.engine_routing import EngineRouter
 from worker.splits import Split, split_dataset, split_images
 from worker.translate import parse_recipe, to_quantize_config
@@ -42,17 +46,20 @@ STAGE_WEIGHTS = {
     "load": 0.03,
     "prepare": 0.04,
     "annotate": 0.02,
-    "calibrate": 0.40,
+    "calibrate": 0.32,
     "export": 0.04,
-    "evaluate": 0.30,
-    "latency": 0.07,
+    "evaluate": 0.25,
+    "analyze": 0.10,
+    "target": 0.05,
+    "latency": 0.06,
     "engine": 0.05,
-    "store": 0.05,
+    "store": 0.04,
 }
 ARTIFACTS = {
     "model.qdq.onnx": "application/octet-stream",
     "tqc.json": "application/json",
     "report.json": "application/json",
+    "report.html": "text/html",  # the report as a standalone page (quantcore.report_html)
     "model.engine": "application/octet-stream",  # TensorRT plan, on GPU workers only
     "engine.json": "application/json",
 }
@@ -208,7 +215,7 @@ def run_job(job_id: uuid.UUID) -> None:
     finally:
         heartbeat.stopped.set()
         shutil.rmtree(work_dir, ignore_errors=True)
-    if status != JobStatus.succeeded:  # a canceled or failed job leaves no partial artifacts
+    if status != JobStatus.succeeded and not stored:  # a canceled or failed job leaves no partial artifacts
         storage.remove_tree(settings.artifact_root, storage.job_dir(project_id, job_id))
     # Artifact rows and the terminal state commit together: a reader never sees one without the other.
     with session_scope(url) as session:
@@ -260,6 +267,9 @@ def _execute(
         stored = _store(progress, project_id, result)
         if should_cancel():
             raise Canceled("canceled")
+        target = result.report.get("target")
+        if target is not None and not target["met"]:  # fails, but the best model found stays downloadable
+            return JobStatus.failed, target["verdict"], stored
         return JobStatus.succeeded, None, stored
     except Canceled:
         return JobStatus.canceled, "canceled by request", []
@@ -304,7 +314,12 @@ def _record_split(report_path: str | Path, record: dict) -> None:
 def _store(progress: Progress, project_id: uuid.UUID, result: QuantizeResult) -> list[dict]:
     """Copy each artifact into the job's directory under a temporary name and rename it into place."""
     directory = storage.job_dir(project_id, progress.job_id)
-    files = {"model.qdq.onnx": result.model_path, "tqc.json": result.tqc_path, "report.json": result.report_path}
+    files = {
+        "model.qdq.onnx": result.model_path,
+        "tqc.json": result.tqc_path,
+        "report.json": result.report_path,
+        "report.html": result.report_path.with_name(HTML_FILE),
+    }
     if result.engine_path is not None:
         files["model.engine"] = result.engine_path
         files["engine.json"] = result.engine_metadata_path

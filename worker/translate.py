@@ -6,12 +6,14 @@ from typing import Any
 
 from jobs.recipe import Recipe
 from quantcore import NodeOverride, QuantizeConfig
+from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
     per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
-    deployment measurements (a TensorRT engine only for the tensorrt platforms)."""
+    deployment measurements (a TensorRT engine only for the tensorrt platforms), the analysis bounds and
+    the accuracy target."""
     return QuantizeConfig(
         platform=recipe.platform,
         precision=recipe.precision,
@@ -25,6 +27,15 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         device=device,
         cpu_latency=recipe.deploy.cpu_latency,
         tensorrt_engine=recipe.deploy.tensorrt_engine and recipe.platform.startswith("tensorrt"),
+        analysis=AnalysisOptions(
+            enabled=recipe.analysis.enabled,
+            graphwise_samples=recipe.analysis.graphwise_samples,
+            layerwise_samples=recipe.analysis.layerwise_samples,
+            max_layers=recipe.analysis.max_layers,
+        ),
+        target=None
+        if recipe.target is None
+        else AccuracyTarget(recipe.target.metric, recipe.target.threshold, recipe.target.max_float_layers),
     )
 
 

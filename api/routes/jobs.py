@@ -20,6 +20,7 @@ from jobs import queries, storage
 from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
 from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
+from jobs.report import Report
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
@@ -159,8 +160,10 @@ def job_events(
     )
 
 
-@router.get("/{job_id}/report", summary="The job's accuracy report (JSON)")
+@router.get("/{job_id}/report", response_model=Report, summary="The job's accuracy report (JSON)")
 def read_report(session: SessionDep, project: ProjectDep, settings: SettingsDep, job_id: uuid.UUID) -> dict:
+    """Per-output metrics, task metrics, the layers ranked by harm, the accuracy target's steps, latency.
+    Also stored as the artifacts `report.json` and `report.html` (a standalone page with the per-layer chart)."""
     job = _job_or_404(session, project, job_id)
     artifact = queries.get_artifact(session=session, job_id=job.id, name="report.json")
     if artifact is None:

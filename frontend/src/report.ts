@@ -1,9 +1,15 @@
-// Renders a job's report JSON. The report grows as the engine does (per-layer analysis, latency,
-// engines...), so known sections get purpose-built views and everything else falls through to a
-// generic, readable rendering: nothing in the report is ever hidden from the user.
+// Renders a job's report JSON (schema: the `Report` model of the OpenAPI document). Known sections
+// get purpose-built views (summary, accuracy target, outputs, layers ranked by harm, latency); anything
+// else, such as sections a newer engine adds, falls through to a generic, readable rendering: nothing
+// in the report is ever hidden from the user.
 
+import type { Schemas } from "./api/client";
 import { chart, PALETTE } from "./charts";
 import { bytes, h, label, num, percent, table } from "./dom";
+
+type Analysis = Schemas["Analysis"];
+type LayerHarm = Schemas["LayerHarm"];
+type Target = Schemas["TargetOutcome"];
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Obj = { [key: string]: Json };
@@ -11,7 +17,7 @@ type Obj = { [key: string]: Json };
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 
 const LATENCY = /latency|_ms$|throughput/i; // shown together in the latency table
-const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config"]);
+const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target"]);
 const HANDLED_EVAL = new Set(["model", "num_samples", "top1_output"]);
 
 /** Render into `section`; returns a cleanup that destroys the charts. */
@@ -27,11 +33,11 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     );
   }
   section.append(summary(evaluation, variants));
+  if (isObj(report.target)) section.append(targetView(report.target as unknown as Target));
   section.append(outputMetrics(variants));
 
-  const layers = findLayers(report);
-  if (layers) {
-    const view = layerChart(layers);
+  if (isObj(report.analysis)) {
+    const view = analysisView(report.analysis as unknown as Analysis);
     section.append(view.el);
     destroyers.push(view.destroy);
   }
@@ -59,7 +65,7 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     section.append(h("h3", {}, label(key)), generic(value));
   }
   for (const [key, value] of Object.entries(report)) {
-    if (HANDLED_TOP.has(key) || value === layers?.source) continue;
+    if (HANDLED_TOP.has(key)) continue;
     section.append(h("details", { class: "generic" }, h("summary", {}, label(key)), generic(value)));
   }
   section.append(
@@ -74,11 +80,16 @@ function summary(evaluation: Obj, variants: [string, Obj][]): HTMLElement {
   const cards: HTMLElement[] = [];
   const fp32 = variants.find(([k]) => k === "fp32")?.[1];
   for (const [name, v] of variants) {
-    if (typeof v.top1 !== "number") continue;
-    const drop = name !== "fp32" && fp32 && typeof fp32.top1 === "number" ? (v.top1 - fp32.top1) * 100 : null;
-    cards.push(
-      stat(`Top-1 · ${label(name)}`, percent(v.top1), drop === null ? undefined : `${drop >= 0 ? "+" : ""}${drop.toFixed(2)} points vs FP32`),
-    );
+    // task_metrics holds every task metric (top1, top5, ...); older reports only a top1 of their own.
+    const scores = isObj(v.task_metrics) && Object.keys(v.task_metrics).length ? v.task_metrics : { top1: v.top1 ?? null };
+    for (const [metric, value] of Object.entries(scores)) {
+      if (typeof value !== "number") continue;
+      const reference = isObj(fp32?.task_metrics) ? fp32.task_metrics[metric] : metric === "top1" ? fp32?.top1 : null;
+      const drop = name !== "fp32" && typeof reference === "number" ? (value - reference) * 100 : null;
+      cards.push(
+        stat(`${label(metric).replace(/^./, (c) => c.toUpperCase())} · ${label(name)}`, percent(value), drop === null ? undefined : `${drop >= 0 ? "+" : ""}${drop.toFixed(2)} points vs FP32`),
+      );
+    }
   }
   if (typeof model.fp32_bytes === "number" && typeof model.qdq_bytes === "number") {
     cards.push(stat("Size FP32 → QDQ", `${bytes(model.fp32_bytes)} → ${bytes(model.qdq_bytes)}`, `${(model.fp32_bytes / model.qdq_bytes).toFixed(2)}× smaller`));
@@ -108,7 +119,7 @@ function outputMetrics(variants: [string, Obj][]): HTMLElement {
   );
   const variantExtras = variants.flatMap(([variant, v]) =>
     Object.entries(v)
-      .filter(([k, value]) => k !== "outputs" && k !== "top1" && !(typeof value === "number" && LATENCY.test(k)))
+      .filter(([k, value]) => !["outputs", "top1", "task_metrics"].includes(k) && !(typeof value === "number" && LATENCY.test(k)))
       .map(([k, value]) => h("details", { class: "generic" }, h("summary", {}, `${label(variant)}: ${label(k)}`), generic(value))),
   );
   return h(
@@ -120,80 +131,117 @@ function outputMetrics(variants: [string, Obj][]): HTMLElement {
       { class: "hint" },
       "“qdq exact” runs the exported model with exact QDQ arithmetic; “qdq deployed” with the runtime's integer kernels. The two can differ.",
     ),
-    h("div", { class: "scroll" }, table(null, ["Measured as", "Output", ...keys.map(label)], rows.map(([variant, output, m]) => [label(variant), h("code", {}, output), ...keys.map((k) => num(m[k]))]), { class: "data", id: "output-metrics" })),
+    scroll("Output metrics", table(null, ["Measured as", "Output", ...keys.map(label)], rows.map(([variant, output, m]) => [label(variant), h("code", {}, output), ...keys.map((k) => num(m[k]))]), { class: "data", id: "output-metrics" })),
     extra,
     variantExtras,
   );
 }
 
-// ---- per-layer analysis: found wherever the report puts it ----
+// ---- accuracy target: the verdict and every step ----
 
-interface Layers {
-  source: Json[];
-  name: string;
-  metric: string;
-  higherIsWorse: boolean;
-  rows: Obj[];
+function targetView(target: Target): HTMLElement {
+  const steps = target.steps.map((s) => [
+    String(s.step),
+    s.float_layers.length ? h("span", {}, s.float_layers.flatMap((name, i) => [i ? ", " : "", h("code", {}, name)])) : "none",
+    num(s.value, target.metric === "cosine" ? 7 : 3), // cosine targets live in the 6th-7th decimal
+    s.met ? "yes" : "no",
+    percent(s.top1),
+    bytes(s.qdq_bytes),
+    num(s.latency_ms_per_sample, 3),
+    s.calibration ?? "—",
+  ]);
+  return h(
+    "section",
+    { "aria-labelledby": "target-title", id: "target" },
+    h("h3", { id: "target-title" }, `Accuracy target: ${target.statement}`),
+    h("p", { class: `notice ${target.met ? "info" : "error"}`, role: "status", id: "target-verdict" }, target.verdict),
+    h("p", { class: "hint" }, `Measured on ${label(target.measured_on)}; ${target.search}. Step ${target.chosen_step} is the model stored.`),
+    scroll(
+      "Target steps",
+      table(null, ["Step", "Layers in float", label(target.metric), "Met", "Top-1", "Size", "ms / sample", "Calibration"], steps, {
+        class: "data compact",
+        id: "target-steps",
+      }),
+    ),
+  );
 }
 
-const NAME_KEYS = ["name", "tensor", "layer", "node", "op"];
+// ---- layer-wise analysis: layers ranked by harm, tensors' ranges ----
 
-function findLayers(report: Obj): Layers | null {
-  let best: Layers | null = null;
-  const visit = (value: Json, depth: number): void => {
-    if (depth > 4 || best) return;
-    if (Array.isArray(value)) {
-      const rows = value.filter(isObj);
-      if (rows.length >= 2 && rows.length === value.length) {
-        const name = NAME_KEYS.find((k) => typeof rows[0][k] === "string");
-        const numeric = Object.keys(rows[0]).filter((k) => typeof rows[0][k] === "number");
-        const metric =
-          numeric.find((k) => /sqnr|snr/i.test(k)) ?? numeric.find((k) => /error|mse|loss|harm/i.test(k)) ?? numeric.find((k) => /cosine/i.test(k));
-        if (name && metric) best = { source: value, name, metric, higherIsWorse: !/sqnr|snr|cosine/i.test(metric), rows };
-      }
-      return;
-    }
-    if (isObj(value)) for (const [key, child] of Object.entries(value)) if (key !== "config") visit(child, depth + 1);
-  };
-  visit(report, 0);
-  return best;
-}
-
-function layerChart(layers: Layers): { el: HTMLElement; destroy: () => void } {
-  const { rows, name, metric, higherIsWorse } = layers;
-  const value = (r: Obj) => (typeof r[metric] === "number" ? (r[metric] as number) : NaN);
-  const ranked = [...rows].filter((r) => Number.isFinite(value(r))).sort((a, b) => (higherIsWorse ? value(b) - value(a) : value(a) - value(b)));
-  const top = ranked.slice(0, 25);
+function analysisView(analysis: Analysis): { el: HTMLElement; destroy: () => void } {
+  const measured = analysis.layers.filter((r): r is LayerHarm & { sqnr_db: number } => typeof r.sqnr_db === "number");
+  const top = measured.slice(0, 25); // already ranked, most harmful first
   const view = chart(
     {
       type: "bar",
       data: {
-        labels: top.map((r) => String(r[name])),
-        datasets: [{ label: label(metric), data: top.map(value), backgroundColor: PALETTE[4] }],
+        labels: top.map((r) => r.node),
+        datasets: [{ label: "Layer-wise SQNR (dB)", data: top.map((r) => r.sqnr_db), backgroundColor: PALETTE[4] }],
       },
-      options: { indexAxis: "y", plugins: { legend: { display: false } }, scales: { x: { title: { display: true, text: label(metric) } } } },
+      options: { indexAxis: "y", plugins: { legend: { display: false } }, scales: { x: { title: { display: true, text: "SQNR (dB), only this layer quantized" } } } },
     },
-    `Layers ranked by harm (${label(metric)}, ${higherIsWorse ? "highest" : "lowest"} first): ` +
-      top.slice(0, 5).map((r) => `${r[name]} ${num(value(r), 2)}`).join(", "),
+    "Layers ranked by harm (layer-wise SQNR in dB, lowest first): " + top.slice(0, 5).map((r) => `${r.node} ${num(r.sqnr_db, 2)}`).join(", "),
     Math.max(160, top.length * 22 + 60),
   );
-  const keys = Object.keys(rows[0]).filter((k) => typeof rows[0][k] !== "object" || rows[0][k] === null);
+  const layerRows = analysis.layers.map((r) => [
+    String(r.rank),
+    h("code", {}, r.node),
+    r.op_type,
+    r.nonfinite ? "NaN/inf" : r.analyzed ? num(r.sqnr_db, 2) : "not run",
+    num(r.cosine, 6),
+    num(r.local_sqnr_db, 2),
+    h("span", {}, r.tensors.flatMap((t, i) => [i ? ", " : "", h("code", {}, t)])),
+  ]);
+  const tensorRows = analysis.tensors.map((t) => [
+    h("code", {}, t.tensor),
+    t.kind,
+    num(t.graphwise_sqnr_db, 2),
+    num(t.local_sqnr_db, 2),
+    `${num(t.observed_min)} … ${num(t.observed_max)}`,
+    `${num(t.range_min)} … ${num(t.range_max)}`,
+    percent(t.clipped_fraction),
+    num(t.channel_range_ratio, 2),
+  ]);
   const el = h(
     "section",
     { "aria-labelledby": "layers-title", id: "layers" },
-    h("h3", { id: "layers-title" }, `Per-layer error, ranked by harm (${label(metric)})`),
+    h("h3", { id: "layers-title" }, "Layers ranked by harm: output SQNR (dB) with only that layer quantized"),
+    h("p", { class: "hint" }, `${analysis.layerwise.statement}; graph-wise statistics on ${analysis.graphwise.samples} samples.`),
     view.el,
+    scroll(
+      "Layers ranked by harm",
+      table(null, ["Rank", "Node", "Op", "Layer-wise SQNR (dB)", "Cosine", "Local SQNR (dB)", "Quantized inputs"], layerRows, {
+        class: "data compact",
+        id: "layer-table",
+      }),
+    ),
     h(
       "details",
       {},
-      h("summary", {}, `All ${ranked.length} layers`),
-      h("div", { class: "scroll" }, table(null, keys.map(label), ranked.map((r) => keys.map((k) => (k === name ? h("code", {}, String(r[k])) : num(r[k])))), { class: "data compact" })),
+      h("summary", {}, `Quantized tensors (${analysis.tensors.length}): SQNR and ranges`),
+      h(
+        "p",
+        { class: "hint" },
+        "Graph-wise: SQNR at the tensor in the fully quantized model; local: its own quantization alone; range: what the chosen clipping keeps; clipped: values beyond it.",
+      ),
+      scroll(
+        "Quantized tensors",
+        table(null, ["Tensor", "Kind", "Graph-wise SQNR (dB)", "Local SQNR (dB)", "Observed", "Range kept", "Clipped", "Channel range ratio"], tensorRows, {
+          class: "data compact",
+          id: "tensor-table",
+        }),
+      ),
     ),
   );
   return { el, destroy: view.destroy };
 }
 
 // ---- generic rendering ----
+
+/** A horizontally scrollable wrapper that keyboard users can focus (and screen readers name). */
+function scroll(name: string, content: HTMLElement): HTMLElement {
+  return h("div", { class: "scroll", tabindex: 0, role: "region", "aria-label": name }, content);
+}
 
 function collect(value: Json, match: (key: string) => boolean, path = ""): [string, number][] {
   if (!isObj(value)) return [];
@@ -215,7 +263,7 @@ export function generic(value: Json, depth = 0): HTMLElement {
     const rows = value.filter(isObj);
     if (rows.length === value.length) {
       const keys = [...new Set(rows.flatMap(Object.keys))];
-      return h("div", { class: "scroll" }, table(null, keys.map(label), rows.slice(0, 500).map((r) => keys.map((k) => generic(r[k] ?? null, depth + 1))), { class: "data compact" }));
+      return scroll("Table", table(null, keys.map(label), rows.slice(0, 500).map((r) => keys.map((k) => generic(r[k] ?? null, depth + 1))), { class: "data compact" }));
     }
     return h("pre", {}, JSON.stringify(value, null, 2));
   }

@@ -102,8 +102,11 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
     let control: HTMLInputElement | HTMLSelectElement;
     const choices = s.enum ?? (s.const !== undefined ? [s.const] : null);
     if (choices) {
-      control = h("select", { id, name: path }, choices.map((c) => h("option", { value: String(c), selected: c === s.default }, String(c))));
-      readers.set(path, () => control.value);
+      // No default (a choice inside an optional spec, such as the target's metric): start blank and
+      // leave the field out until one is picked, rather than silently picking the first.
+      const blank = s.default === undefined ? h("option", { value: "" }, "—") : null;
+      control = h("select", { id, name: path }, blank, choices.map((c) => h("option", { value: String(c), selected: c === s.default }, String(c))));
+      readers.set(path, () => control.value || undefined);
     } else if (s.type === "boolean") {
       control = h("input", { id, name: path, type: "checkbox", checked: s.default === true });
       readers.set(path, () => (control as HTMLInputElement).checked);

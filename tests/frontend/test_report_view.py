@@ -1,6 +1,7 @@
 """The job page against answers the test controls (Playwright request interception on the job's
-routes): a report shaped as later engine versions may write it (per-layer analysis ranked by harm,
-latency, unknown sections shown generically), and an event stream that drops mid-way.
+routes): a real report written by quantcore (the planted-outlier CNN with an accuracy target, so it
+holds the layer-wise analysis and the target's steps), the same report when the target was not met,
+plus a section a later engine may add; and an event stream that drops mid-way.
 """
 
 from __future__ import annotations
@@ -9,11 +10,16 @@ import json
 import re
 import uuid
 
+import numpy as np
 import pytest
 from playwright.sync_api import expect
 
+from jobs.report import Report
+from quantcore import QuantizeConfig, quantize
+from quantcore.analysis_config import AccuracyTarget
 from tests.conftest import Service
 from tests.frontend.conftest import audit, screenshot, sign_in
+from tests.quantcore.models import planted_outlier, save
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("service", ["sqlite"], indirect=True)]
 
@@ -34,31 +40,22 @@ JOB = {
     "started_at": NOW,
     "finished_at": NOW,
 }
-LAYERS = [
-    {"name": "/conv1/Conv_output_0", "sqnr_db": 31.5, "isolated_sqnr_db": 45.0},
-    {"name": "/head/Gemm_output_0", "sqnr_db": 12.25, "isolated_sqnr_db": 14.0},  # the most harmful
-    {"name": "/conv2/Conv_output_0", "sqnr_db": 27.0, "isolated_sqnr_db": 39.0},
-]
-# The chart's text alternative lists the layers worst first: lowest SQNR.
-RANKED = re.compile(r"lowest first\): /head/Gemm_output_0 12\.25, /conv2/Conv_output_0")
-REPORT = {
-    "format": 2,
-    "config": {"platform": "tensorrt"},
-    "evaluation": {
-        "model": {"fp32_bytes": 47_000, "qdq_bytes": 18_000, "quantize_linear_nodes": 6},
-        "num_samples": 359,
-        "fp32": {"top1": 0.98, "latency_ms": 1.9},
-        "qdq_exact": {"top1": 0.97, "outputs": {"logits": {"sqnr_db": 30.0, "cosine": 0.999}}},
-        "qdq_deployed": {"top1": 0.969, "latency_ms": 0.8, "outputs": {"logits": {"sqnr_db": 29.5, "cosine": 0.998}}},
-    },
-    "analysis": {"layers": LAYERS},
-    "engine": {"status": "skipped", "reason": "no CUDA device"},
-    "stage_seconds": {"calibrate": 0.5},
-    "warnings": ["block /head could not be reconstructed"],
-}
+# The chart's text alternative lists the layers worst first: the planted layer conv3 leads.
+RANKED = re.compile(r"lowest first\): conv3 \d+\.\d+, ")
 
 
-def test_report_view_ranks_layers_and_shows_unknown_sections(page, service: Service):
+def real_report(tmp_path, target: AccuracyTarget) -> dict:
+    """quantcore's report.json for the planted-outlier CNN (labels: the FP32 model's own predictions)."""
+    path = save(planted_outlier(), tmp_path / "planted.onnx")
+    data = np.random.default_rng(1).normal(size=(64, 3, 8, 8)).astype(np.float32)
+    config = QuantizeConfig(platform="tensorrt", target=target)
+    labels = np.arange(16) % 10
+    report = quantize(path, {"input": data[:48]}, {"input": data[48:]}, config, tmp_path / "out", labels=labels).report
+    Report.model_validate(report)  # the shape the API serves
+    return report
+
+
+def serve_job(page, job: dict, report: dict) -> None:
     def fulfil(route) -> None:
         path = route.request.url.split("/api/v1", 1)[1]
         if path.endswith("/events"):
@@ -67,8 +64,8 @@ def test_report_view_ranks_layers_and_shows_unknown_sections(page, service: Serv
                 "kind": "status",
                 "stage": None,
                 "progress": 1.0,
-                "message": "succeeded",
-                "data": {"status": "succeeded"},
+                "message": job["status"],
+                "data": {"status": job["status"]},
                 "created_at": NOW,
             }
             body = f"id: 1\nevent: status\ndata: {json.dumps(event)}\n\n"
@@ -83,26 +80,48 @@ def test_report_view_ranks_layers_and_shows_unknown_sections(page, service: Serv
             }
             route.fulfill(json=[artifact])
         elif path.endswith("/report"):
-            route.fulfill(json=REPORT)
+            route.fulfill(json=report)
         else:
-            route.fulfill(json=JOB)
+            route.fulfill(json=job)
 
     page.route(f"**/api/v1/jobs/{JOB_ID}**", fulfil)
+
+
+def test_report_view_ranks_layers_and_shows_the_target(page, service: Service, tmp_path):
+    report = real_report(tmp_path, AccuracyTarget("cosine", 0.999))
+    report["reconstruction"] = {"status": "skipped"}  # a section a later engine adds: shown generically
+    serve_job(page, JOB, report)
     sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
-    report = page.locator("#report")
-    expect(report.locator("#report-summary")).to_contain_text("2.61\u00d7 smaller")
-    expect(report.locator("#report-summary")).to_contain_text("-1.00 points vs FP32")
-    expect(report).to_contain_text("block /head could not be reconstructed")
+    section = page.locator("#report")
+    model = report["evaluation"]["model"]
+    ratio = model["fp32_bytes"] / model["qdq_bytes"]
+    expect(section.locator("#report-summary")).to_contain_text(f"{ratio:.2f}\u00d7 smaller")
+    expect(section.locator("#report-summary")).to_contain_text("Top-5 · FP32")
+    expect(page.locator("#target-verdict")).to_contain_text("met: cosine")
+    expect(page.locator("#target-steps tbody tr")).to_have_count(len(report["target"]["steps"]))
+    expect(page.locator("#target-steps tbody tr").nth(1)).to_contain_text("conv3")
     layers = page.locator("#layers")
-    expect(layers.get_by_role("heading")).to_contain_text("SQNR (dB)")
-    chart = layers.locator("canvas[role=img]")
-    expect(chart).to_have_attribute("aria-label", RANKED)
-    first_row = layers.locator("tbody tr").first
-    expect(first_row).to_contain_text("/head/Gemm_output_0")
-    expect(page.locator("#latency-table")).to_contain_text("0.8")
-    expect(report.get_by_text("engine", exact=True)).to_be_visible()  # an unknown section, shown generically
+    expect(layers.locator("canvas[role=img]")).to_have_attribute("aria-label", RANKED)
+    expect(layers.locator("#layer-table tbody tr")).to_have_count(len(report["analysis"]["layers"]))
+    expect(layers.locator("#layer-table tbody tr").first).to_contain_text("conv3")
+    expect(layers.locator("#tensor-table tbody tr")).to_have_count(len(report["analysis"]["tensors"]))
+    expect(page.locator("#output-metrics")).to_contain_text("relative error p99")
+    expect(section.get_by_text("reconstruction", exact=True)).to_be_visible()
     screenshot(page, "report-with-layers")
     audit(page, "report-with-layers")
+
+
+def test_unmet_target_is_shown_as_a_failure_with_its_report(page, service: Service, tmp_path):
+    report = real_report(tmp_path, AccuracyTarget("cosine", 0.9999999, max_float_layers=1))
+    failed = {**JOB, "status": "failed", "error": report["target"]["verdict"]}
+    serve_job(page, failed, report)
+    sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
+    expect(page.locator("#job-status")).to_have_text("failed")
+    expect(page.locator("#target-verdict")).to_contain_text("NOT met")
+    expect(page.locator("#target-verdict")).to_have_class(re.compile("error"))
+    expect(page.locator("#layer-table tbody tr").first).to_contain_text("conv3")
+    screenshot(page, "report-target-not-met")
+    audit(page, "report-target-not-met")
 
 
 def test_event_stream_resumes_with_last_event_id_after_a_drop(page, service: Service):

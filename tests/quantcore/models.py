@@ -158,6 +158,53 @@ def gemm_bn(seed: int = 0, transB: int = 0) -> onnx.ModelProto:
     return model
 
 
+def planted_outlier(seed: int = 0, outlier: float = 1000.0) -> onnx.ModelProto:
+    """A CNN with one planted bad layer: input (N, 3, 8, 8) → conv1 → Relu → conv2 → Relu → conv3 → Relu →
+    Flatten → Gemm → logits (N, 10), 8 channels, node names "conv1", "relu1", ..., "fc".
+
+    conv2's output channel 0 is scaled by ``outlier`` (weights and a large positive bias) and conv3 reads
+    that channel with weights divided by ``outlier``, so the FP32 function is an ordinary CNN but conv3's
+    input holds one channel ``outlier`` times wider than the others: one per-tensor activation scale
+    for it rounds the other seven channels to a few levels. conv3 is the layer quantization hurts.
+    """
+    rng = np.random.default_rng(seed)
+    w2, b2 = rng.normal(0, 0.3, (8, 8, 3, 3)), rng.normal(0, 0.1, 8)
+    w2[0] *= outlier
+    b2[0] = outlier * (1.0 + abs(b2[0]))
+    w3 = rng.normal(0, 0.3, (8, 8, 3, 3))
+    w3[:, 0] /= outlier
+    initializers = [
+        _init("conv1.w", rng.normal(0, 0.3, (8, 3, 3, 3))),
+        _init("conv1.b", rng.normal(0, 0.1, 8)),
+        _init("conv2.w", w2),
+        _init("conv2.b", b2),
+        _init("conv3.w", w3),
+        _init("conv3.b", rng.normal(0, 0.1, 8)),
+        _init("fc.w", rng.normal(0, 0.05, (10, 8 * 64))),
+        _init("fc.b", rng.normal(0, 0.1, 10)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv1.w", "conv1.b"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "conv2.w", "conv2.b"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "conv3.w", "conv3.b"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+        helper.make_node("Flatten", ["r3"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "planted_outlier",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    model.ir_version = 10
+    return model
+
+
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save_model(model, str(path))
     return str(path)

@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from quantcore.metrics import OutputAgreement, TopOneAccuracy
+from quantcore import QuantizeConfig, evaluate
+from quantcore.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, register_task_metric
 from quantcore.report import jsonable
+from tests.quantcore.models import conv_relu_gemm, save
 
 
 def test_metrics_match_their_formulas_across_batches() -> None:
@@ -38,9 +40,60 @@ def test_perfect_match_has_undefined_sqnr_and_rank_one_has_no_argmax() -> None:
 
 
 def test_top_one() -> None:
-    accuracy = TopOneAccuracy()
+    accuracy = TopKAccuracy(1)
     accuracy.update(np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), np.array([1, 1, 1]))
     assert accuracy.result() == pytest.approx(2 / 3)
+
+
+def test_top_five_and_its_undefined_case() -> None:
+    scores = np.tile(np.arange(10.0), (3, 1))  # every row ranks class 9 first, class 0 last
+    accuracy = TopKAccuracy(5)
+    accuracy.update(scores, np.array([5, 4, 9]))  # 5 and 9 are among the top five (5..9), 4 is not
+    assert accuracy.result() == pytest.approx(2 / 3)
+    few = TopKAccuracy(5)
+    few.update(np.ones((2, 5)), np.array([0, 1]))
+    assert few.result() is None  # five classes: top-5 would be trivially 1
+
+
+def test_relative_error_percentiles_are_over_samples() -> None:
+    metric = OutputAgreement()
+    reference = np.ones((100, 4))
+    candidate = reference * (1 + np.arange(100)[:, None] / 1000)  # sample i off by exactly i/1000 relatively
+    metric.update(reference[:50], candidate[:50])
+    metric.update(reference[50:], candidate[50:])  # streamed in two batches
+    result = metric.result()
+    # numpy's linear-interpolation percentiles of 0, 0.001, ..., 0.099 (float rounding only)
+    assert result["relative_error_p50"] == pytest.approx(0.0495, abs=1e-9)
+    assert result["relative_error_p90"] == pytest.approx(0.0891, abs=1e-9)
+    assert result["relative_error_p99"] == pytest.approx(0.09801, abs=1e-9)
+
+
+def test_task_metrics_are_pluggable(tmp_path) -> None:
+    class MeanScore:
+        def __init__(self) -> None:
+            self.values: list[float] = []
+
+        def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
+            self.values.append(float(logits.mean()))
+
+        def result(self) -> float | None:
+            return float(np.mean(self.values)) if self.values else None
+
+    register_task_metric("mean_score", MeanScore)
+    try:
+        path = save(conv_relu_gemm(), tmp_path / "m.onnx")
+        inputs = np.random.default_rng(0).normal(size=(8, 2, 6, 6)).astype(np.float32)
+        # The FP32 model stands in for the quantized one: evaluate only needs two runnable models.
+        report = evaluate(path, path, {"input": inputs}, QuantizeConfig(), labels=np.zeros(8, np.int64))
+        for mode in ("fp32", "qdq_exact", "qdq_deployed"):
+            assert set(report[mode]["task_metrics"]) == {"top1", "top5", "mean_score"}
+        # the same model under two optimization levels: equal up to float32 rounding of fused kernels
+        fp32, exact = report["fp32"]["task_metrics"]["mean_score"], report["qdq_exact"]["task_metrics"]["mean_score"]
+        assert exact == pytest.approx(fp32, rel=1e-5)
+        with pytest.raises(ValueError, match="already registered"):
+            register_task_metric("top1", MeanScore)
+    finally:
+        del TASK_METRICS["mean_score"]
 
 
 def test_jsonable_turns_numpy_and_non_finite_values_into_plain_json() -> None:

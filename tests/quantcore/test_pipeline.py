@@ -67,6 +67,8 @@ def test_report_files_and_json(digits_run) -> None:
         "calibration",
         "evaluation",
         "parity",
+        "analysis",
+        "target",
         "latency",
         "engine",
         "stage_seconds",
@@ -74,7 +76,8 @@ def test_report_files_and_json(digits_run) -> None:
     }
     latency = result.report["latency"]["cpu"]  # measured by default; no engine unless asked for
     assert latency["fp32"]["batch_1"]["p50_ms"] > 0 and latency["quantized"]["batch_32"]["p50_ms"] > 0
-    assert result.report["engine"] is None and result.engine_path is None
+    assert result.report["engine"] is None and result.engine_path is None and result.report["target"] is None
+    assert (result.report_path.parent / "report.html").is_file()
     evaluation = result.report["evaluation"]
     assert evaluation["num_samples"] == 500 and evaluation["top1_output"] == "logits"
     model = evaluation["model"]
@@ -89,7 +92,7 @@ def test_report_files_and_json(digits_run) -> None:
 def test_progress_reports_every_stage_in_order(digits_run) -> None:
     _, result, calls = digits_run
     stages = [stage for stage, _, _ in calls]
-    ran = [s for s in quantcore.STAGES if s != "engine"]  # the engine stage runs only when asked for
+    ran = [s for s in quantcore.STAGES if s not in ("engine", "target")]  # these run only when asked for
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == ran
     for stage in ran:
         fractions = [f for s, f, _ in calls if s == stage]

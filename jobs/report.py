@@ -1,0 +1,304 @@
+"""The schema of report.json (format ``quantcore.report/1``), as the worker's engine writes it: the
+response model of `GET /jobs/{id}/report`, so the OpenAPI document describes every section.
+
+Fields added after the first format version have defaults, so older reports still validate.
+Models accept fields they do not list (``extra="allow"``) so that a report written by a newer engine
+is served rather than refused; the test suite checks that a real report has no field this schema
+leaves undocumented. Metrics that are undefined (the SQNR of a perfect match, top-1 without labels)
+are null, never a stand-in number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- config (quantcore.config.QuantizeConfig.to_dict) ----
+
+
+class OverrideConfig(_Section):
+    pattern: str
+    bits: int | None
+    observer: str | None
+
+
+class AnalysisConfig(_Section):
+    enabled: bool
+    graphwise_samples: int | None
+    layerwise_samples: int
+    max_layers: int
+
+
+class TargetConfig(_Section):
+    metric: Literal["top1_drop", "cosine", "sqnr"]
+    threshold: float
+    max_float_layers: int | None
+
+
+class RunConfig(_Section):
+    platform: str
+    precision: str
+    observer: str
+    percentile: float
+    batch_size: int
+    exclude_op_types: list[str]
+    exclude_node_patterns: list[str] = Field(description="Includes the layers the accuracy-target mode kept in float.")
+    overrides: list[OverrideConfig]
+    reduce_range: str
+    device: str
+    cpu_latency: bool
+    tensorrt_engine: bool
+    analysis: AnalysisConfig | None = None
+    target: TargetConfig | None = None
+
+
+# ---- prepare, annotate, calibrate ----
+
+
+class FoldedBatchNorm(_Section):
+    node: str
+    batchnorm: str
+    output: str
+
+
+class Preparation(_Section):
+    source_opset: int
+    opset: int
+    folded_batchnorms: list[FoldedBatchNorm]
+    folded_constants: int
+    renamed_nodes: int
+
+
+class NodeDecision(_Section):
+    node: str
+    decision: Literal["quantized", "pass_through", "float", "excluded"]
+    reason: str
+
+
+class AnnotationSummary(_Section):
+    platform: str | None
+    quantized_activations: int
+    quantized_weights: int
+    quantized_biases: int
+    nodes: dict[str, int] = Field(description="Count of nodes per decision.")
+    excluded_nodes: list[str]
+    decisions: list[NodeDecision]
+    notes: list[str]
+    warnings: list[str]
+
+
+class CalibrationSummary(_Section):
+    num_samples: int
+    batch_size: int
+    num_batches: int
+
+
+# ---- evaluate ----
+
+
+class OutputMetrics(_Section):
+    sqnr_db: float | None = Field(description="10·log10(Σx² / Σ(x - x̂)²); null for a perfect match.")
+    cosine: float | None
+    max_abs_error: float | None
+    mean_abs_error: float | None
+    argmax_agreement: float | None = Field(description="Rank >= 2 outputs only.")
+    relative_error_p50: float | None = Field(None, description="Median over samples of ‖x - x̂‖ / ‖x‖.")
+    relative_error_p90: float | None = None
+    relative_error_p99: float | None = None
+    nonfinite: int = Field(description="NaN/inf values in the quantized output; all metrics are null when > 0.")
+
+
+class ModelSizes(_Section):
+    fp32_bytes: int
+    qdq_bytes: int
+    quantize_linear_nodes: int
+    dequantize_linear_nodes: int
+
+
+class TaskScores(_Section):
+    top1: float | None
+    task_metrics: dict[str, float | None] = Field(
+        default_factory=dict, description="Every registered task metric (top1, top5, ...); empty without labels."
+    )
+
+
+class ModeResult(TaskScores):
+    outputs: dict[str, OutputMetrics]
+
+
+class DeployedResult(ModeResult):
+    kernels: dict[str, int] | None = Field(description="Op types of the graph ONNX Runtime runs.")
+    integer_kernels: int | None
+    float_compute_kernels: int | None
+    skipped: str | None
+    fallback: str | None
+
+
+class Evaluation(_Section):
+    model: ModelSizes
+    num_samples: int
+    batch_size: int
+    top1_output: str | None
+    fp32: TaskScores
+    qdq_exact: ModeResult
+    qdq_deployed: DeployedResult
+    latency_ms_per_sample: dict[str, float | None]
+    deployed_vs_exact: dict[str, OutputMetrics]
+
+
+class Parity(_Section):
+    agree: bool | None
+    min_sqnr_db: float | None
+    top1_gap: float | None
+    tolerance: dict[str, float]
+    reason: str
+    remedy: str | None
+    before_remedy: dict[str, Any] | None
+
+
+# ---- analyze ----
+
+
+class GraphwiseBounds(_Section):
+    samples: int
+    runs_per_batch: int
+
+
+class LayerwiseBounds(_Section):
+    samples: int
+    layers_total: int
+    layers_analyzed: int
+    runs_per_batch: int
+    bounds: AnalysisConfig
+    statement: str
+
+
+class LayerHarm(_Section):
+    rank: int = Field(description="1 = the most harmful layer.")
+    node: str
+    op_type: str
+    tensors: list[str] = Field(description="The quantized tensors the node reads.")
+    sqnr_db: float | None = Field(description="Worst output SQNR to FP32 with only this layer quantized.")
+    cosine: float | None
+    nonfinite: bool
+    analyzed: bool = Field(description="False when the layer-wise run was skipped (max_layers).")
+    local_sqnr_db: float | None
+
+
+class TensorStats(_Section):
+    tensor: str
+    kind: Literal["activation", "weight"]
+    graphwise_sqnr_db: float | None = Field(description="At this tensor, fully quantized model vs FP32.")
+    local_sqnr_db: float | None = Field(description="This tensor's own quantization alone.")
+    observed_min: float | None
+    observed_max: float | None
+    range_min: float = Field(description="Lowest value the chosen clipping keeps.")
+    range_max: float
+    clipped_fraction: float | None
+    channel_range_ratio: float | None = Field(description="Weights: max / median of the per-channel |max|.")
+
+
+class Analysis(_Section):
+    graphwise: GraphwiseBounds
+    layerwise: LayerwiseBounds
+    layers: list[LayerHarm] = Field(description="Ranked by harm, most harmful first.")
+    tensors: list[TensorStats]
+
+
+# ---- target ----
+
+
+class TargetStep(_Section):
+    step: int
+    float_layers: list[str]
+    value: float | None = Field(description="The target metric after this step.")
+    met: bool
+    top1: float | None
+    qdq_bytes: int
+    latency_ms_per_sample: float | None
+    calibration: Literal["reused", "recalibrated"] | None
+    seconds: float
+
+
+class TargetOutcome(TargetConfig):
+    statement: str
+    measured_on: Literal["qdq_deployed", "qdq_exact"]
+    met: bool
+    verdict: str
+    chosen_step: int
+    float_layers: list[str]
+    ranked_layers: int
+    search: str
+    steps: list[TargetStep]
+
+
+# ---- latency, engine ----
+
+
+class LatencyStats(_Section):
+    batch: int
+    runs: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    throughput_samples_per_s: float | None
+
+
+class CpuLatency(_Section):
+    device: str
+    provider: str
+    onnxruntime: str
+    threads: int | None
+    cpu_count: int | None
+    warmup: int
+    runs: int
+    batch_sizes: list[int]
+    fp32: dict[str, LatencyStats]
+    quantized: dict[str, LatencyStats]
+    speedup_p50: dict[str, float | None]
+    notes: list[str]
+
+
+class Latency(_Section):
+    cpu: CpuLatency | None
+
+
+class EngineSummary(_Section):
+    status: str = Field(description="built, skipped or failed.")
+    reason: str | None
+    engine_path: str | None
+    metadata: dict[str, Any]
+    qdq_checks: dict[str, Any]
+    layers: list[Any]
+    precision_notes: list[str]
+    comparison: dict[str, Any] | None
+    latency: dict[str, Any] | None
+    errors: list[Any]
+    log: list[str]
+
+
+class Report(_Section):
+    """A job's report.json."""
+
+    format: str
+    config: RunConfig
+    prepare: Preparation
+    annotation: AnnotationSummary
+    calibration: CalibrationSummary
+    evaluation: Evaluation
+    parity: Parity
+    analysis: Analysis | None = Field(None, description="Null when the recipe turned the analysis off.")
+    target: TargetOutcome | None = Field(None, description="Null without a target in the recipe.")
+    latency: Latency
+    engine: EngineSummary | None
+    stage_seconds: dict[str, float]
+    warnings: list[str]

@@ -1,0 +1,346 @@
+"""Layer-wise error analysis: where the quantization error comes from, tensor by tensor and layer by layer
+(PPQ's graphwise and layerwise analyses, ONNX Runtime's ``qdq_loss_debug``).
+
+One *switchable* model serves every measurement: the exported QDQ graph (``quantcore.qdq``) in which
+each input a quantized node reads through a DequantizeLinear is wrapped in ``Where(mask[k], x̂, x)``,
+with ``mask`` a boolean graph input of one flag per layer k (a layer = a node reading at least one
+quantized tensor). Every flag off is the FP32 (prepared) model, every flag on the exported model run
+as exact Q/DQ, one flag on is "only layer k quantized". One ONNX Runtime session, no model rebuilt per
+layer. Tensors to observe are extra graph outputs, fetched one batch at a time and reduced to sums at
+once: memory holds one batch of each observed tensor, never the dataset.
+
+For every quantized tensor t (x = its FP32 value, x̂ = its dequantized value):
+
+- ``graphwise_sqnr_db``: SQNR of x̂ in the fully quantized model against x in the FP32 model, i.e. the
+  error accumulated from the inputs up to and including t's own quantization;
+- ``local_sqnr_db``: SQNR of Q/DQ(x) against x on FP32 inputs: what quantizing t alone costs at t;
+- the range statistics: observed min/max of x (weights: their values; activations: over the analysed
+  samples), the range the chosen clipping keeps (``range_min``/``range_max`` = (quant_min - o)·s and
+  (quant_max - o)·s, FP8: ±quant_max·s; the widest channel's when per-channel) and ``clipped_fraction``,
+  the fraction of x outside it; weights also ``channel_range_ratio`` = max_c amax_c / median_c amax_c
+  (an outlier channel shows up as a large ratio).
+
+For every layer k: ``sqnr_db``/``cosine`` of the model outputs with only layer k quantized against
+FP32 (SQNR = 10·log10(Σx²/Σ(x - x̂)²), the worst over the float outputs). Layers are ranked by harm:
+lowest layer-wise SQNR first (non-finite outputs first of all; layers without a layer-wise run last).
+
+Cost: graphwise 2 runs per batch; layer-wise (1 + L) runs per batch over ``layerwise_samples``
+samples, for L = min(layers, ``max_layers``) layers (those with the lowest local SQNR at their
+inputs); the report states both bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from quantcore.analysis_config import AnalysisOptions
+from quantcore.analysis_ranges import RangeStats, channel_range_ratio
+from quantcore.annotation import Annotation
+from quantcore.batching import Batches, input_specs
+from quantcore.config import QuantizeConfig
+from quantcore.evaluation import EXACT_OPTIMIZATION
+from quantcore.fake_quant import fake_quantize_numpy
+from quantcore.graph import GraphIndex, NameScope
+from quantcore.metrics import OutputAgreement
+from quantcore.preparation import PreparedModel
+from quantcore.progress import Monitor
+from quantcore.qdq import build_qdq_model
+from quantcore.session import PROTOBUF_LIMIT, open_session
+
+STAGE = "analyze"
+MASK_INPUT = "quantcore_analysis_mask"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Node ``node`` reading the quantized tensors ``tensors`` (activations and weights)."""
+
+    node: str
+    op_type: str
+    tensors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SwitchableModel:
+    model: onnx.ModelProto
+    layers: tuple[Layer, ...]
+    dequantized: Mapping[str, str]  # quantized activation -> its DequantizeLinear output
+    outputs: tuple[str, ...]  # the model's own outputs
+
+
+def switchable_model(prepared: PreparedModel, annotation: Annotation) -> SwitchableModel:
+    """The exported graph with every rewired node input behind a ``Where`` on its layer's mask flag
+    (see module). Float initializers the export replaced by codes are put back for the float branch."""
+    model = build_qdq_model(prepared, annotation)
+    graph = model.graph
+    original_nodes = {node.name: node for node in prepared.model.graph.node}
+    original_initializers = {t.name: t for t in prepared.model.graph.initializer}
+    present = {t.name for t in graph.initializer}
+    scope = NameScope(GraphIndex(graph).used_names() | {MASK_INPUT})
+    layers: list[Layer] = []
+    ordered: list[onnx.NodeProto] = []
+    for node in graph.node:
+        source = original_nodes.get(node.name)
+        changed = [] if source is None else [i for i, name in enumerate(source.input) if node.input[i] != name]
+        if changed:
+            k = len(layers)
+            index_name, flag = scope.fresh(f"{node.name}_layer_index"), scope.fresh(f"{node.name}_quantized_flag")
+            graph.initializer.append(numpy_helper.from_array(np.array(k, np.int64), index_name))
+            ordered.append(helper.make_node("Gather", [MASK_INPUT, index_name], [flag], name=scope.fresh(flag)))
+            for i in changed:
+                float_input = source.input[i]
+                if float_input in original_initializers and float_input not in present:
+                    graph.initializer.append(original_initializers[float_input])
+                    present.add(float_input)
+                selected = scope.fresh(f"{node.name}_input{i}_selected")
+                ordered.append(
+                    helper.make_node(
+                        "Where", [flag, node.input[i], float_input], [selected], name=scope.fresh(selected)
+                    )
+                )
+                node.input[i] = selected
+            tensors = tuple(source.input[i] for i in changed if source.input[i] in annotation.configs)
+            layers.append(Layer(node.name, node.op_type, tensors))
+        ordered.append(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    graph.input.append(helper.make_tensor_value_info(MASK_INPUT, TensorProto.BOOL, [len(layers)]))
+    dequantized = _dequantized_outputs(graph, set(annotation.activations))
+    outputs = tuple(o.name for o in prepared.model.graph.output)
+    existing = set(outputs) | set(GraphIndex(graph).graph_inputs)
+    typed = onnx.shape_inference.infer_shapes(model) if model.ByteSize() < PROTOBUF_LIMIT else model
+    known = {v.name: v for v in [*typed.graph.value_info, *typed.graph.input, *typed.graph.output]}
+    for tensor, dq_output in dequantized.items():  # typed as shape inference knew t (ONNX Runtime takes untyped)
+        for name in (tensor, dq_output):
+            if name not in existing:
+                output = onnx.ValueInfoProto(name=name)
+                if tensor in known:
+                    output.type.CopyFrom(known[tensor].type)
+                graph.output.append(output)
+                existing.add(name)
+    return SwitchableModel(model, tuple(layers), dequantized, outputs)
+
+
+def _dequantized_outputs(graph: onnx.GraphProto, activations: set[str]) -> dict[str, str]:
+    """activation t -> output of the DequantizeLinear after t's QuantizeLinear (a Clip may precede it)."""
+    produced_from: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "Clip" and node.input and node.input[0] in activations:
+            produced_from[node.output[0]] = node.input[0]
+    quantized: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear":
+            source = produced_from.get(node.input[0], node.input[0])
+            if source in activations:
+                quantized[node.output[0]] = source
+    return {
+        quantized[n.input[0]]: n.output[0]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
+    }
+
+
+def _first_samples(arrays: Mapping[str, np.ndarray], count: int | None, minimum: int) -> dict[str, np.ndarray]:
+    if count is None:
+        return dict(arrays)
+    return {name: array[: max(count, minimum)] for name, array in arrays.items()}
+
+
+def analyze(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    evaluation: Mapping[str, np.ndarray],
+    config: QuantizeConfig,
+    *,
+    options: AnalysisOptions | None = None,
+    monitor: Monitor | None = None,
+) -> dict[str, Any]:
+    """Per-tensor and per-layer error of the calibrated ``annotation`` on ``evaluation`` (``{input:
+    array}``, first axis samples); a JSON-ready dict (see module). Raises ``Canceled`` between batches."""
+    options = options or config.analysis
+    monitor = monitor or Monitor()
+    switchable = switchable_model(prepared, annotation)
+    specs = input_specs(prepared.model)
+    fixed = max((s.fixed_batch or 1 for s in specs), default=1)
+
+    def batches(count: int | None) -> Batches:
+        return Batches(_first_samples(evaluation, count, fixed), specs, config.batch_size, what="evaluation")
+
+    graphwise_batches, layerwise_batches = batches(options.graphwise_samples), batches(options.layerwise_samples)
+    progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
+    options_of_session = {"device": config.device, "exact_qdq": True, "optimization": EXACT_OPTIMIZATION}
+    with open_session(switchable.model, **options_of_session) as session:
+        tensors = _graphwise(session, switchable, annotation, graphwise_batches, progress)
+        tensors += _weight_rows(prepared, annotation)
+        local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
+        local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in switchable.layers]
+        # the layers whose own quantization loses most at their inputs get the layer-wise runs
+        order = sorted(range(len(switchable.layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
+        chosen = sorted(order[: options.max_layers])
+        harm = _layerwise(session, switchable, chosen, layerwise_batches, progress)
+
+    rows = []
+    for k, layer in enumerate(switchable.layers):
+        results = [a.result() for a in harm[k].values() if a.elements] if k in harm else []
+        nonfinite = any(r["nonfinite"] for r in results)
+        rows.append(
+            {
+                "node": layer.node,
+                "op_type": layer.op_type,
+                "tensors": list(layer.tensors),
+                "sqnr_db": None if nonfinite else min_or_none([r["sqnr_db"] for r in results]),
+                "cosine": None if nonfinite else min_or_none([r["cosine"] for r in results]),
+                "nonfinite": nonfinite,
+                "analyzed": k in harm,
+                "local_sqnr_db": local_of_layer[k],
+            }
+        )
+    rows.sort(key=lambda r: _harm_key(r["sqnr_db"], r["nonfinite"], analyzed=r["analyzed"], exact=_exact(r)))
+    for rank, row in enumerate(rows, start=1):
+        row["rank"] = rank
+    total, measured, samples = len(switchable.layers), len(chosen), layerwise_batches.num_samples
+    return {
+        "graphwise": {"samples": graphwise_batches.num_samples, "runs_per_batch": 2},
+        "layerwise": {
+            "samples": samples,
+            "layers_total": total,
+            "layers_analyzed": measured,
+            "runs_per_batch": 1 + measured,
+            "bounds": options.to_dict(),
+            "statement": (
+                f"layer-wise error measured on the first {samples} evaluation samples for {measured} of {total} layers"
+                + ("" if measured == total else " (those with the lowest local SQNR at their inputs)")
+            ),
+        },
+        "layers": rows,
+        "tensors": tensors,
+    }
+
+
+class _Progress:
+    """Counts batches over both passes for the stage's progress fraction."""
+
+    def __init__(self, monitor: Monitor, total: int) -> None:
+        self.monitor, self.total, self.done = monitor, max(total, 1), 0
+
+    def check(self) -> None:
+        self.monitor.check(STAGE)
+
+    def step(self, message: str) -> None:
+        self.done += 1
+        self.monitor.report(STAGE, self.done / self.total, message)
+
+
+def _graphwise(
+    session: ort.InferenceSession,
+    switchable: SwitchableModel,
+    annotation: Annotation,
+    batches: Batches,
+    progress: _Progress,
+) -> list[dict[str, Any]]:
+    """Rows of the activations: two runs per batch (every flag off, every flag on), reduced at once."""
+    activations = [t for t in annotation.activations if t in switchable.dequantized]
+    stats = {t: RangeStats(annotation.configs[t]) for t in activations}
+    local = {t: OutputAgreement(argmax=False) for t in activations}
+    graphwise = {t: OutputAgreement(argmax=False) for t in activations}
+    graph_inputs = {s.name for s in batches.specs}
+    dequantized = [switchable.dequantized[t] for t in activations]
+    fetch_off = [t for t in activations if t not in graph_inputs] + dequantized
+    all_off, all_on = np.zeros(len(switchable.layers), bool), np.ones(len(switchable.layers), bool)
+    for i, batch in enumerate(batches):
+        progress.check()
+        if activations:
+            off = dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True))
+            on = dict(zip(dequantized, session.run(dequantized, {**batch, MASK_INPUT: all_on}), strict=True))
+            for t in activations:
+                x = batch[t] if t in graph_inputs else off[t]
+                stats[t].update(x)
+                local[t].update(x, off[switchable.dequantized[t]])
+                graphwise[t].update(x, on[switchable.dequantized[t]])
+            del off, on  # this batch's tensors go before the next run
+        progress.step(f"graph-wise batch {i + 1}/{len(batches)}")
+    return [
+        {
+            "tensor": t,
+            "kind": "activation",
+            "graphwise_sqnr_db": graphwise[t].result()["sqnr_db"],
+            "local_sqnr_db": local[t].result()["sqnr_db"],
+            **stats[t].result(),
+            "channel_range_ratio": None,
+        }
+        for t in activations
+    ]
+
+
+def _layerwise(
+    session: ort.InferenceSession, switchable: SwitchableModel, chosen: list[int], batches: Batches, progress: _Progress
+) -> dict[int, dict[str, OutputAgreement]]:
+    """Per chosen layer k, the float outputs with only k quantized against all flags off (1 + L runs per batch)."""
+    harm = {k: {name: OutputAgreement() for name in switchable.outputs} for k in chosen}
+    outputs = list(switchable.outputs)
+    all_off = np.zeros(len(switchable.layers), bool)
+    for i, batch in enumerate(batches):
+        progress.check()
+        reference = session.run(outputs, {**batch, MASK_INPUT: all_off})
+        for k in chosen:
+            mask = all_off.copy()
+            mask[k] = True
+            quantized = session.run(outputs, {**batch, MASK_INPUT: mask})
+            for name, x, y in zip(outputs, reference, quantized, strict=True):
+                if np.issubdtype(x.dtype, np.floating):
+                    harm[k][name].update(x, y)
+        progress.step(f"layer-wise batch {i + 1}/{len(batches)}")
+    return harm
+
+
+def min_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def _exact(row: dict[str, Any]) -> bool:
+    """A layer whose quantization changed no output at all (SQNR undefined because the error is 0)."""
+    return row["analyzed"] and row["sqnr_db"] is None and not row["nonfinite"] and row["cosine"] is not None
+
+
+def _harm_key(sqnr: float | None, nonfinite: bool, *, analyzed: bool = True, exact: bool = False) -> tuple[int, float]:
+    """Sort key, most harmful first: non-finite outputs, then ascending SQNR, then error-free layers,
+    then layers without a measurement."""
+    if nonfinite:
+        return (0, 0.0)
+    if sqnr is not None:
+        return (1, sqnr)
+    return (2, 0.0) if exact or analyzed else (3, 0.0)
+
+
+def _weight_rows(prepared: PreparedModel, annotation: Annotation) -> list[dict[str, Any]]:
+    """Rows of the quantized weights, from their values (a weight's graph-wise SQNR is its local one: its
+    value does not depend on the layers before it)."""
+    index = GraphIndex(prepared.model.graph)
+    rows = []
+    for name in sorted(annotation.parameters):
+        tqc = annotation.configs[name]
+        weight = index.array(name).astype(np.float32)
+        range_stats = RangeStats(tqc)
+        range_stats.update(weight)
+        agreement = OutputAgreement(argmax=False)
+        agreement.update(weight.reshape(1, -1), fake_quantize_numpy(weight, tqc).reshape(1, -1))
+        sqnr = agreement.result()["sqnr_db"]
+        rows.append(
+            {
+                "tensor": name,
+                "kind": "weight",
+                "graphwise_sqnr_db": sqnr,
+                "local_sqnr_db": sqnr,
+                **range_stats.result(),
+                "channel_range_ratio": channel_range_ratio(weight, tqc),
+            }
+        )
+    return rows

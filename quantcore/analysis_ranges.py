@@ -1,0 +1,78 @@
+"""Range statistics of a quantized tensor against the range its calibrated config keeps.
+
+``representable_range``: (quant_min - o)·s .. (quant_max - o)·s (FP8: ±quant_max·s), per channel when
+the config is. ``RangeStats`` streams a tensor's observed min/max and the fraction of its values the
+quantization saturates. ``channel_range_ratio``: max_c amax_c / median_c amax_c of a weight, the
+signature of an outlier channel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from quantcore.tqc import TensorQuantConfig
+
+
+def representable_range(tqc: TensorQuantConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of the values ``tqc`` keeps unclipped: (quant_min - o)·s, (quant_max - o)·s; FP8 ±quant_max·s.
+    Scalars, or (C,) per channel."""
+    scale = np.asarray(tqc.scale, np.float64)
+    if tqc.floating:
+        return -float(tqc.quant_max) * scale, float(tqc.quant_max) * scale
+    offset = np.asarray(tqc.offset, np.float64)
+    return (float(tqc.quant_min) - offset) * scale, (float(tqc.quant_max) - offset) * scale
+
+
+def _broadcast(values: np.ndarray, tqc: TensorQuantConfig, ndim: int) -> np.ndarray:
+    if values.ndim == 0 or not tqc.per_channel:
+        return values
+    shape = [1] * ndim
+    shape[tqc.channel_axis] = -1
+    return values.reshape(shape)
+
+
+class RangeStats:
+    """Streams min, max and the count of values the quantization saturates: linear, beyond half a step
+    outside the representable range (nearer values round onto the end of the grid anyway); FP8, beyond
+    ±quant_max·s."""
+
+    def __init__(self, tqc: TensorQuantConfig) -> None:
+        self.tqc = tqc
+        self.lo, self.hi = representable_range(tqc)
+        half_step = 0.0 if tqc.floating else 0.5 * np.asarray(tqc.scale, np.float64)
+        self.saturate_lo, self.saturate_hi = self.lo - half_step, self.hi + half_step
+        self.minimum, self.maximum = math.inf, -math.inf
+        self.clipped = 0
+        self.total = 0
+
+    def update(self, x: np.ndarray) -> None:
+        if not x.size:
+            return
+        self.minimum = min(self.minimum, float(x.min()))
+        self.maximum = max(self.maximum, float(x.max()))
+        lo = _broadcast(self.saturate_lo, self.tqc, x.ndim)
+        hi = _broadcast(self.saturate_hi, self.tqc, x.ndim)
+        self.clipped += int(np.count_nonzero((x < lo) | (x > hi)))
+        self.total += x.size
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "observed_min": self.minimum if self.total else None,
+            "observed_max": self.maximum if self.total else None,
+            "range_min": float(np.min(self.lo)),
+            "range_max": float(np.max(self.hi)),
+            "clipped_fraction": self.clipped / self.total if self.total else None,
+        }
+
+
+def channel_range_ratio(weight: np.ndarray, tqc: TensorQuantConfig) -> float | None:
+    """max_c amax_c / median_c amax_c over the output channels (the tqc's channel axis, else axis 0)."""
+    if weight.ndim < 2:
+        return None
+    axis = tqc.channel_axis if tqc.per_channel else 0
+    amax = np.abs(np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)).max(axis=1)  # (C,)
+    median = float(np.median(amax))
+    return float(amax.max()) / median if median > 0 else None

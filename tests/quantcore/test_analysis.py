@@ -1,0 +1,120 @@
+"""Layer-wise analysis: a planted bad layer ranked first, the switchable model's two ends equal FP32 and
+the exported model, range statistics, the bounds on the layer-wise runs, and every zoo model analysed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from quantcore import QuantizeConfig, annotate, calibrate, export, prepare
+from quantcore.analysis import MASK_INPUT, analyze, switchable_model
+from quantcore.analysis_config import AnalysisOptions
+from quantcore.analysis_ranges import RangeStats
+from quantcore.evaluation import EXACT_OPTIMIZATION
+from quantcore.session import open_session
+from quantcore.tqc import TensorQuantConfig
+from tests.quantcore import zoo
+from tests.quantcore.models import planted_outlier, save
+
+CONFIG = QuantizeConfig(platform="tensorrt", cpu_latency=False)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    path = save(planted_outlier(), tmp_path_factory.mktemp("planted") / "planted.onnx")
+    data = np.random.default_rng(1).normal(size=(96, 3, 8, 8)).astype(np.float32)
+    prepared = prepare(path)
+    calibrated = calibrate(prepared, annotate(prepared, CONFIG), {"input": data[:64]}, CONFIG)
+    return prepared, calibrated, {"input": data[64:]}
+
+
+def test_planted_outlier_layer_is_ranked_first(planted) -> None:
+    prepared, calibrated, evaluation = planted
+    report = analyze(prepared, calibrated, evaluation, CONFIG)
+    layers = report["layers"]
+    assert [row["rank"] for row in layers] == list(range(1, len(layers) + 1))
+    assert layers[0]["node"] == "conv3" and set(layers[0]["tensors"]) == {"r2", "conv3.w"}
+    # Quantizing conv3's input alone: seven of its eight channels fall to a handful of levels of a scale
+    # set by the 1000x channel, so the logits keep little of their signal (measured 0.2 dB); every other
+    # layer alone costs what 8 bits cost on ordinary data (measured 38-44 dB). 10 and 30 dB leave margin.
+    assert layers[0]["sqnr_db"] < 10
+    assert all(row["sqnr_db"] > 30 for row in layers[1:])
+    tensors = {row["tensor"]: row for row in report["tensors"]}
+    # conv2's weights carry the planted channel: its |max| is ~1000x the median channel's (measured 766).
+    assert tensors["conv2.w"]["channel_range_ratio"] > 100
+    assert tensors["conv3.w"]["channel_range_ratio"] < 3  # ordinary N(0, 0.3) channels
+    # The per-tensor local SQNR of r2 looks fine (its energy is all in the wide channel): only the
+    # layer-wise run exposes the damage, which is why the ranking uses it.
+    assert tensors["r2"]["local_sqnr_db"] > 25
+    assert tensors["flat"]["graphwise_sqnr_db"] < 10 < tensors["flat"]["local_sqnr_db"]
+    assert report["layerwise"]["layers_analyzed"] == report["layerwise"]["layers_total"] == 4
+
+
+def test_switchable_model_ends_are_fp32_and_the_exported_model(planted, tmp_path) -> None:
+    prepared, calibrated, evaluation = planted
+    switchable = switchable_model(prepared, calibrated)
+    batch = {"input": evaluation["input"][:8]}
+    exported = export(prepared, calibrated, tmp_path)
+    k = len(switchable.layers)
+    options = {"exact_qdq": True, "optimization": EXACT_OPTIMIZATION}
+    with (
+        open_session(switchable.model, **options) as session,
+        open_session(prepared.model, optimization=EXACT_OPTIMIZATION) as fp32,
+        open_session(exported.model_path, **options) as qdq,
+    ):
+        off = session.run(["logits"], {**batch, MASK_INPUT: np.zeros(k, bool)})[0]
+        on = session.run(["logits"], {**batch, MASK_INPUT: np.ones(k, bool)})[0]
+        reference = fp32.run(["logits"], batch)[0]
+        quantized = qdq.run(["logits"], batch)[0]
+    # Where() only selects tensors: the same kernels on the same values, so equal to float rounding of
+    # a re-ordered graph (1e-5 relative to logits of magnitude ~1-10).
+    np.testing.assert_allclose(off, reference, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(on, quantized, rtol=1e-5, atol=1e-5)
+    assert np.abs(on - off).max() > 0.1  # and quantization does change the logits
+
+
+def test_range_stats_count_only_values_the_grid_saturates() -> None:
+    tqc = TensorQuantConfig(num_bits=8, symmetric=True).with_scale(np.float32(0.1), 0)
+    stats = RangeStats(tqc)
+    # int8 symmetric at s = 0.1 represents [-12.8, 12.7]; values within half a step of an end round onto
+    # it (12.74 → 127), beyond that they saturate: -20, 12.76 and 12.9 of these five.
+    stats.update(np.array([-20.0, 0.0, 12.74, 12.76, 12.9], np.float32))
+    result = stats.result()
+    assert result["clipped_fraction"] == pytest.approx(3 / 5)
+    assert result["range_min"] == pytest.approx(-12.8) and result["range_max"] == pytest.approx(12.7)
+    assert result["observed_min"] == -20.0 and result["observed_max"] == pytest.approx(12.9)
+
+
+def test_layerwise_runs_are_bounded_and_stated(planted) -> None:
+    prepared, calibrated, evaluation = planted
+    options = AnalysisOptions(layerwise_samples=8, max_layers=2, graphwise_samples=16)
+    report = analyze(prepared, calibrated, evaluation, CONFIG, options=options)
+    layerwise = report["layerwise"]
+    assert layerwise["samples"] == 8 and report["graphwise"]["samples"] == 16
+    assert layerwise["layers_analyzed"] == 2 and layerwise["runs_per_batch"] == 3
+    assert "for 2 of 4 layers" in layerwise["statement"]
+    analyzed = [row for row in report["layers"] if row["analyzed"]]
+    skipped = [row for row in report["layers"] if not row["analyzed"]]
+    assert [row["rank"] for row in analyzed] == [1, 2] and all(row["sqnr_db"] is None for row in skipped)
+    # The two chosen are those whose own quantization loses most at their inputs.
+    worst_local = sorted(report["layers"], key=lambda row: row["local_sqnr_db"])[:2]
+    assert {row["node"] for row in analyzed} == {row["node"] for row in worst_local}
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "unet", "detector", "transformer", "audio", "branchy"])
+def test_every_zoo_model_is_analysed(name: str, tmp_path) -> None:
+    model = zoo.build(name)
+    path = save(model.model, tmp_path / f"{name}.onnx")
+    config = QuantizeConfig(platform="tensorrt", cpu_latency=False, batch_size=4)
+    prepared = prepare(path)
+    calibrated = calibrate(prepared, annotate(prepared, config), model.calibration, config)
+    report = analyze(prepared, calibrated, model.evaluation, config, options=AnalysisOptions(layerwise_samples=4))
+    assert report["layers"], name
+    activations = [row for row in report["tensors"] if row["kind"] == "activation"]
+    assert len(activations) == len(calibrated.activations)
+    # 8-bit quantization of random-weight networks: every measured figure is a finite, sane SQNR.
+    for row in activations:
+        assert row["local_sqnr_db"] is None or row["local_sqnr_db"] > 10, (name, row)
+    assert all(row["sqnr_db"] is None or np.isfinite(row["sqnr_db"]) for row in report["layers"])
+    onnx.checker.check_model(switchable_model(prepared, calibrated).model)

@@ -1,0 +1,56 @@
+"""The report schema (jobs/report.py) against real reports written by quantcore: every report
+validates, and the schema documents every field quantcore writes (none falls into ``extra``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from pydantic import BaseModel
+
+from jobs.report import Report
+from quantcore import QuantizeConfig, quantize
+from quantcore.analysis_config import AccuracyTarget
+from tests.quantcore.models import planted_outlier, save
+
+
+def undocumented(model: BaseModel, path: str = "report") -> list[str]:
+    """Dotted paths of fields present in the data but not declared by the schema."""
+    found = [f"{path}.{key}" for key in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            found += undocumented(value, f"{path}.{name}")
+        elif isinstance(value, (list, dict)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            found += [
+                p
+                for key, item in items
+                if isinstance(item, BaseModel)
+                for p in undocumented(item, f"{path}.{name}[{key}]")
+            ]
+    return found
+
+
+@pytest.mark.parametrize("cpu_latency", [True, False])
+def test_real_report_validates_and_is_fully_documented(tmp_path, cpu_latency: bool) -> None:
+    path = save(planted_outlier(), tmp_path / "planted.onnx")
+    data = np.random.default_rng(1).normal(size=(64, 3, 8, 8)).astype(np.float32)
+    labels = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": data[48:]})[0].argmax(1)
+    config = QuantizeConfig(platform="tensorrt", cpu_latency=cpu_latency, target=AccuracyTarget("cosine", 0.999))
+    result = quantize(path, {"input": data[:48]}, {"input": data[48:]}, config, tmp_path / "out", labels=labels)
+    report = Report.model_validate(result.report)
+    assert undocumented(report) == []
+    assert report.target is not None and report.target.met and report.analysis is not None
+    assert (report.latency.cpu is not None) == cpu_latency
+
+
+def test_report_schema_is_in_the_openapi_document() -> None:
+    from api.main import create_app
+
+    document = create_app().openapi()
+    operation = document["paths"]["/api/v1/jobs/{job_id}/report"]["get"]
+    reference = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert reference.endswith("/Report")
+    schemas = document["components"]["schemas"]
+    assert {"LayerHarm", "TensorStats", "TargetOutcome", "TargetStep", "OutputMetrics"} <= set(schemas)
