@@ -240,6 +240,9 @@ class ComparisonMetrics(BaseModel):
     cosine_min: float | None = Field(description="Lowest per-output cosine similarity, exact QDQ vs FP32.")
     argmax_agreement_min: float | None = Field(description="Lowest per-output argmax agreement with FP32.")
     num_samples: int | None = Field(description="Held-out samples the figures were measured on.")
+    target_met: bool | None = Field(
+        None, description="With an accuracy target in the recipe: whether the model kept meets it."
+    )
 
 
 class ComparisonSize(BaseModel):

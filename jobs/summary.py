@@ -10,6 +10,7 @@ that failed, a report from an older format, a measurement the recipe switched of
     cosine_min     the lowest per-output cosine similarity, exact QDQ vs FP32
     sizes          bytes of the FP32 and the QDQ model files
     latency        CPU EP p50 at batch 1 in ms, FP32 and quantized (quantcore.engine.latency)
+    target_met     with an accuracy target in the recipe: whether the model kept meets it
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def report_summary(report: dict[str, Any]) -> dict[str, Any]:
     top1_exact = _number(exact.get("top1"))
     model = _dict(evaluation.get("model"))
     cpu = _dict(_dict(report.get("latency")).get("cpu"))
+    target_met = _dict(report.get("target")).get("met")
     return {
         "metrics": {
             "top1_fp32": top1_fp32,
@@ -49,6 +51,7 @@ def report_summary(report: dict[str, Any]) -> dict[str, Any]:
             "cosine_min": _lowest(outputs, "cosine"),
             "argmax_agreement_min": _lowest(outputs, "argmax_agreement"),
             "num_samples": evaluation.get("num_samples") if isinstance(evaluation.get("num_samples"), int) else None,
+            "target_met": target_met if isinstance(target_met, bool) else None,
         },
         "size": {"fp32_bytes": _number(model.get("fp32_bytes")), "quantized_bytes": _number(model.get("qdq_bytes"))},
         "latency": {
@@ -70,5 +73,5 @@ def recipe_summary(recipe: dict[str, Any]) -> dict[str, Any]:
         "percentile": _number(calibration.get("percentile")) if observer == "percentile" else None,
         "calibration_samples": calibration.get("num_samples"),
         "reconstruction": recipe.get("reconstruction") or None,
-        "target": recipe.get("target") or recipe.get("accuracy_target") or None,
+        "target": recipe.get("target") or None,
     }

@@ -118,3 +118,9 @@ def test_a_job_without_report_shows_nulls_not_zeros() -> None:
     assert set(summary["metrics"].values()) == {None}
     assert summary["size"] == {"fp32_bytes": None, "quantized_bytes": None}
     assert recipe_summary({})["observer"] is None
+
+
+def test_an_accuracy_target_verdict_is_carried_over() -> None:
+    assert report_summary({"target": {"met": False}})["metrics"]["target_met"] is False
+    assert report_summary({"target": {"met": True}})["metrics"]["target_met"] is True
+    assert recipe_summary({"target": {"metric": "cosine", "threshold": 0.999}})["target"]["metric"] == "cosine"
