@@ -107,6 +107,27 @@ class DeploySpec(_Spec):
     )
 
 
+class ReconstructionSpec(_Spec):
+    method: Literal["adaround", "brecq", "qdrop"] = Field(
+        "qdrop",
+        description="adaround: learned rounding layer by layer; brecq: block by block with learned activation "
+        "scales; qdrop: brecq with activation quantization randomly dropped during reconstruction.",
+    )
+    iters: int = Field(2000, ge=1, le=100_000, description="Optimizer steps per block (the papers use 20000 on GPU).")
+    batch_size: int = Field(32, ge=1, le=1024, description="Samples per reconstruction step.")
+    num_samples: int = Field(
+        1024, ge=1, le=100_000, description="Calibration samples whose block inputs and outputs are cached."
+    )
+    rounding_loss_weight: float = Field(0.01, ge=0.0, le=100.0, description="Weight λ of the rounding regularizer.")
+    warmup: float = Field(0.2, ge=0.0, le=1.0, description="Fraction of the steps without the rounding regularizer.")
+    drop_prob: float = Field(
+        0.5, ge=0.0, le=1.0, description="qdrop: probability of dropping an activation's quantization."
+    )
+    cache_mb: int = Field(
+        1024, ge=0, le=262_144, description="Block inputs/targets stay in memory up to this size, on disk beyond."
+    )
+
+
 class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
@@ -131,6 +152,9 @@ class Recipe(_Spec):
         "do not saturate; auto decides from the worker's CPU.",
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
+    reconstruction: ReconstructionSpec | None = Field(
+        None, description="Learned rounding after calibration (AdaRound, BRECQ, QDrop); null for none."
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
 
     @field_validator("precision")

@@ -15,6 +15,8 @@ or compose the stages::
     prepared = prepare("model.onnx")
     annotation = annotate(prepared, config)
     annotation = calibrate(prepared, annotation, calibration, config)
+    result = reconstruct(prepared, annotation, calibration, config)   # optional: AdaRound/BRECQ/QDrop
+    prepared, annotation = result.prepared, result.annotation
     exported = export(prepared, annotation, "out/")
     report = evaluate("model.onnx", exported.model_path, evaluation, config)
 
@@ -25,7 +27,7 @@ Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors
 
 from quantcore.annotation import Annotation, annotate
 from quantcore.calibration import calibrate
-from quantcore.config import NodeOverride, QuantizeConfig
+from quantcore.config import NodeOverride, QuantizeConfig, ReconstructionConfig
 from quantcore.engine import build_engine, check_qdq, cpu_latency
 from quantcore.errors import (
     Canceled,
@@ -42,6 +44,7 @@ from quantcore.platforms import PLATFORMS, Platform
 from quantcore.policy import QuantPolicy, RoundingPolicy
 from quantcore.preparation import PreparedModel, prepare
 from quantcore.qdq import ExportResult, export
+from quantcore.reconstruction import ReconstructionResult, reconstruct
 from quantcore.storage import StorageType, storage_type
 from quantcore.tqc import QuantState, TensorQuantConfig
 from quantcore.validate import inspect_model
@@ -63,6 +66,8 @@ __all__ = [
     "QuantcoreError",
     "QuantizeConfig",
     "QuantizeResult",
+    "ReconstructionConfig",
+    "ReconstructionResult",
     "RoundingPolicy",
     "StorageType",
     "TensorQuantConfig",
@@ -79,5 +84,6 @@ __all__ = [
     "inspect_model",
     "prepare",
     "quantize",
+    "reconstruct",
     "storage_type",
 ]

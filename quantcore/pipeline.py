@@ -1,6 +1,9 @@
 """``quantize``: the five stages in one call, with progress, cancellation and atomic outputs.
 
-    prepare → annotate → calibrate → export → evaluate
+    prepare → annotate → calibrate → reconstruct → export → evaluate
+
+(``reconstruct`` learns the rounding when ``config.reconstruction`` is set; otherwise it reports
+itself skipped at once.)
 
 Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
 end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
@@ -40,9 +43,10 @@ from quantcore.parity import check_parity, remedy
 from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
+from quantcore.reconstruction import reconstruct
 from quantcore.report import REPORT_FORMAT, jsonable
 
-STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate", "latency", "engine")
+STAGES = ("prepare", "annotate", "calibrate", "reconstruct", "export", "evaluate", "latency", "engine")
 REPORT_FILE = "report.json"
 
 
@@ -125,6 +129,21 @@ def quantize(
     )
     stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
 
+    started = stages.begin("reconstruct")
+    reconstruction = None
+    if config.reconstruction is not None:
+        reconstruction = reconstruct(
+            prepared, calibrated, calibration_batches, config, progress=progress, should_cancel=should_cancel
+        )
+        prepared, calibrated = reconstruction.prepared, reconstruction.annotation
+    stages.end(
+        "reconstruct",
+        started,
+        "skipped: no reconstruction in the config"
+        if reconstruction is None
+        else f"{config.reconstruction.method}: {len(reconstruction.blocks)} blocks",
+    )
+
     started = stages.begin("export")
     exported = export(prepared, calibrated, out_dir, platform=config.platform)
     stages.end(
@@ -201,12 +220,18 @@ def quantize(
                 "batch_size": calibration_batches.batch_size,
                 "num_batches": len(calibration_batches),
             },
+            "reconstruction": None if reconstruction is None else reconstruction.summary(),
             "evaluation": evaluation_report,
             "parity": parity,
             "latency": {"cpu": latency},
             "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stages.seconds,
-            "warnings": [*prepared.warnings, *annotation.warnings, *exported.warnings],
+            "warnings": [
+                *prepared.warnings,
+                *annotation.warnings,
+                *(reconstruction.warnings if reconstruction is not None else ()),
+                *exported.warnings,
+            ],
         }
     )
     report_path = out_dir / REPORT_FILE

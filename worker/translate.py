@@ -5,13 +5,30 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.recipe import Recipe
-from quantcore import NodeOverride, QuantizeConfig
+from quantcore import NodeOverride, QuantizeConfig, ReconstructionConfig
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
     per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
-    deployment measurements (a TensorRT engine only for the tensorrt platforms)."""
+    deployment measurements (a TensorRT engine only for the tensorrt platforms), and the reconstruction
+    (seeded with the recipe's seed)."""
+    spec = recipe.reconstruction
+    reconstruction = (
+        None
+        if spec is None
+        else ReconstructionConfig(
+            method=spec.method,
+            iters=spec.iters,
+            batch_size=spec.batch_size,
+            num_samples=spec.num_samples,
+            rounding_loss_weight=spec.rounding_loss_weight,
+            warmup=spec.warmup,
+            drop_prob=spec.drop_prob,
+            cache_bytes=spec.cache_mb * 2**20,
+            seed=recipe.seed,
+        )
+    )
     return QuantizeConfig(
         platform=recipe.platform,
         precision=recipe.precision,
@@ -25,6 +42,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         device=device,
         cpu_latency=recipe.deploy.cpu_latency,
         tensorrt_engine=recipe.deploy.tensorrt_engine and recipe.platform.startswith("tensorrt"),
+        reconstruction=reconstruction,
     )
 
 

@@ -1,0 +1,352 @@
+"""Stage 4, reconstruct: learn each weight's rounding (and, block-wise, the activation scales) so that
+every block of the quantized model reproduces the FP32 model's output.
+
+For each block of ``blocks.partition`` in graph order (AdaRound: layers; BRECQ/QDrop: blocks):
+
+1. cache, for the first ``num_samples`` calibration samples, the block's inputs as the *quantized model
+   so far* computes them (ONNX Runtime, exact Q/DQ arithmetic, the blocks before it already
+   reconstructed), the FP32 model's inputs (QDrop) and the FP32 model's outputs (the target);
+2. minimise, with Adam over ``iters`` steps of ``batch_size`` random samples,
+
+       L = E_batch ||f_q(x_q) − f(x)||²  +  λ · Σ_weights R(V)      (R from ``adaround``; λ = 0 in warm-up)
+
+   where f_q is the block with learned rounding (and learned activation scales, dropped activation
+   quantization for QDrop) and ||·||² sums over all but the batch axis;
+3. harden V to floor/ceil; if the block's loss on all cached samples is not below round-to-nearest's,
+   keep round-to-nearest (reported as ``kept_nearest``);
+4. commit: the weights become their grid values (q − o)·s in the returned model, the learned scales
+   go into the returned annotation (dominator groups share them).
+
+A block with an op ``torch_ops`` cannot run stays at round-to-nearest with a warning. Deterministic
+for a seed (samples drawn and elements dropped from seeded generators; block k uses seed + k).
+Progress: ``progress("reconstruct", fraction, "block i/n step j/iters")``; ``should_cancel`` is polled
+every ``CANCEL_EVERY`` steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from quantcore.annotation import Annotation
+from quantcore.batching import Batches, input_specs
+from quantcore.calibration import dominator_root
+from quantcore.config import QuantizeConfig, ReconstructionConfig
+from quantcore.graph import GraphIndex
+from quantcore.preparation import PreparedModel
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.qdq import build_qdq_model
+from quantcore.reconstruction.adaround import beta_at
+from quantcore.reconstruction.blocks import Block, partition
+from quantcore.reconstruction.cache import BlockCache
+from quantcore.reconstruction.converter import BlockModule, learnable_activation, learnable_weight
+from quantcore.session import open_session
+from quantcore.tqc import QuantState
+
+STAGE = "reconstruct"
+CANCEL_EVERY = 10  # steps between should_cancel polls
+REPORTS_PER_BLOCK = 20  # progress events per block at most
+EVAL_BATCH = 256  # samples per no-grad forward when measuring a block's loss
+
+
+@dataclass(frozen=True)
+class BlockReport:
+    name: str
+    kind: str  # layer | layers | residual
+    nodes: list[str]
+    weights: list[str]
+    status: str  # reconstructed | kept_nearest | unsupported | nothing_to_learn
+    iters: int = 0
+    loss_before: float | None = None  # round-to-nearest, calibrated scales, on all cached samples
+    loss_after: float | None = None  # hardened rounding, learned scales
+    seconds: float = 0.0
+    cache: str | None = None  # memory | disk
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class ReconstructionResult:
+    """``prepared``: the model with the learned weights (on their grids); ``annotation``: the configs
+    with learned activation scales; ``blocks``: one report per block."""
+
+    prepared: PreparedModel
+    annotation: Annotation
+    blocks: tuple[BlockReport, ...]
+    config: ReconstructionConfig
+    num_samples: int
+    device: str
+
+    @property
+    def warnings(self) -> list[str]:
+        return [b.warning for b in self.blocks if b.warning]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.config.to_dict(),
+            "device": self.device,
+            "num_samples": self.num_samples,
+            "blocks": [asdict(b) for b in self.blocks],
+        }
+
+
+def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: PreparedModel, limit: int, batch: int):
+    """The first ``limit`` calibration samples as {input: (N, ...)} arrays of the model's dtypes."""
+    batches = (
+        calibration
+        if isinstance(calibration, Batches)
+        else Batches(calibration, input_specs(prepared.model), batch, what="calibration")
+    )
+    parts: dict[str, list[np.ndarray]] = {}
+    count = 0
+    for item in batches:
+        take = min(limit - count, len(next(iter(item.values()))))
+        for name, value in item.items():
+            parts.setdefault(name, []).append(np.array(value[:take]))
+        count += take
+        if count >= limit:
+            break
+    return {name: np.concatenate(values) for name, values in parts.items()}, count, batches.batch_size
+
+
+def _with_weights(prepared: PreparedModel, weights: Mapping[str, np.ndarray]) -> PreparedModel:
+    model = onnx.ModelProto()
+    model.CopyFrom(prepared.model)
+    for initializer in model.graph.initializer:
+        if initializer.name in weights:
+            initializer.CopyFrom(numpy_helper.from_array(weights[initializer.name], initializer.name))
+    return replace(prepared, model=model)
+
+
+def _exposing(model: onnx.ModelProto, names: list[str]) -> bytes:
+    """``model`` (a copy) with ``names`` added to the graph outputs, serialised."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    existing = {o.name for o in copy.graph.output}
+    copy.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
+    return copy.SerializeToString()
+
+
+def _run(session, names: list[str], samples: Mapping[str, np.ndarray], start: int, end: int) -> dict:
+    feed = {name: value[start:end] for name, value in samples.items()}
+    fetched = [n for n in names if n not in feed]
+    values = dict(zip(fetched, session.run(fetched, feed), strict=True)) if fetched else {}
+    return {n: feed[n] if n in feed else values[n] for n in names}
+
+
+def _fill_cache(block: Block, fp_session, qdq_model: onnx.ModelProto, samples, count, batch, budget, device, drop):
+    """BlockCache with ``q:<input>``, ``fp:<input>`` (when dropping) and ``y:<output>`` for every sample."""
+    fp_names = [*(block.inputs if drop else ()), *block.outputs]
+    cache = None
+    with open_session(_exposing(qdq_model, list(block.inputs)), device=device, exact_qdq=True) as qdq_session:
+        for start in range(0, count, batch):
+            end = min(count, start + batch)
+            fp = _run(fp_session, fp_names, samples, start, end)
+            quantized = _run(qdq_session, list(block.inputs), samples, start, end)
+            values = {
+                **{f"q:{n}": v for n, v in quantized.items()},
+                **({f"fp:{n}": fp[n] for n in block.inputs} if drop else {}),
+                **{f"y:{n}": fp[n] for n in block.outputs},
+            }
+            if cache is None:
+                cache = BlockCache({k: (count, *np.shape(v)[1:]) for k, v in values.items()}, budget)
+            for key, value in values.items():
+                cache[key][start:end] = value
+    return cache
+
+
+def _tensors(cache: BlockCache, prefix: str, names, index: np.ndarray, device) -> dict[str, torch.Tensor]:
+    return {n: torch.from_numpy(np.ascontiguousarray(cache[f"{prefix}:{n}"][index])).to(device) for n in names}
+
+
+def _loss(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
+    """Σ over outputs of the batch mean of the per-sample squared error summed over all other axes."""
+    return sum(((o - t) ** 2).reshape(len(o), -1).sum(1).mean() for o, t in zip(outputs, targets, strict=True))
+
+
+def _block_loss(module: BlockModule, cache: BlockCache, count: int, device) -> float:
+    module.eval()
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, count, EVAL_BATCH):
+            index = np.arange(start, min(count, start + EVAL_BATCH))
+            outputs = module(_tensors(cache, "q", module.block.inputs, index, device))
+            targets = list(_tensors(cache, "y", module.block.outputs, index, device).values())
+            total += float(_loss(outputs, targets)) * len(index)
+    return total / count
+
+
+def _train(module: BlockModule, cache: BlockCache, count: int, rc: ReconstructionConfig, seed: int, device, tick):
+    """Adam on V (``rc.rounding_lr``) and on the log-scales (activation_lr), ``rc.iters`` steps."""
+    weight_optimizer = torch.optim.Adam([m.v for m in module.adaround.values()], lr=rc.rounding_lr)
+    scale_parameters = list(module.log_scales.values())
+    scale_optimizer = torch.optim.Adam(scale_parameters, lr=rc.activation_lr) if scale_parameters else None
+    sampler = torch.Generator().manual_seed(seed)
+    module.generator = torch.Generator(device=device).manual_seed(seed + 1)
+    module.drop_prob = rc.effective_drop_prob
+    drop = module.drop_prob > 0
+    module.set_weight_mode("soft")
+    module.train()
+    for step in range(rc.iters):
+        index = np.sort(torch.randint(count, (min(rc.batch_size, count),), generator=sampler).numpy())
+        inputs = _tensors(cache, "q", module.block.inputs, index, device)
+        fp_inputs = _tensors(cache, "fp", module.block.inputs, index, device) if drop else None
+        targets = list(_tensors(cache, "y", module.block.outputs, index, device).values())
+        loss = _loss(module(inputs, fp_inputs), targets)
+        beta = beta_at(step, rc.iters, warmup=rc.warmup, beta_start=rc.beta_start, beta_end=rc.beta_end)
+        if beta is not None:
+            loss = loss + rc.rounding_loss_weight * module.regularizer(beta)
+        weight_optimizer.zero_grad()
+        if scale_optimizer is not None:
+            scale_optimizer.zero_grad()
+        loss.backward()
+        weight_optimizer.step()
+        if scale_optimizer is not None:
+            scale_optimizer.step()
+        tick(step + 1)
+    module.set_weight_mode("hard")
+
+
+def reconstruct(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    calibration: Mapping[str, np.ndarray] | Batches,
+    config: QuantizeConfig,
+    *,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> ReconstructionResult:
+    """Learned rounding per ``config.reconstruction`` for a calibrated ``annotation`` (module docstring).
+
+    Returns new ``prepared``/``annotation`` objects (the inputs are not modified); export them as usual.
+    Raises ValueError without ``config.reconstruction``, ``Canceled`` when ``should_cancel()`` turns True.
+    """
+    rc = config.reconstruction
+    if rc is None:
+        raise ValueError("config.reconstruction is None: nothing to reconstruct")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    device = torch.device(config.device)
+    monitor = Monitor(progress, should_cancel)
+    samples, count, batch = _samples(calibration, prepared, rc.num_samples, config.batch_size)
+    graph = prepared.model.graph
+    index = GraphIndex(graph)
+    blocks = partition(graph, annotation, blockwise=rc.blockwise)
+    configs = dict(annotation.configs)
+    weights = {name: index.array(name).astype(np.float32) for name in annotation.parameters}
+    changed: dict[str, np.ndarray] = {}
+    done: set[str] = set()  # weights already learned (or kept) in an earlier block
+    scaled: set[str] = set()  # dominator roots whose scale an earlier block owned
+    reports: list[BlockReport] = []
+    boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in index.graph_inputs))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_torch_threads(rc.threads if device.type == "cpu" else 0))
+        fp_session = stack.enter_context(open_session(_exposing(prepared.model, boundary), device=config.device))
+        for k, block in enumerate(blocks):
+            monitor.check(STAGE)
+            base = {"name": block.name, "kind": block.kind, "nodes": block.node_names, "weights": list(block.weights)}
+            learn = {w for w in block.weights if w not in done and learnable_weight(configs[w])}
+            if block.unsupported:
+                warning = (
+                    f"block {block.name!r} kept at round-to-nearest: no torch converter for "
+                    f"{', '.join(block.unsupported)}"
+                )
+                reports.append(BlockReport(**base, status="unsupported", warning=warning))
+                done |= set(block.weights)
+                continue
+            if not learn:
+                reports.append(BlockReport(**base, status="nothing_to_learn"))
+                continue
+            started = time.perf_counter()
+            qdq_model = build_qdq_model(_with_weights(prepared, changed), annotation.with_configs(configs))
+            drop = rc.effective_drop_prob > 0
+            cache = _fill_cache(
+                block, fp_session, qdq_model, samples, count, batch, rc.cache_bytes, config.device, drop
+            )
+            try:
+                roots = {dominator_root(t, configs) for t in _read_activations(block, annotation)}
+                learned = (
+                    {r for r in roots if r not in scaled and learnable_activation(configs[r])}
+                    if rc.learns_activation_scales
+                    else set()
+                )
+                module = BlockModule(
+                    block, index, annotation, configs, weights, learn=learn, learned=learned, device=device
+                )
+                before = _block_loss(module, cache, count, device)
+                every = max(1, rc.iters // REPORTS_PER_BLOCK)
+
+                def tick(step: int, k: int = k) -> None:
+                    if step % CANCEL_EVERY == 0:
+                        monitor.check(STAGE)
+                    if step % every == 0:
+                        monitor.report(
+                            STAGE,
+                            (k + step / rc.iters) / len(blocks),
+                            f"block {k + 1}/{len(blocks)} step {step}/{rc.iters}",
+                        )
+
+                _train(module, cache, count, rc, rc.seed + k, device, tick)
+                after = _block_loss(module, cache, count, device)
+                kept_nearest = not after < before
+                if not kept_nearest:
+                    changed.update(module.weight_values())
+                    weights.update(module.weight_values())
+                    for root, scale in module.learned_scales().items():
+                        _set_scale(configs, root, scale)
+            finally:
+                cache.close()
+            done |= learn
+            scaled |= roots
+            reports.append(
+                BlockReport(
+                    **base,
+                    status="kept_nearest" if kept_nearest else "reconstructed",
+                    iters=rc.iters,
+                    loss_before=before,
+                    loss_after=after,
+                    seconds=round(time.perf_counter() - started, 3),
+                    cache=cache.kind,
+                )
+            )
+    return ReconstructionResult(
+        prepared=_with_weights(prepared, changed),
+        annotation=annotation.with_configs(configs),
+        blocks=tuple(reports),
+        config=rc,
+        num_samples=count,
+        device=config.device,
+    )
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int):
+    """torch's intra-op thread count set to ``threads`` (0: unchanged) for the block, then restored."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _read_activations(block: Block, annotation: Annotation) -> list[str]:
+    names = {node.name for node in block.nodes}
+    return [t for t in annotation.activations if any(use.node in names for use in annotation.consumers[t])]
+
+
+def _set_scale(configs: dict, root: str, scale: np.ndarray) -> None:
+    """Give ``root`` and every tensor sharing its scale (dominator chain) the learned ``scale``."""
+    members = [name for name in configs if dominator_root(name, configs) == root]
+    for name in members:
+        tqc = configs[name]
+        state = QuantState.ACTIVATED if name == root else QuantState.PASSIVE
+        configs[name] = tqc.with_scale(scale.reshape(np.shape(tqc.scale)), tqc.offset, state=state)
