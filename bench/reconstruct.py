@@ -9,8 +9,9 @@ ResNet (stem, two basic blocks at 8x8 with identity shortcuts, one at 4x4 with a
 projection shortcut, global pooling, linear head). Protocol as the published tables (platform
 ``academic``: asymmetric per-channel weights, first and last layer at 8 bit): calibration and
 reconstruction on 1024 training samples, accuracy of the *exported QDQ model run by ONNX Runtime*
-(exact Q/DQ arithmetic) on the 500 held-out samples. Wall time is the reconstruct call alone (CPU,
-one torch thread). "recovered" is (acc − RTN) / (FP32 − RTN), the share of the RTN-to-FP32 gap closed.
+(exact Q/DQ arithmetic) on the 500 held-out samples, and the SQNR of its logits against
+FP32's. Wall time is the reconstruct call alone (CPU,
+one torch thread). "recovered" is (acc - RTN) / (FP32 - RTN), the share of the RTN-to-FP32 gap closed.
 """
 
 from __future__ import annotations
@@ -107,17 +108,25 @@ def build_resnet(out_dir: Path, *, epochs: int = 15, seed: int = 0) -> Path:
     return path
 
 
-def accuracy(model_path: Path, images: np.ndarray, labels: np.ndarray) -> float:
+def logits(model_path: Path, images: np.ndarray) -> np.ndarray:
     with open_session(model_path, exact_qdq=True) as session:
-        logits = session.run(None, {"input": images})[0]
-    return float((logits.argmax(1) == labels).mean())
+        return session.run(None, {"input": images})[0]
+
+
+def measure(model_path: Path, images: np.ndarray, labels: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """(top-1, SQNR of the logits against FP32 in dB = 10·log10(Σ y² / Σ (ŷ - y)²))."""
+    values = logits(model_path, images)
+    noise = float(((values - reference) ** 2).sum())
+    sqnr = float("inf") if noise == 0 else 10 * np.log10(float((reference**2).sum()) / noise)
+    return float((values.argmax(1) == labels).mean()), sqnr
 
 
 def run_model(name: str, model_path: Path, precisions, methods, iters: int, workdir: Path) -> list[dict]:
     images, labels = load_dataset(0)
     calibration = {"input": images[:CALIBRATION_SAMPLES]}
     heldout, heldout_labels = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
-    fp32 = accuracy(model_path, heldout, heldout_labels)
+    reference = logits(model_path, heldout)
+    fp32 = float((reference.argmax(1) == heldout_labels).mean())
     prepared = prepare(model_path)
     rows = []
     for precision in precisions:
@@ -125,7 +134,8 @@ def run_model(name: str, model_path: Path, precisions, methods, iters: int, work
         annotation = calibrate(prepared, annotate(prepared, base), calibration, base)
         out = workdir / name / precision
         row = {"model": name, "precision": precision, "fp32": fp32}
-        row["rtn"] = accuracy(export(prepared, annotation, out / "rtn").model_path, heldout, heldout_labels)
+        rtn_path = export(prepared, annotation, out / "rtn").model_path
+        row["rtn"], row["rtn_sqnr"] = measure(rtn_path, heldout, heldout_labels, reference)
         for method in methods:
             config = QuantizeConfig(
                 platform="academic",
@@ -137,14 +147,24 @@ def run_model(name: str, model_path: Path, precisions, methods, iters: int, work
             result = reconstruct(prepared, annotation, calibration, config)
             row[f"{method}_seconds"] = time.perf_counter() - started
             exported = export(result.prepared, result.annotation, out / method)
-            row[method] = accuracy(exported.model_path, heldout, heldout_labels)
-            print(f"{name} {precision} {method}: {row[method]:.3f} ({row[f'{method}_seconds']:.0f} s)", file=sys.stderr)
+            row[method], row[f"{method}_sqnr"] = measure(exported.model_path, heldout, heldout_labels, reference)
+            print(f"{name} {precision} {method}: {row[method]:.3f} {row[f'{method}_sqnr']:.1f} dB", file=sys.stderr)
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict], methods) -> str:
-    head = ["model", "W/A", "FP32", "RTN", *methods, *(f"{m} s" for m in methods), "QDrop recovered"]
+    head = [
+        "model",
+        "W/A",
+        "FP32",
+        "RTN",
+        *methods,
+        "QDrop recovered",
+        "SQNR dB: RTN",
+        *methods,
+        *(f"{m} s" for m in methods),
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         gap = row["fp32"] - row["rtn"]
@@ -155,8 +175,10 @@ def table(rows: list[dict], methods) -> str:
             f"{100 * row['fp32']:.1f}",
             f"{100 * row['rtn']:.1f}",
             *(f"{100 * row[m]:.1f}" for m in methods),
-            *(f"{row[f'{m}_seconds']:.0f}" for m in methods),
             recovered,
+            f"{row['rtn_sqnr']:.1f}",
+            *(f"{row[f'{m}_sqnr']:.1f}" for m in methods),
+            *(f"{row[f'{m}_seconds']:.0f}" for m in methods),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -167,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="digits,resnet")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--iters", type=int, default=500, help="reconstruction steps per block")
+    parser.add_argument("--iters", type=int, default=300, help="reconstruction steps per block")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # small models: one thread is fastest and does not fight other processes

@@ -41,11 +41,12 @@ class ReconstructionConfig:
     element-wise with probability ``drop_prob``, Wei et al. 2022). iters: optimizer steps per block;
     batch_size: samples per step, drawn from the first ``num_samples`` calibration samples.
     weight_lr: Adam step on the rounding variables V (None: ``rounding_lr``'s default); activation_lr:
-    Adam step on log s of the learned activation scales. rounding_loss_weight λ, warmup (fraction of iters without the rounding loss),
-    beta_start → beta_end (β annealed linearly after the warm-up). cache_bytes: block inputs/targets are
-    held in memory up to this size and memory-mapped from a temporary file beyond it. seed: sampling,
-    dropping and everything else random. threads: torch intra-op threads on CPU while reconstructing
-    (0: torch's default; 1 is fastest for small blocks on a shared machine).
+    Adam step on log s of the learned activation scales. rounding_loss_weight λ, warmup (fraction of
+    iters without the rounding loss), beta_start → beta_end (β annealed linearly after the warm-up).
+    cache_bytes: block inputs/targets are held in memory up to this size and memory-mapped from a
+    temporary file beyond it. seed: sampling, dropping and everything else random. threads: torch
+    intra-op threads on CPU while reconstructing (0: torch's default; 1 is fastest for small blocks on
+    a shared machine).
     """
 
     method: str = "qdrop"

@@ -2,14 +2,14 @@
 
 With per-channel (or per-tensor) scale s and integer offset o of the weight's ``TensorQuantConfig``::
 
-    h(V)  = clip(σ(V)·(ζ − γ) + γ, 0, 1)                 rectified sigmoid, ζ = 1.1, γ = −0.1
-    W̃     = (clip(⌊W/s⌋ + h(V) + o, quant_min, quant_max) − o) · s     soft (training)
-    W_q   = (clip(⌊W/s⌋ + [V ≥ 0] + o, quant_min, quant_max) − o) · s  hard (after ``harden``)
-    R(V)  = Σ (1 − |2h(V) − 1|^β)                        rounding regularizer, β annealed
+    h(V)  = clip(sigmoid(V)·(zeta - gamma) + gamma, 0, 1)                 rectified sigmoid, zeta = 1.1, gamma = -0.1
+    W̃     = (clip(⌊W/s⌋ + h(V) + o, quant_min, quant_max) - o) · s     soft (training)
+    W_q   = (clip(⌊W/s⌋ + [V ≥ 0] + o, quant_min, quant_max) - o) · s  hard (after ``harden``)
+    R(V)  = Σ (1 - |2h(V) - 1|^β)                        rounding regularizer, β annealed
 
 V starts where h(V) equals the fractional part of W/s, so the soft weight starts equal to W (inside the
 grid's range). Hard values are ⌊W/s⌋ or ⌊W/s⌋ + 1 before the clip: every weight stays on the grid, and
-``grid_values`` are exactly (q − o)·s in float32, so the exporter's QuantizeLinear recovers q exactly.
+``grid_values`` are exactly (q - o)·s in float32, so the exporter's QuantizeLinear recovers q exactly.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class AdaRoundWeight(nn.Module):
         self.register_buffer("weight", w)  # (original W; never updated)
         scaled = w / self.scale
         self.register_buffer("floor", torch.floor(scaled))
-        rest = (scaled - self.floor).clamp(1e-6, 1 - 1e-6)  # h(V) = rest ⇔ σ(V) = (rest − γ)/(ζ − γ)
+        rest = (scaled - self.floor).clamp(1e-6, 1 - 1e-6)  # h(V) = rest ⇔ sigmoid(V) = (rest - gamma)/(zeta - gamma)
         self.v = nn.Parameter(-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1))
         self.mode = "nearest"
 
@@ -71,13 +71,13 @@ class AdaRoundWeight(nn.Module):
         return self._grid(torch.round(self.weight / self.scale))  # half-even, as the exporter
 
     def regularizer(self, beta: float) -> torch.Tensor:
-        """R(V) = Σ (1 − |2h(V) − 1|^β)."""
+        """R(V) = Σ (1 - |2h(V) - 1|^β)."""
         return (1 - (2 * rectified_sigmoid(self.v) - 1).abs().pow(beta)).sum()
 
     def harden(self) -> None:
         self.mode = "hard"
 
     def grid_values(self) -> np.ndarray:
-        """The current weight as float32 values on the grid, (q − o)·s, W's shape."""
+        """The current weight as float32 values on the grid, (q - o)·s, W's shape."""
         with torch.no_grad():
             return self.forward().detach().cpu().numpy().astype(np.float32)

@@ -20,6 +20,7 @@ the reconstruction loop leaves it at round-to-nearest and says so.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -116,7 +117,7 @@ def _units(nodes: list[onnx.NodeProto], graph: onnx.GraphProto, parameters: froz
     bounds = [-1, *_cuts(nodes, graph), len(nodes) - 1]
     units: list[list] = []
     leading: list = []  # convertible weight-free segments before the first weighted one
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         segment = nodes[a + 1 : b + 1]
         convertible = all(n.op_type in OPS for n in segment)
         if any(is_weighted(n, parameters) for n in segment):

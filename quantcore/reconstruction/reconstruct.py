@@ -8,13 +8,13 @@ For each block of ``blocks.partition`` in graph order (AdaRound: layers; BRECQ/Q
    reconstructed), the FP32 model's inputs (QDrop) and the FP32 model's outputs (the target);
 2. minimise, with Adam over ``iters`` steps of ``batch_size`` random samples,
 
-       L = E_batch ||f_q(x_q) − f(x)||²  +  λ · Σ_weights R(V)      (R from ``adaround``; λ = 0 in warm-up)
+       L = E_batch ||f_q(x_q) - f(x)||²  +  λ · Σ_weights R(V)      (R from ``adaround``; λ = 0 in warm-up)
 
    where f_q is the block with learned rounding (and learned activation scales, dropped activation
    quantization for QDrop) and ||·||² sums over all but the batch axis;
 3. harden V to floor/ceil; if the block's loss on all cached samples is not below round-to-nearest's,
    keep round-to-nearest (reported as ``kept_nearest``);
-4. commit: the weights become their grid values (q − o)·s in the returned model, the learned scales
+4. commit: the weights become their grid values (q - o)·s in the returned model, the learned scales
    go into the returned annotation (dominator groups share them).
 
 A block with an op ``torch_ops`` cannot run stays at round-to-nearest with a warning. Deterministic
@@ -214,6 +214,88 @@ def _train(module: BlockModule, cache: BlockCache, count: int, rc: Reconstructio
     module.set_weight_mode("hard")
 
 
+class _Run:
+    """The state one reconstruction carries from block to block: current weights and configs, which
+    weights and scales earlier blocks own, the samples and the FP32 session."""
+
+    def __init__(self, prepared, annotation, rc, samples, count, batch, device, monitor, fp_session) -> None:
+        self.prepared, self.annotation, self.rc = prepared, annotation, rc
+        self.samples, self.count, self.batch = samples, count, batch
+        self.device, self.monitor, self.fp_session = device, monitor, fp_session
+        self.index = GraphIndex(prepared.model.graph)
+        self.configs = dict(annotation.configs)
+        self.weights = {name: self.index.array(name).astype(np.float32) for name in annotation.parameters}
+        self.changed: dict[str, np.ndarray] = {}  # learned weights, as grid values
+        self.done: set[str] = set()  # weights learned (or left) by an earlier block
+        self.scaled: set[str] = set()  # dominator roots whose scale an earlier block owned
+
+    def block(self, k: int, total: int, block: Block) -> BlockReport:
+        rc = self.rc
+        base = {"name": block.name, "kind": block.kind, "nodes": block.node_names, "weights": list(block.weights)}
+        learn = {w for w in block.weights if w not in self.done and learnable_weight(self.configs[w])}
+        if block.unsupported:
+            self.done |= set(block.weights)
+            warning = (
+                f"block {block.name!r} kept at round-to-nearest: no torch converter for {', '.join(block.unsupported)}"
+            )
+            return BlockReport(**base, status="unsupported", warning=warning)
+        if not learn:
+            return BlockReport(**base, status="nothing_to_learn")
+        started = time.perf_counter()
+        qdq_model = build_qdq_model(
+            _with_weights(self.prepared, self.changed), self.annotation.with_configs(self.configs)
+        )
+        drop = rc.effective_drop_prob > 0
+        cache = _fill_cache(
+            block, self.fp_session, qdq_model, self.samples, self.count, self.batch, rc.cache_bytes,
+            self.device.type, drop,
+        )  # fmt: skip
+        roots = {dominator_root(t, self.configs) for t in _read_activations(block, self.annotation)}
+        learned = {r for r in roots - self.scaled if learnable_activation(self.configs[r])}
+        module = BlockModule(
+            block,
+            self.index,
+            self.annotation,
+            self.configs,
+            self.weights,
+            learn=learn,
+            learned=learned if rc.learns_activation_scales else set(),
+            device=self.device,
+        )
+        every = max(1, rc.iters // REPORTS_PER_BLOCK)
+
+        def tick(step: int) -> None:
+            if step % CANCEL_EVERY == 0:
+                self.monitor.check(STAGE)
+            if step % every == 0:
+                message = f"block {k + 1}/{total} step {step}/{rc.iters}"
+                self.monitor.report(STAGE, (k + step / rc.iters) / total, message)
+
+        try:
+            before = _block_loss(module, cache, self.count, self.device)
+            _train(module, cache, self.count, rc, rc.seed + k, self.device, tick)
+            after = _block_loss(module, cache, self.count, self.device)
+        finally:
+            cache.close()
+        improved = after < before
+        if improved:
+            self.changed.update(module.weight_values())
+            self.weights.update(module.weight_values())
+            for root, scale in module.learned_scales().items():
+                _set_scale(self.configs, root, scale)
+        self.done |= learn
+        self.scaled |= roots
+        return BlockReport(
+            **base,
+            status="reconstructed" if improved else "kept_nearest",
+            iters=rc.iters,
+            loss_before=before,
+            loss_after=after,
+            seconds=round(time.perf_counter() - started, 3),
+            cache=cache.kind,
+        )
+
+
 def reconstruct(
     prepared: PreparedModel,
     annotation: Annotation,
@@ -236,89 +318,20 @@ def reconstruct(
     device = torch.device(config.device)
     monitor = Monitor(progress, should_cancel)
     samples, count, batch = _samples(calibration, prepared, rc.num_samples, config.batch_size)
-    graph = prepared.model.graph
-    index = GraphIndex(graph)
-    blocks = partition(graph, annotation, blockwise=rc.blockwise)
-    configs = dict(annotation.configs)
-    weights = {name: index.array(name).astype(np.float32) for name in annotation.parameters}
-    changed: dict[str, np.ndarray] = {}
-    done: set[str] = set()  # weights already learned (or kept) in an earlier block
-    scaled: set[str] = set()  # dominator roots whose scale an earlier block owned
-    reports: list[BlockReport] = []
-    boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in index.graph_inputs))
+    blocks = partition(prepared.model.graph, annotation, blockwise=rc.blockwise)
+    graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
+    boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in graph_inputs))
     with contextlib.ExitStack() as stack:
         stack.enter_context(_torch_threads(rc.threads if device.type == "cpu" else 0))
         fp_session = stack.enter_context(open_session(_exposing(prepared.model, boundary), device=config.device))
+        run = _Run(prepared, annotation, rc, samples, count, batch, device, monitor, fp_session)
+        reports = []
         for k, block in enumerate(blocks):
             monitor.check(STAGE)
-            base = {"name": block.name, "kind": block.kind, "nodes": block.node_names, "weights": list(block.weights)}
-            learn = {w for w in block.weights if w not in done and learnable_weight(configs[w])}
-            if block.unsupported:
-                warning = (
-                    f"block {block.name!r} kept at round-to-nearest: no torch converter for "
-                    f"{', '.join(block.unsupported)}"
-                )
-                reports.append(BlockReport(**base, status="unsupported", warning=warning))
-                done |= set(block.weights)
-                continue
-            if not learn:
-                reports.append(BlockReport(**base, status="nothing_to_learn"))
-                continue
-            started = time.perf_counter()
-            qdq_model = build_qdq_model(_with_weights(prepared, changed), annotation.with_configs(configs))
-            drop = rc.effective_drop_prob > 0
-            cache = _fill_cache(
-                block, fp_session, qdq_model, samples, count, batch, rc.cache_bytes, config.device, drop
-            )
-            try:
-                roots = {dominator_root(t, configs) for t in _read_activations(block, annotation)}
-                learned = (
-                    {r for r in roots if r not in scaled and learnable_activation(configs[r])}
-                    if rc.learns_activation_scales
-                    else set()
-                )
-                module = BlockModule(
-                    block, index, annotation, configs, weights, learn=learn, learned=learned, device=device
-                )
-                before = _block_loss(module, cache, count, device)
-                every = max(1, rc.iters // REPORTS_PER_BLOCK)
-
-                def tick(step: int, k: int = k) -> None:
-                    if step % CANCEL_EVERY == 0:
-                        monitor.check(STAGE)
-                    if step % every == 0:
-                        monitor.report(
-                            STAGE,
-                            (k + step / rc.iters) / len(blocks),
-                            f"block {k + 1}/{len(blocks)} step {step}/{rc.iters}",
-                        )
-
-                _train(module, cache, count, rc, rc.seed + k, device, tick)
-                after = _block_loss(module, cache, count, device)
-                kept_nearest = not after < before
-                if not kept_nearest:
-                    changed.update(module.weight_values())
-                    weights.update(module.weight_values())
-                    for root, scale in module.learned_scales().items():
-                        _set_scale(configs, root, scale)
-            finally:
-                cache.close()
-            done |= learn
-            scaled |= roots
-            reports.append(
-                BlockReport(
-                    **base,
-                    status="kept_nearest" if kept_nearest else "reconstructed",
-                    iters=rc.iters,
-                    loss_before=before,
-                    loss_after=after,
-                    seconds=round(time.perf_counter() - started, 3),
-                    cache=cache.kind,
-                )
-            )
+            reports.append(run.block(k, len(blocks), block))
     return ReconstructionResult(
-        prepared=_with_weights(prepared, changed),
-        annotation=annotation.with_configs(configs),
+        prepared=_with_weights(prepared, run.changed),
+        annotation=annotation.with_configs(run.configs),
         blocks=tuple(reports),
         config=rc,
         num_samples=count,

@@ -9,7 +9,16 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, export, prepare, reconstruct
+from quantcore import (
+    QuantizeConfig,
+    ReconstructionConfig,
+    annotate,
+    calibrate,
+    export,
+    prepare,
+    quantize,
+    reconstruct,
+)
 from quantcore.errors import Canceled
 from quantcore.fake_quant import quantize_array
 from quantcore.graph import GraphIndex
@@ -233,3 +242,19 @@ def test_disk_cache_gives_the_same_result(tiny) -> None:
 def test_config_refuses_bad_values(field, value) -> None:
     with pytest.raises(ValueError, match=f"reconstruction.{field}"):
         ReconstructionConfig(**{field: value})
+
+
+def test_quantize_runs_the_reconstruct_stage_and_reports_it(tmp_path) -> None:
+    path = tmp_path / "residual.onnx"
+    residual_model(path)
+    events = []
+    result = quantize(
+        path, DATA, DATA, recon("adaround", iters=20), tmp_path / "out", progress=lambda *e: events.append(e)
+    )
+    stages = [stage for stage, _, _ in events]
+    assert stages.index("calibrate") < stages.index("reconstruct") < stages.index("export")
+    section = result.report["reconstruction"]
+    assert section["method"] == "adaround" and section["num_samples"] == 128
+    assert [b["nodes"] for b in section["blocks"]] == [["conv0", "relu0"], ["conv1", "middle"], ["conv2"], ["head"]]
+    assert all(b["status"] in ("reconstructed", "kept_nearest") for b in section["blocks"])
+    assert result.report["config"]["reconstruction"]["iters"] == 20
