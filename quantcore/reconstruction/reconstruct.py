@@ -40,6 +40,7 @@ from quantcore.annotation import Annotation
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import dominator_root
 from quantcore.config import QuantizeConfig, ReconstructionConfig
+from quantcore.errors import InvalidDataError
 from quantcore.graph import GraphIndex
 from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
@@ -98,7 +99,9 @@ class ReconstructionResult:
 
 
 def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: PreparedModel, limit: int, batch: int):
-    """The first ``limit`` calibration samples as {input: (N, ...)} arrays of the model's dtypes."""
+    """The first ``limit`` calibration samples as {input: (N, ...)} arrays of the model's dtypes, N, the
+    ONNX Runtime batch size, and whether the model fixes it (N is then a multiple of it, and every torch
+    forward uses exactly that many samples, since the graph may hard-code it in a Reshape)."""
     batches = (
         calibration
         if isinstance(calibration, Batches)
@@ -113,7 +116,13 @@ def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: Prepared
         count += take
         if count >= limit:
             break
-    return {name: np.concatenate(values) for name, values in parts.items()}, count, batches.batch_size
+    fixed = any(spec.fixed_batch is not None for spec in batches.specs)
+    if fixed:
+        count = count // batches.batch_size * batches.batch_size
+    if count == 0:
+        raise InvalidDataError("reconstruction needs at least one batch of calibration samples")
+    arrays = {name: np.concatenate(values)[:count] for name, values in parts.items()}
+    return arrays, count, batches.batch_size, fixed
 
 
 def _with_weights(prepared: PreparedModel, weights: Mapping[str, np.ndarray]) -> PreparedModel:
@@ -171,19 +180,21 @@ def _loss(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Ten
     return sum(((o - t) ** 2).reshape(len(o), -1).sum(1).mean() for o, t in zip(outputs, targets, strict=True))
 
 
-def _block_loss(module: BlockModule, cache: BlockCache, count: int, device) -> float:
+def _block_loss(module: BlockModule, cache: BlockCache, count: int, device, chunk: int) -> float:
     module.eval()
     total = 0.0
     with torch.no_grad():
-        for start in range(0, count, EVAL_BATCH):
-            index = np.arange(start, min(count, start + EVAL_BATCH))
+        for start in range(0, count, chunk):
+            index = np.arange(start, min(count, start + chunk))
             outputs = module(_tensors(cache, "q", module.block.inputs, index, device))
             targets = list(_tensors(cache, "y", module.block.outputs, index, device).values())
             total += float(_loss(outputs, targets)) * len(index)
     return total / count
 
 
-def _train(module: BlockModule, cache: BlockCache, count: int, rc: ReconstructionConfig, seed: int, device, tick):
+def _train(
+    module: BlockModule, cache: BlockCache, count: int, batch: int, rc: ReconstructionConfig, seed: int, device, tick
+):
     """Adam on V (``rc.rounding_lr``) and on the log-scales (activation_lr), ``rc.iters`` steps."""
     weight_optimizer = torch.optim.Adam([m.v for m in module.adaround.values()], lr=rc.rounding_lr)
     scale_parameters = list(module.log_scales.values())
@@ -195,7 +206,7 @@ def _train(module: BlockModule, cache: BlockCache, count: int, rc: Reconstructio
     module.set_weight_mode("soft")
     module.train()
     for step in range(rc.iters):
-        index = np.sort(torch.randint(count, (min(rc.batch_size, count),), generator=sampler).numpy())
+        index = np.sort(torch.randint(count, (min(batch, count),), generator=sampler).numpy())
         inputs = _tensors(cache, "q", module.block.inputs, index, device)
         fp_inputs = _tensors(cache, "fp", module.block.inputs, index, device) if drop else None
         targets = list(_tensors(cache, "y", module.block.outputs, index, device).values())
@@ -228,6 +239,7 @@ class _Run:
         self.changed: dict[str, np.ndarray] = {}  # learned weights, as grid values
         self.done: set[str] = set()  # weights learned (or left) by an earlier block
         self.scaled: set[str] = set()  # dominator roots whose scale an earlier block owned
+        self.train_batch, self.eval_batch = rc.batch_size, EVAL_BATCH  # the model's own when it fixes one
 
     def block(self, k: int, total: int, block: Block) -> BlockReport:
         rc = self.rc
@@ -272,9 +284,9 @@ class _Run:
                 self.monitor.report(STAGE, (k + step / rc.iters) / total, message)
 
         try:
-            before = _block_loss(module, cache, self.count, self.device)
-            _train(module, cache, self.count, rc, rc.seed + k, self.device, tick)
-            after = _block_loss(module, cache, self.count, self.device)
+            before = _block_loss(module, cache, self.count, self.device, self.eval_batch)
+            _train(module, cache, self.count, self.train_batch, rc, rc.seed + k, self.device, tick)
+            after = _block_loss(module, cache, self.count, self.device, self.eval_batch)
         finally:
             cache.close()
         improved = after < before
@@ -317,7 +329,7 @@ def reconstruct(
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
     device = torch.device(config.device)
     monitor = Monitor(progress, should_cancel)
-    samples, count, batch = _samples(calibration, prepared, rc.num_samples, config.batch_size)
+    samples, count, batch, fixed = _samples(calibration, prepared, rc.num_samples, config.batch_size)
     blocks = partition(prepared.model.graph, annotation, blockwise=rc.blockwise)
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
     boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in graph_inputs))
@@ -325,6 +337,7 @@ def reconstruct(
         stack.enter_context(_torch_threads(rc.threads if device.type == "cpu" else 0))
         fp_session = stack.enter_context(open_session(_exposing(prepared.model, boundary), device=config.device))
         run = _Run(prepared, annotation, rc, samples, count, batch, device, monitor, fp_session)
+        run.train_batch, run.eval_batch = (batch, batch) if fixed else (rc.batch_size, EVAL_BATCH)
         reports = []
         for k, block in enumerate(blocks):
             monitor.check(STAGE)

@@ -30,7 +30,7 @@ from quantcore.tqc import QuantState, TensorQuantConfig
 C = 6  # channels of the tiny residual model
 
 
-def residual_model(path, *, middle: str = "Relu", seed: int = 0) -> None:
+def residual_model(path, *, middle: str = "Relu", seed: int = 0, batch: int | str = "N") -> None:
     """x (N,3,6,6) → Conv0 → Relu0 = t → Conv1 → <middle> → Conv2 → Add(t) → Relu2 → GAP → Flatten → Gemm.
 
     t is read by Conv1 and by the Add: a multi-consumer tensor and a residual connection."""
@@ -65,8 +65,8 @@ def residual_model(path, *, middle: str = "Relu", seed: int = 0) -> None:
     graph = helper.make_graph(
         nodes,
         "residual",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 6, 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 4])],
         initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -233,6 +233,16 @@ def test_disk_cache_gives_the_same_result(tiny) -> None:
     disk = reconstruct(prepared, annotation, DATA, recon("adaround", iters=30, cache_bytes=0))
     assert {b.cache for b in disk.blocks if b.cache} == {"disk"}
     assert [b.loss_after for b in memory.blocks] == [b.loss_after for b in disk.blocks]
+
+
+def test_a_fixed_batch_dimension_is_respected(tmp_path) -> None:
+    path = tmp_path / "fixed.onnx"
+    residual_model(path, batch=8)
+    prepared = prepare(path)
+    annotation = calibrate(prepared, annotate(prepared, CONFIG), DATA, CONFIG)
+    result = reconstruct(prepared, annotation, DATA, recon("brecq", iters=10, num_samples=100))
+    assert result.num_samples == 96  # whole batches of 8 only
+    assert all(b.status in ("reconstructed", "kept_nearest") for b in result.blocks)
 
 
 @pytest.mark.parametrize(
