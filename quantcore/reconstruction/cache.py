@@ -16,20 +16,21 @@ import numpy as np
 
 
 class BlockCache:
-    """name → (N, ...) float32 array; ``kind`` is "memory" or "disk"."""
+    """name → (N, ...) array of the dtype given (float32 activations; integer tensors such as a shape
+    computed outside the block keep theirs); ``kind`` is "memory" or "disk"."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], budget: int) -> None:
-        total = sum(4 * math.prod(shape) for shape in shapes.values())
+    def __init__(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]], budget: int) -> None:
+        total = sum(np.dtype(dtype).itemsize * math.prod(shape) for shape, dtype in specs.values())
         self.nbytes = total
         self.kind = "memory" if total <= budget else "disk"
         self._directory = tempfile.TemporaryDirectory(prefix="quantcore-recon-") if self.kind == "disk" else None
         self.arrays: dict[str, np.ndarray] = {}
-        for i, (name, shape) in enumerate(shapes.items()):
+        for i, (name, (shape, dtype)) in enumerate(specs.items()):
             if self._directory is None:
-                self.arrays[name] = np.empty(shape, np.float32)
+                self.arrays[name] = np.empty(shape, dtype)
             else:
-                path = Path(self._directory.name) / f"{i}.f32"
-                self.arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+                path = Path(self._directory.name) / f"{i}.npy"
+                self.arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]

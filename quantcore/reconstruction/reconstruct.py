@@ -165,7 +165,9 @@ def _fill_cache(block: Block, fp_session, qdq_model: onnx.ModelProto, samples, c
                 **{f"y:{n}": fp[n] for n in block.outputs},
             }
             if cache is None:
-                cache = BlockCache({k: (count, *np.shape(v)[1:]) for k, v in values.items()}, budget)
+                cache = BlockCache(
+                    {k: ((count, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in values.items()}, budget
+                )
             for key, value in values.items():
                 cache[key][start:end] = value
     return cache
