@@ -231,7 +231,7 @@ class _Run:
     """The state one reconstruction carries from block to block: current weights and configs, which
     weights and scales earlier blocks own, the samples and the FP32 session."""
 
-    def __init__(self, prepared, annotation, rc, samples, count, batch, device, monitor, fp_session) -> None:
+    def __init__(self, prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session) -> None:
         self.prepared, self.annotation, self.rc = prepared, annotation, rc
         self.samples, self.count, self.batch = samples, count, batch
         self.device, self.monitor, self.fp_session = device, monitor, fp_session
@@ -241,7 +241,8 @@ class _Run:
         self.changed: dict[str, np.ndarray] = {}  # learned weights, as grid values
         self.done: set[str] = set()  # weights learned (or left) by an earlier block
         self.scaled: set[str] = set()  # dominator roots whose scale an earlier block owned
-        self.train_batch, self.eval_batch = rc.batch_size, EVAL_BATCH  # the model's own when it fixes one
+        # samples per torch forward: the model's own batch when it fixes one
+        self.train_batch, self.eval_batch = (batch, batch) if fixed else (rc.batch_size, EVAL_BATCH)
 
     def block(self, k: int, total: int, block: Block) -> BlockReport:
         rc = self.rc
@@ -338,8 +339,7 @@ def reconstruct(
     with contextlib.ExitStack() as stack:
         stack.enter_context(_torch_threads(rc.threads if device.type == "cpu" else 0))
         fp_session = stack.enter_context(open_session(_exposing(prepared.model, boundary), device=config.device))
-        run = _Run(prepared, annotation, rc, samples, count, batch, device, monitor, fp_session)
-        run.train_batch, run.eval_batch = (batch, batch) if fixed else (rc.batch_size, EVAL_BATCH)
+        run = _Run(prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session)
         reports = []
         for k, block in enumerate(blocks):
             monitor.check(STAGE)
