@@ -108,10 +108,10 @@ class DeploySpec(_Spec):
 
 
 class ReconstructionSpec(_Spec):
-    method: Literal["adaround", "brecq", "qdrop"] = Field(
-        "qdrop",
-        description="adaround: learned rounding layer by layer; brecq: block by block with learned activation "
-        "scales; qdrop: brecq with activation quantization randomly dropped during reconstruction.",
+    method: Literal["none", "adaround", "brecq", "qdrop"] = Field(
+        "none",
+        description="none: round to nearest; adaround: learned rounding layer by layer; brecq: block by block "
+        "with learned activation scales; qdrop: brecq with activation quantization randomly dropped while learning.",
     )
     iters: int = Field(2000, ge=1, le=100_000, description="Optimizer steps per block (the papers use 20000 on GPU).")
     batch_size: int = Field(32, ge=1, le=1024, description="Samples per reconstruction step.")
@@ -153,7 +153,7 @@ class Recipe(_Spec):
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
     reconstruction: ReconstructionSpec | None = Field(
-        None, description="Learned rounding after calibration (AdaRound, BRECQ, QDrop); null for none."
+        None, description="Learned rounding after calibration (AdaRound, BRECQ, QDrop); null or method none for none."
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
 

@@ -120,6 +120,8 @@ def test_reconstruction_translates_with_the_recipe_seed() -> None:
     assert (reconstruction.method, reconstruction.iters, reconstruction.seed) == ("brecq", 500, 7)
     assert reconstruction.drop_prob == 0.25 and reconstruction.cache_bytes == 64 * 2**20
     assert to_quantize_config(Recipe.model_validate({})).reconstruction is None
+    for off in ({"reconstruction": None}, {"reconstruction": {"method": "none", "iters": 10}}):
+        assert to_quantize_config(Recipe.model_validate(off)).reconstruction is None
 
 
 def test_recipe_choices_match_quantcore() -> None:

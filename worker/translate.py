@@ -16,7 +16,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
     spec = recipe.reconstruction
     reconstruction = (
         None
-        if spec is None
+        if spec is None or spec.method == "none"
         else ReconstructionConfig(
             method=spec.method,
             iters=spec.iters,
