@@ -152,6 +152,27 @@ class TargetSpec(_Spec):
         return value
 
 
+class ReconstructionSpec(_Spec):
+    method: Literal["none", "adaround", "brecq", "qdrop"] = Field(
+        "none",
+        description="none: round to nearest; adaround: learned rounding layer by layer; brecq: block by block "
+        "with learned activation scales; qdrop: brecq with activation quantization randomly dropped while learning.",
+    )
+    iters: int = Field(2000, ge=1, le=100_000, description="Optimizer steps per block (the papers use 20000 on GPU).")
+    batch_size: int = Field(32, ge=1, le=1024, description="Samples per reconstruction step.")
+    num_samples: int = Field(
+        1024, ge=1, le=100_000, description="Calibration samples whose block inputs and outputs are cached."
+    )
+    rounding_loss_weight: float = Field(0.01, ge=0.0, le=100.0, description="Weight λ of the rounding regularizer.")
+    warmup: float = Field(0.2, ge=0.0, le=1.0, description="Fraction of the steps without the rounding regularizer.")
+    drop_prob: float = Field(
+        0.5, ge=0.0, le=1.0, description="qdrop: probability of dropping an activation's quantization."
+    )
+    cache_mb: int = Field(
+        1024, ge=0, le=262_144, description="Block inputs/targets stay in memory up to this size, on disk beyond."
+    )
+
+
 class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
@@ -181,6 +202,9 @@ class Recipe(_Spec):
         None,
         description="An accuracy the job must reach: the most harmful layers (by the layer-wise analysis) are "
         "kept in float step by step until it is met; if it cannot be, the job fails with the best model kept.",
+    )
+    reconstruction: ReconstructionSpec | None = Field(
+        None, description="Learned rounding after calibration (AdaRound, BRECQ, QDrop); null or method none for none."
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
     preprocessing: PreprocessingSpec | None = Field(
@@ -223,4 +247,16 @@ class Recipe(_Spec):
         platform = info.data.get("platform")
         if value != "auto" and platform is not None and platform != "onnxruntime":
             raise ValueError(f"reduce_range applies to platform onnxruntime only, not {platform}")
+        return value
+
+    @field_validator("reconstruction")
+    @classmethod
+    def _reconstruction_without_target(
+        cls, value: ReconstructionSpec | None, info: ValidationInfo
+    ) -> ReconstructionSpec | None:
+        if value is not None and value.method != "none" and info.data.get("target") is not None:
+            raise ValueError(
+                "reconstruction cannot be combined with a target yet: the target search re-calibrates each "
+                "candidate and would discard the learned rounding"
+            )
         return value

@@ -15,6 +15,8 @@ or compose the stages::
     prepared = prepare("model.onnx")
     annotation = annotate(prepared, config)
     annotation = calibrate(prepared, annotation, calibration, config)
+    result = reconstruct(prepared, annotation, calibration, config)   # optional: AdaRound/BRECQ/QDrop
+    prepared, annotation = result.prepared, result.annotation
     exported = export(prepared, annotation, "out/")
     report = evaluate("model.onnx", exported.model_path, evaluation, config)
 
@@ -32,7 +34,7 @@ from quantcore.analysis import analyze
 from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
 from quantcore.annotation import Annotation, annotate
 from quantcore.calibration import calibrate
-from quantcore.config import NodeOverride, QuantizeConfig
+from quantcore.config import NodeOverride, QuantizeConfig, ReconstructionConfig
 from quantcore.engine import build_engine, check_qdq, cpu_latency
 from quantcore.errors import (
     Canceled,
@@ -49,6 +51,7 @@ from quantcore.platforms import PLATFORMS, Platform
 from quantcore.policy import QuantPolicy, RoundingPolicy
 from quantcore.preparation import PreparedModel, prepare
 from quantcore.qdq import ExportResult, export
+from quantcore.reconstruction import ReconstructionResult, reconstruct
 from quantcore.report_html import render_html
 from quantcore.storage import StorageType, storage_type
 from quantcore.tqc import QuantState, TensorQuantConfig
@@ -73,6 +76,8 @@ __all__ = [
     "QuantcoreError",
     "QuantizeConfig",
     "QuantizeResult",
+    "ReconstructionConfig",
+    "ReconstructionResult",
     "RoundingPolicy",
     "StorageType",
     "TensorQuantConfig",
@@ -90,6 +95,7 @@ __all__ = [
     "inspect_model",
     "prepare",
     "quantize",
+    "reconstruct",
     "render_html",
     "storage_type",
 ]

@@ -19,6 +19,99 @@ from quantcore.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
 
 PLATFORM_NAMES = tuple(PLATFORMS)
 DEVICES = ("cpu", "cuda")
+RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
+MAX_RECONSTRUCTION_ITERS = 100_000
+
+
+def _require_range(name: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
+    """``lo <= value <= hi`` (an int when ``integer``), else ValueError naming the field."""
+    if integer:
+        require_int(name, value)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+@dataclass(frozen=True)
+class ReconstructionConfig:
+    """Learned rounding after calibration (stage ``reconstruct``, ``quantcore.reconstruction``).
+
+    method: ``adaround`` (layer by layer, Nagel et al. 2020), ``brecq`` (block by block, Li et al. 2021,
+    activation step sizes learned jointly), ``qdrop`` (BRECQ with activation quantization dropped
+    element-wise with probability ``drop_prob``, Wei et al. 2022). iters: optimizer steps per block;
+    batch_size: samples per step, drawn from the first ``num_samples`` calibration samples.
+    weight_lr: Adam step on the rounding variables V (None: ``rounding_lr``'s default); activation_lr:
+    Adam step on log s of the learned activation scales. rounding_loss_weight λ, warmup (fraction of
+    iters without the rounding loss), beta_start → beta_end (β annealed linearly after the warm-up).
+    cache_bytes: block inputs/targets are held in memory up to this size and memory-mapped from a
+    temporary file beyond it. seed: sampling, dropping and everything else random. threads: torch
+    intra-op threads on CPU while reconstructing (0: torch's default; 1 is fastest for small blocks on
+    a shared machine).
+    """
+
+    method: str = "qdrop"
+    iters: int = 2000
+    batch_size: int = 32
+    num_samples: int = 1024
+    weight_lr: float | None = None
+    activation_lr: float = 1e-3
+    rounding_loss_weight: float = 0.01
+    warmup: float = 0.2
+    beta_start: float = 20.0
+    beta_end: float = 2.0
+    drop_prob: float = 0.5
+    cache_bytes: int = 2**30
+    seed: int = 0
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        require_choice("reconstruction.method", self.method, RECONSTRUCTION_METHODS)
+        _require_range("reconstruction.iters", self.iters, 1, MAX_RECONSTRUCTION_ITERS, integer=True)
+        _require_range("reconstruction.batch_size", self.batch_size, 1, 4096, integer=True)
+        _require_range("reconstruction.num_samples", self.num_samples, 1, 1_000_000, integer=True)
+        if self.weight_lr is not None:
+            _require_range("reconstruction.weight_lr", self.weight_lr, 1e-8, 1.0)
+        _require_range("reconstruction.activation_lr", self.activation_lr, 0.0, 1.0)
+        _require_range("reconstruction.rounding_loss_weight", self.rounding_loss_weight, 0.0, 100.0)
+        _require_range("reconstruction.warmup", self.warmup, 0.0, 1.0)
+        _require_range("reconstruction.beta_start", self.beta_start, 1.0, 100.0)
+        _require_range("reconstruction.beta_end", self.beta_end, 1.0, 100.0)
+        if self.beta_end > self.beta_start:
+            raise ValueError(
+                f"reconstruction.beta_end ({self.beta_end}) must not exceed beta_start ({self.beta_start})"
+            )
+        _require_range("reconstruction.drop_prob", self.drop_prob, 0.0, 1.0)
+        _require_range("reconstruction.cache_bytes", self.cache_bytes, 0, 2**40, integer=True)
+        _require_range("reconstruction.seed", self.seed, 0, 2**63 - 1, integer=True)
+        _require_range("reconstruction.threads", self.threads, 0, 1024, integer=True)
+
+    @property
+    def rounding_lr(self) -> float:
+        """Adam step on V: ``weight_lr``, or by default 10/iters within [1e-3, 0.05]. V must travel to
+        about ±2.4 for h(V) to saturate at 0 or 1; the papers' 1e-3 gets there in their 20000 steps,
+        a CPU budget of a few hundred steps needs a larger step (measured: 300 steps at 1e-3 leave 90 %
+        of h(V) undecided and hardening then loses what the soft rounding gained)."""
+        if self.weight_lr is not None:
+            return self.weight_lr
+        return min(0.05, max(1e-3, 10.0 / self.iters))
+
+    @property
+    def blockwise(self) -> bool:
+        """BRECQ and QDrop reconstruct blocks; AdaRound single layers."""
+        return self.method != "adaround"
+
+    @property
+    def learns_activation_scales(self) -> bool:
+        return self.method != "adaround"
+
+    @property
+    def effective_drop_prob(self) -> float:
+        """p of QDrop; 0 for the other methods."""
+        return self.drop_prob if self.method == "qdrop" else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -64,6 +157,7 @@ class QuantizeConfig:
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels
     saturate, see ``quantcore.cpu_features``), ``on``, ``off``. device: ``cpu`` or ``cuda``.
+    reconstruction: learned rounding after calibration (``ReconstructionConfig``), None for none.
     cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
     tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
     the reason where CUDA or TensorRT is missing). analysis: what the layer-wise analysis may spend
@@ -85,6 +179,7 @@ class QuantizeConfig:
     tensorrt_engine: bool = False
     analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
     target: AccuracyTarget | None = None
+    reconstruction: ReconstructionConfig | None = None
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
@@ -123,6 +218,10 @@ class QuantizeConfig:
             raise ValueError(f"target must be an AccuracyTarget or None, got {self.target!r}")
         if self.precision == "fp8" and any(o.bits is not None for o in self.overrides):
             raise ValueError("overrides.bits is not available with precision 'fp8' (FP8 has one width)")
+        if self.reconstruction is not None and not isinstance(self.reconstruction, ReconstructionConfig):
+            raise ValueError(f"reconstruction must be a ReconstructionConfig or None, got {self.reconstruction!r}")
+        if self.reconstruction is not None and self.target is not None:
+            raise ValueError("reconstruction and target cannot be combined (the target search re-calibrates)")
 
     @property
     def precision_spec(self) -> Precision:
@@ -145,4 +244,5 @@ class QuantizeConfig:
             "tensorrt_engine": self.tensorrt_engine,
             "analysis": self.analysis.to_dict(),
             "target": None if self.target is None else self.target.to_dict(),
+            "reconstruction": None if self.reconstruction is None else self.reconstruction.to_dict(),
         }

@@ -1,9 +1,10 @@
 """``quantize``: the five stages in one call, with progress, cancellation and atomic outputs.
 
-    prepare → annotate → calibrate → export → evaluate → analyze → target → latency → engine
+    prepare → annotate → calibrate → reconstruct → export → evaluate → analyze → target → latency → engine
 
-``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each quantized
-tensor's and each layer's error; ``target`` runs only with ``config.target``
+``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
+skipped at once). ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off)
+measures each quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
 (``quantcore.accuracy_target``): it keeps the most harmful layers in float until the target is met
 and replaces the exported files with the model kept; ``report["target"]["met"]`` says whether it was.
 
@@ -48,10 +49,22 @@ from quantcore.parity import check_parity, remedy
 from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
+from quantcore.reconstruction import reconstruct
 from quantcore.report import REPORT_FORMAT, jsonable
 from quantcore.report_html import HTML_FILE, render_html
 
-STAGES = ("prepare", "annotate", "calibrate", "export", "evaluate", "analyze", "target", "latency", "engine")
+STAGES = (
+    "prepare",
+    "annotate",
+    "calibrate",
+    "reconstruct",
+    "export",
+    "evaluate",
+    "analyze",
+    "target",
+    "latency",
+    "engine",
+)
 REPORT_FILE = "report.json"
 
 
@@ -138,6 +151,21 @@ def quantize(
         prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
     )
     stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
+
+    started = stages.begin("reconstruct")
+    reconstruction = None
+    if config.reconstruction is not None:
+        reconstruction = reconstruct(
+            prepared, calibrated, calibration_batches, config, progress=progress, should_cancel=should_cancel
+        )
+        prepared, calibrated = reconstruction.prepared, reconstruction.annotation
+    stages.end(
+        "reconstruct",
+        started,
+        "skipped: no reconstruction in the config"
+        if reconstruction is None
+        else f"{config.reconstruction.method}: {len(reconstruction.blocks)} blocks",
+    )
 
     started = stages.begin("export")
     exported = export(prepared, calibrated, out_dir, platform=config.platform)
@@ -232,6 +260,7 @@ def quantize(
                 "batch_size": calibration_batches.batch_size,
                 "num_batches": len(calibration_batches),
             },
+            "reconstruction": None if reconstruction is None else reconstruction.summary(),
             "evaluation": evaluation_report,
             "parity": parity,
             "analysis": analysis,
@@ -239,7 +268,12 @@ def quantize(
             "latency": {"cpu": latency},
             "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stages.seconds,
-            "warnings": [*prepared.warnings, *annotation.warnings, *exported.warnings],
+            "warnings": [
+                *prepared.warnings,
+                *annotation.warnings,
+                *(reconstruction.warnings if reconstruction is not None else ()),
+                *exported.warnings,
+            ],
         }
     )
     report_path = out_dir / REPORT_FILE

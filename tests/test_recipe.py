@@ -104,11 +104,38 @@ def test_overrides_translate_in_order() -> None:
         ({"target": {"metric": "sqnr"}}, "target.threshold", "Field required"),
         ({"target": {"metric": "sqnr", "threshold": 30, "max_float_layers": 0}}, "target.max_float_layers", "1"),
         ({"analysis": {"layerwise_samples": 0}}, "analysis.layerwise_samples", "greater than or equal to 1"),
+        (
+            {"target": {"metric": "sqnr", "threshold": 30}, "reconstruction": {"method": "qdrop"}},
+            "reconstruction",
+            "cannot be combined with a target",
+        ),
+        ({"reconstruction": {"iters": 1_000_000}}, "reconstruction.iters", "less than or equal to 100000"),
+        ({"reconstruction": {"method": "gptq"}}, "reconstruction.method", "'qdrop'"),
+        ({"reconstruction": {"drop_prob": 2}}, "reconstruction.drop_prob", "less than or equal to 1"),
+        ({"reconstruction": {"batch_size": 0}}, "reconstruction.batch_size", "greater than or equal to 1"),
+        ({"reconstruction": {"iters": 10, "lr": 1}}, "reconstruction.lr", "Extra inputs"),
     ],
 )
 def test_invalid_recipes_name_the_field(recipe: dict, field: str, needle: str) -> None:
     location, message = error_of(recipe)
     assert location == field and needle in message, (location, message)
+
+
+def test_reconstruction_translates_with_the_recipe_seed() -> None:
+    parsed = Recipe.model_validate(
+        {
+            "platform": "academic",
+            "precision": "w4a4",
+            "seed": 7,
+            "reconstruction": {"method": "brecq", "iters": 500, "drop_prob": 0.25, "cache_mb": 64},
+        }
+    )
+    reconstruction = to_quantize_config(parsed).reconstruction
+    assert (reconstruction.method, reconstruction.iters, reconstruction.seed) == ("brecq", 500, 7)
+    assert reconstruction.drop_prob == 0.25 and reconstruction.cache_bytes == 64 * 2**20
+    assert to_quantize_config(Recipe.model_validate({})).reconstruction is None
+    for off in ({"reconstruction": None}, {"reconstruction": {"method": "none", "iters": 10}}):
+        assert to_quantize_config(Recipe.model_validate(off)).reconstruction is None
 
 
 def test_recipe_choices_match_quantcore() -> None:

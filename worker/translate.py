@@ -5,15 +5,31 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.recipe import Recipe
-from quantcore import NodeOverride, QuantizeConfig
+from quantcore import NodeOverride, QuantizeConfig, ReconstructionConfig
 from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
     per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
-    deployment measurements (a TensorRT engine only for the tensorrt platforms), the analysis bounds and
-    the accuracy target."""
+    deployment measurements (a TensorRT engine only for the tensorrt platforms), the analysis bounds, the
+    accuracy target and the reconstruction (seeded with the recipe's seed)."""
+    spec = recipe.reconstruction
+    reconstruction = (
+        None
+        if spec is None or spec.method == "none"
+        else ReconstructionConfig(
+            method=spec.method,
+            iters=spec.iters,
+            batch_size=spec.batch_size,
+            num_samples=spec.num_samples,
+            rounding_loss_weight=spec.rounding_loss_weight,
+            warmup=spec.warmup,
+            drop_prob=spec.drop_prob,
+            cache_bytes=spec.cache_mb * 2**20,
+            seed=recipe.seed,
+        )
+    )
     return QuantizeConfig(
         platform=recipe.platform,
         precision=recipe.precision,
@@ -36,6 +52,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         target=None
         if recipe.target is None
         else AccuracyTarget(recipe.target.metric, recipe.target.threshold, recipe.target.max_float_layers),
+        reconstruction=reconstruction,
     )
 
 

@@ -1,0 +1,186 @@
+"""Partition the prepared ONNX graph into reconstruction blocks, by rules (as in the BRECQ seed).
+
+A *weighted node* is a Conv/ConvTranspose/Gemm/MatMul one of whose inputs is an annotated parameter.
+
+- **layer** (AdaRound's unit): a weighted node plus the chain of activations after it (Relu, Clip, ...;
+  each the only consumer of the previous output). BatchNormalization is already folded by prepare.
+- **cuts**: position i of the topologically ordered nodes is a cut when at most one activation tensor
+  produced at or before i is still read after i (graph inputs count as produced before the first node).
+  Between two cuts the graph has branches or multiple-consumer tensors in flight, so a residual
+  connection, an Inception-style fork or an attention pattern never straddles a cut.
+- **units**: the segments between cuts. A segment without a weighted node joins the unit before it
+  (or the one after, at the start of the graph) when all its ops are convertible; otherwise it stands
+  alone and is not reconstructed (nothing to learn in it).
+- **blocks** (BRECQ / QDrop): a unit with two or more weighted nodes (a residual block) is one block;
+  consecutive units with one weighted node each are grouped, up to ``MAX_GROUPED_LAYERS``.
+
+A block whose nodes include an op outside ``torch_ops.OPS`` is still listed, with ``unsupported`` set;
+the reconstruction loop leaves it at round-to-nearest and says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from quantcore.annotation import Annotation
+from quantcore.reconstruction.torch_ops import OPS
+from quantcore.rules import COMPUTE_OPS
+
+MAX_GROUPED_LAYERS = 3
+ACTIVATION_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"})
+
+
+@dataclass(frozen=True)
+class Block:
+    """Nodes reconstructed together. inputs: activation tensors read from outside the block (graph
+    inputs included); outputs: tensors produced inside and read outside or by the graph outputs;
+    weights: the annotated parameters its weighted nodes read; kind: layer | layers | residual."""
+
+    name: str
+    kind: str
+    nodes: tuple[onnx.NodeProto, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    weights: tuple[str, ...]
+    unsupported: tuple[str, ...]
+
+    @property
+    def node_names(self) -> list[str]:
+        return [node.name for node in self.nodes]
+
+
+def is_weighted(node: onnx.NodeProto, parameters: frozenset[str]) -> bool:
+    return node.op_type in COMPUTE_OPS and any(name in parameters for name in node.input)
+
+
+def _constant_outputs(graph: onnx.GraphProto) -> set[str]:
+    names = {t.name for t in graph.initializer}
+    names |= {o for node in graph.node if node.op_type == "Constant" for o in node.output}
+    return names
+
+
+def _make_block(
+    nodes: Sequence[onnx.NodeProto], kind: str, graph: onnx.GraphProto, parameters: frozenset[str]
+) -> Block:
+    constants = _constant_outputs(graph)
+    inside = {id(node) for node in nodes}
+    produced = {o for node in nodes for o in node.output if o}
+    inputs = [
+        name
+        for node in nodes
+        for name in node.input
+        if name and name not in produced and name not in constants and name not in parameters
+    ]
+    read_outside = {name for node in graph.node if id(node) not in inside for name in node.input}
+    read_outside |= {o.name for o in graph.output}
+    outputs = [o for node in nodes for o in node.output if o and o in read_outside]
+    weights = [name for node in nodes if is_weighted(node, parameters) for name in node.input if name in parameters]
+    unsupported = sorted({node.op_type for node in nodes if node.op_type not in OPS})
+    return Block(
+        name=nodes[0].name if len(nodes) == 1 else f"{nodes[0].name} .. {nodes[-1].name}",
+        kind=kind,
+        nodes=tuple(nodes),
+        inputs=tuple(dict.fromkeys(inputs)),
+        outputs=tuple(dict.fromkeys(outputs)),
+        weights=tuple(dict.fromkeys(weights)),
+        unsupported=tuple(unsupported),
+    )
+
+
+def _cuts(nodes: Sequence[onnx.NodeProto], graph: onnx.GraphProto) -> list[int]:
+    """Positions i (after nodes[i]) where at most one activation tensor is in flight: t is in flight
+    at i when start(t) <= i < last read of t, start = producer position (first read for graph inputs)."""
+    constants = _constant_outputs(graph)
+    start: dict[str, int] = {}
+    last_read: dict[str, int] = {}
+    for position, node in enumerate(nodes):
+        for name in node.input:
+            if name and name not in constants:
+                start.setdefault(name, position)
+                last_read[name] = position
+        for name in node.output:
+            start.setdefault(name, position)
+    return [
+        position
+        for position in range(len(nodes) - 1)
+        if sum(1 for name, end in last_read.items() if start[name] <= position < end) <= 1
+    ]
+
+
+def _units(nodes: list[onnx.NodeProto], graph: onnx.GraphProto, parameters: frozenset[str]) -> list[list]:
+    """Segments between cuts; weight-free convertible segments merged into the weighted unit before
+    them (at the start of the graph: after them). Other weight-free segments stay units of their own."""
+    bounds = [-1, *_cuts(nodes, graph), len(nodes) - 1]
+    units: list[list] = []
+    leading: list = []  # convertible weight-free segments before the first weighted one
+    for a, b in itertools.pairwise(bounds):
+        segment = nodes[a + 1 : b + 1]
+        convertible = all(n.op_type in OPS for n in segment)
+        if any(is_weighted(n, parameters) for n in segment):
+            units.append([*leading, *segment])
+            leading = []
+        elif convertible and units and any(is_weighted(n, parameters) for n in units[-1]):
+            units[-1].extend(segment)
+        elif convertible and not units:
+            leading.extend(segment)
+        else:
+            units.append(list(segment))
+    return units
+
+
+def layers(graph: onnx.GraphProto, annotation: Annotation) -> list[Block]:
+    """AdaRound's units: each weighted node with the activation chain after it."""
+    parameters = annotation.parameters
+    nodes = [n for n in graph.node if n.op_type != "Constant"]
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    blocks = []
+    for node in nodes:
+        if not is_weighted(node, parameters):
+            continue
+        chain = [node]
+        while True:
+            out = chain[-1].output[0]
+            readers = consumers.get(out, [])
+            if out in graph_outputs or len(readers) != 1 or readers[0].op_type not in ACTIVATION_OPS:
+                break
+            chain.append(readers[0])
+        blocks.append(_make_block(chain, "layer", graph, parameters))
+    return blocks
+
+
+def partition(graph: onnx.GraphProto, annotation: Annotation, *, blockwise: bool) -> list[Block]:
+    """The blocks of ``graph`` in execution order: layers (``blockwise=False``) or BRECQ blocks."""
+    if not blockwise:
+        return layers(graph, annotation)
+    parameters = annotation.parameters
+    nodes = [n for n in graph.node if n.op_type != "Constant"]
+    blocks: list[Block] = []
+    group: list[list] = []
+
+    def flush() -> None:
+        if group:
+            kind = "layer" if len(group) == 1 else "layers"
+            blocks.append(_make_block([n for unit in group for n in unit], kind, graph, parameters))
+            group.clear()
+
+    for unit in _units(nodes, graph, parameters):
+        weighted = sum(1 for n in unit if is_weighted(n, parameters))
+        if weighted == 0:
+            flush()
+        elif weighted == 1:
+            group.append(unit)
+            if len(group) == MAX_GROUPED_LAYERS:
+                flush()
+        else:
+            flush()
+            blocks.append(_make_block(unit, "residual", graph, parameters))
+    flush()
+    return blocks

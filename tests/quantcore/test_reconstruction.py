@@ -1,0 +1,270 @@
+"""Reconstruction on tiny graphs: partition, learned rounding, determinism, QDrop/BRECQ equivalence at
+p = 0, exact baking into the exported QDQ model, and unconvertible blocks left at round-to-nearest."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from quantcore import (
+    QuantizeConfig,
+    ReconstructionConfig,
+    annotate,
+    calibrate,
+    export,
+    prepare,
+    quantize,
+    reconstruct,
+)
+from quantcore.errors import Canceled
+from quantcore.fake_quant import quantize_array
+from quantcore.graph import GraphIndex
+from quantcore.reconstruction import partition
+from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
+from quantcore.session import open_session
+from quantcore.tqc import QuantState, TensorQuantConfig
+
+C = 6  # channels of the tiny residual model
+
+
+def residual_model(path, *, middle: str = "Relu", seed: int = 0, batch: int | str = "N") -> None:
+    """x (N,3,6,6) → Conv0 → Relu0 = t → Conv1 → <middle> → Conv2 → Add(t) → Relu2 → GAP → Flatten → Gemm.
+
+    t is read by Conv1 and by the Add: a multi-consumer tensor and a residual connection."""
+    rng = np.random.default_rng(seed)
+
+    def init(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", **conv),
+        helper.make_node("Relu", ["c0"], ["t"], name="relu0"),
+        helper.make_node("Conv", ["t", "w1", "b1"], ["c1"], name="conv1", **conv),
+        helper.make_node(middle, ["c1"], ["m1"], name="middle"),
+        helper.make_node("Conv", ["m1", "w2", "b2"], ["c2"], name="conv2", **conv),
+        helper.make_node("Add", ["c2", "t"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wh", "bh"], ["logits"], name="head", transB=1),
+    ]
+    initializers = [
+        init("w0", C, 3, 3, 3),
+        init("b0", C, scale=0.1),
+        init("w1", C, C, 3, 3, scale=0.2),
+        init("b1", C, scale=0.1),
+        init("w2", C, C, 3, 3, scale=0.2),
+        init("b2", C, scale=0.1),
+        init("wh", 4, C),
+        init("bh", 4, scale=0.1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 6, 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 4])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+CONFIG = QuantizeConfig(platform="academic", precision="w4a4", observer="minmax", cpu_latency=False)
+DATA = {"x": np.random.default_rng(1).uniform(-1, 1, (128, 3, 6, 6)).astype(np.float32)}
+
+
+def recon(method: str, **kwargs) -> QuantizeConfig:
+    options = {"iters": 150, "batch_size": 16, "num_samples": 128, "threads": 1, **kwargs}
+    return QuantizeConfig(
+        platform="academic",
+        precision="w4a4",
+        observer="minmax",
+        cpu_latency=False,
+        reconstruction=ReconstructionConfig(method=method, **options),
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("recon") / "residual.onnx"
+    residual_model(path)
+    prepared = prepare(path)
+    annotation = calibrate(prepared, annotate(prepared, CONFIG), DATA, CONFIG)
+    return prepared, annotation
+
+
+def test_partition_keeps_the_residual_block_together(tiny) -> None:
+    prepared, annotation = tiny
+    blocks = partition(prepared.model.graph, annotation, blockwise=True)
+    # the stem alone (a residual block follows it), the residual block with the weight-free ops after it,
+    # the head alone (nothing follows to group it with)
+    assert [(b.kind, b.node_names) for b in blocks] == [
+        ("layer", ["conv0", "relu0"]),
+        ("residual", ["conv1", "middle", "conv2", "add", "relu2", "gap", "flatten"]),
+        ("layer", ["head"]),
+    ]
+    residual = blocks[1]
+    assert residual.inputs == ("t",)  # the multi-consumer tensor enters once, read twice inside
+    assert residual.outputs == ("f",) and residual.weights == ("w1", "w2")
+    layers = partition(prepared.model.graph, annotation, blockwise=False)
+    assert [b.node_names for b in layers] == [["conv0", "relu0"], ["conv1", "middle"], ["conv2"], ["head"]]
+
+
+def test_hardened_values_are_floor_or_ceil_and_export_exactly() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    lo, hi = w.reshape(5, -1).min(1), w.reshape(5, -1).max(1)
+    scale = ((hi - lo) / 15).astype(np.float32)
+    offset = np.round(-lo / scale).astype(np.int64)
+    tqc = TensorQuantConfig(num_bits=4, symmetric=False, per_channel=True, channel_axis=0, observer="minmax")
+    tqc = tqc.with_scale(scale, offset, state=QuantState.ACTIVATED)
+    weight = AdaRoundWeight(w, tqc, torch.device("cpu"))
+    with torch.no_grad():
+        weight.v.copy_(torch.from_numpy(rng.standard_normal(w.shape).astype(np.float32) * 3))
+    weight.harden()
+    values = weight.grid_values()
+    codes = quantize_array(values, tqc).astype(np.int64)  # what the exporter stores
+    s, o = scale.reshape(-1, 1, 1, 1), offset.reshape(-1, 1, 1, 1)
+    # exact: (q - o)·s in float32 divided by s rounds back to the same integer q
+    np.testing.assert_array_equal((codes - o).astype(np.float32) * s, values)
+    floor = np.floor(w / s)
+    unclipped = (codes - o == floor) | (codes - o == floor + 1)
+    clipped = (codes == 0) | (codes == 15)
+    assert np.all(unclipped | clipped)
+    assert np.any(codes - o == floor) and np.any(codes - o == floor + 1)  # both directions were chosen
+
+
+def test_beta_schedule() -> None:
+    assert beta_at(19, 100, warmup=0.2, beta_start=20, beta_end=2) is None
+    assert beta_at(20, 100, warmup=0.2, beta_start=20, beta_end=2) == 20
+    assert beta_at(100, 100, warmup=0.2, beta_start=20, beta_end=2) == 2
+
+
+def test_brecq_lowers_the_residual_block_loss_and_export_reproduces_it(tiny, tmp_path) -> None:
+    prepared, annotation = tiny
+    result = reconstruct(prepared, annotation, DATA, recon("brecq"))
+    residual = next(b for b in result.blocks if "add" in b.nodes)
+    assert residual.status == "reconstructed"
+    assert residual.loss_after < residual.loss_before
+    exported = export(result.prepared, result.annotation, tmp_path)
+    qdq = onnx.load(str(exported.model_path))
+    # every learned weight is baked exactly: DequantizeLinear of the stored codes gives the grid values
+    index = GraphIndex(result.prepared.model.graph)
+    with open_session(qdq, exact_qdq=True) as session:
+        names = [f"{w}_dequantized" for w in ("w1", "w2")]
+        probe = onnx.ModelProto()
+        probe.CopyFrom(qdq)
+        probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+        with open_session(probe, exact_qdq=True) as probing:
+            dequantized = probing.run(names, {"x": DATA["x"][:1]})
+        for name, value in zip(("w1", "w2"), dequantized, strict=True):
+            np.testing.assert_array_equal(value, index.array(name))  # bit-exact, no tolerance
+        logits = session.run(["logits"], DATA)[0]
+    # The last block ends at the logits: ONNX Runtime's exported model gives the same loss as the torch
+    # simulation measured (float32 accumulation order differs: 1e-4 relative)
+    with open_session(prepared.model) as fp32:
+        reference = fp32.run(["logits"], DATA)[0]
+    last = result.blocks[-1]
+    assert "head" in last.nodes
+    exported_loss = float(((logits - reference) ** 2).sum(1).mean())
+    assert exported_loss == pytest.approx(last.loss_after, rel=1e-4)
+    assert result.annotation.configs["t"].scale != annotation.configs["t"].scale  # learned activation scale
+
+
+def test_qdrop_without_dropping_equals_brecq_and_runs_are_deterministic(tiny) -> None:
+    prepared, annotation = tiny
+    brecq = reconstruct(prepared, annotation, DATA, recon("brecq", iters=40))
+    qdrop0 = reconstruct(prepared, annotation, DATA, recon("qdrop", iters=40, drop_prob=0.0))
+    qdrop = reconstruct(prepared, annotation, DATA, recon("qdrop", iters=40))
+    again = reconstruct(prepared, annotation, DATA, recon("qdrop", iters=40))
+
+    def state(result):
+        index = GraphIndex(result.prepared.model.graph)
+        weights = {w: index.array(w) for w in sorted(result.annotation.parameters)}
+        scales = {t: np.asarray(c.scale) for t, c in result.annotation.configs.items()}
+        return weights, scales
+
+    for a, b in [(state(brecq), state(qdrop0)), (state(qdrop), state(again))]:
+        for name in a[0]:
+            np.testing.assert_array_equal(a[0][name], b[0][name])  # identical, not close
+        for name in a[1]:
+            np.testing.assert_array_equal(a[1][name], b[1][name])
+    assert [b.loss_after for b in brecq.blocks] == [b.loss_after for b in qdrop0.blocks]
+    assert [b.loss_after for b in qdrop.blocks] != [b.loss_after for b in brecq.blocks]  # p = 0.5 does differ
+
+
+def test_unconvertible_block_stays_at_round_to_nearest_with_a_warning(tmp_path) -> None:
+    path = tmp_path / "softplus.onnx"
+    residual_model(path, middle="Softplus")  # no torch converter for Softplus
+    prepared = prepare(path)
+    annotation = calibrate(prepared, annotate(prepared, CONFIG), DATA, CONFIG)
+    result = reconstruct(prepared, annotation, DATA, recon("brecq", iters=20))
+    residual = next(b for b in result.blocks if "add" in b.nodes)
+    assert residual.status == "unsupported" and "Softplus" in residual.warning
+    index, original = GraphIndex(result.prepared.model.graph), GraphIndex(prepared.model.graph)
+    np.testing.assert_array_equal(index.array("w1"), original.array("w1"))  # left as it was
+    assert any("Softplus" in w for w in result.warnings)
+
+
+def test_cancel_and_progress(tiny) -> None:
+    prepared, annotation = tiny
+    events = []
+    with pytest.raises(Canceled):
+        reconstruct(
+            prepared,
+            annotation,
+            DATA,
+            recon("adaround", iters=100),
+            progress=lambda *e: events.append(e),
+            should_cancel=lambda: len(events) >= 3,
+        )
+    assert all(stage == "reconstruct" for stage, _, _ in events)
+    assert "step" in events[-1][2]
+
+
+def test_disk_cache_gives_the_same_result(tiny) -> None:
+    prepared, annotation = tiny
+    memory = reconstruct(prepared, annotation, DATA, recon("adaround", iters=30))
+    disk = reconstruct(prepared, annotation, DATA, recon("adaround", iters=30, cache_bytes=0))
+    assert {b.cache for b in disk.blocks if b.cache} == {"disk"}
+    assert [b.loss_after for b in memory.blocks] == [b.loss_after for b in disk.blocks]
+
+
+def test_a_fixed_batch_dimension_is_respected(tmp_path) -> None:
+    path = tmp_path / "fixed.onnx"
+    residual_model(path, batch=8)
+    prepared = prepare(path)
+    annotation = calibrate(prepared, annotate(prepared, CONFIG), DATA, CONFIG)
+    result = reconstruct(prepared, annotation, DATA, recon("brecq", iters=10, num_samples=100))
+    assert result.num_samples == 96  # whole batches of 8 only
+    assert all(b.status in ("reconstructed", "kept_nearest") for b in result.blocks)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("method", "sgd"), ("iters", 0), ("iters", 100_001), ("drop_prob", 1.5), ("batch_size", 0), ("beta_end", 30.0)],
+)
+def test_config_refuses_bad_values(field, value) -> None:
+    with pytest.raises(ValueError, match=f"reconstruction.{field}"):
+        ReconstructionConfig(**{field: value})
+
+
+def test_quantize_runs_the_reconstruct_stage_and_reports_it(tmp_path) -> None:
+    path = tmp_path / "residual.onnx"
+    residual_model(path)
+    events = []
+    result = quantize(
+        path, DATA, DATA, recon("adaround", iters=20), tmp_path / "out", progress=lambda *e: events.append(e)
+    )
+    stages = [stage for stage, _, _ in events]
+    assert stages.index("calibrate") < stages.index("reconstruct") < stages.index("export")
+    section = result.report["reconstruction"]
+    assert section["method"] == "adaround" and section["num_samples"] == 128
+    assert [b["nodes"] for b in section["blocks"]] == [["conv0", "relu0"], ["conv1", "middle"], ["conv2"], ["head"]]
+    assert all(b["status"] in ("reconstructed", "kept_nearest") for b in section["blocks"])
+    assert result.report["config"]["reconstruction"]["iters"] == 20
