@@ -41,6 +41,23 @@ class TargetConfig(_Section):
     max_float_layers: int | None
 
 
+class ReconstructionConfig(_Section):
+    method: Literal["adaround", "brecq", "qdrop"]
+    iters: int = Field(description="Optimizer steps per block.")
+    batch_size: int
+    num_samples: int = Field(description="Calibration samples whose block inputs and outputs were cached.")
+    weight_lr: float | None
+    activation_lr: float
+    rounding_loss_weight: float = Field(description="λ of the rounding regularizer Σ(1 - |2h(V) - 1|^β).")
+    warmup: float = Field(description="Fraction of the steps without the rounding regularizer.")
+    beta_start: float
+    beta_end: float
+    drop_prob: float = Field(description="qdrop: probability of dropping an activation's quantization.")
+    cache_bytes: int
+    seed: int
+    threads: int
+
+
 class RunConfig(_Section):
     platform: str
     precision: str
@@ -56,6 +73,7 @@ class RunConfig(_Section):
     tensorrt_engine: bool
     analysis: AnalysisConfig | None = None
     target: TargetConfig | None = None
+    reconstruction: ReconstructionConfig | None = None
 
 
 # ---- prepare, annotate, calibrate ----
@@ -91,6 +109,9 @@ class AnnotationSummary(_Section):
     decisions: list[NodeDecision]
     notes: list[str]
     warnings: list[str]
+    dataset: DatasetSplit | None = Field(
+        None, description="The seeded calibration/evaluation split (recorded by the service, not by quantcore)."
+    )
 
 
 class CalibrationSummary(_Section):
@@ -238,6 +259,49 @@ class TargetOutcome(TargetConfig):
     steps: list[TargetStep]
 
 
+# ---- reconstruction ----
+
+
+class ReconstructedBlock(_Section):
+    name: str
+    kind: Literal["layer", "layers", "residual"]
+    nodes: list[str]
+    weights: list[str] = Field(description="The weight tensors whose rounding was learned.")
+    status: Literal["reconstructed", "kept_nearest", "unsupported", "nothing_to_learn"] = Field(
+        description="kept_nearest: the learned rounding did worse than round-to-nearest on the cached samples."
+    )
+    iters: int
+    loss_before: float | None = Field(description="Block output MSE with round-to-nearest.")
+    loss_after: float | None = Field(description="Block output MSE with the hardened learned rounding.")
+    seconds: float
+    cache: Literal["memory", "disk"] | None
+    warning: str | None
+
+
+class Reconstruction(ReconstructionConfig):
+    device: str
+    blocks: list[ReconstructedBlock]
+
+
+# ---- dataset split (written by the service) ----
+
+
+class SplitPart(_Section):
+    count: int
+    sha256: str
+
+
+class DatasetSplit(_Section):
+    kind: Literal["arrays", "images"]
+    seed: int
+    num_samples: int
+    calibration: SplitPart
+    evaluation: SplitPart
+    hashed: str = Field(description="What the SHA-256 digests cover (sample indices or member names).")
+    label_source: str | None
+    classes: list[str] | None = None
+
+
 # ---- latency, engine ----
 
 
@@ -294,6 +358,7 @@ class Report(_Section):
     prepare: Preparation
     annotation: AnnotationSummary
     calibration: CalibrationSummary
+    reconstruction: Reconstruction | None = Field(None, description="Null without reconstruction in the recipe.")
     evaluation: Evaluation
     parity: Parity
     analysis: Analysis | None = Field(None, description="Null when the recipe turned the analysis off.")
@@ -302,3 +367,6 @@ class Report(_Section):
     engine: EngineSummary | None
     stage_seconds: dict[str, float]
     warnings: list[str]
+    dataset: DatasetSplit | None = Field(
+        None, description="The seeded calibration/evaluation split (recorded by the service, not by quantcore)."
+    )

@@ -19,6 +19,7 @@ import pytest
 from jobs.report import Report
 from samples.digits import HELDOUT_FILE
 from tests.conftest import Service
+from tests.test_report_schema import undocumented
 
 pytestmark = pytest.mark.e2e
 
@@ -221,6 +222,8 @@ def test_report_has_cpu_latency_and_an_honest_engine_stage(finished_job: dict) -
 def test_served_report_validates_and_ranks_layers(finished_job: dict) -> None:
     report = Report.model_validate(finished_job["report"])  # the OpenAPI schema of GET /jobs/{id}/report
     assert report.analysis is not None and report.target is None
+    assert undocumented(report) == []  # the service's own additions (the split record) are in the schema too
+    assert report.dataset is not None and report.dataset.kind == "arrays" and report.dataset.evaluation.count > 0
     ranks = [layer.rank for layer in report.analysis.layers]
     assert ranks == list(range(1, len(ranks) + 1)) and report.analysis.layers[0].sqnr_db is not None
     assert report.evaluation.fp32.task_metrics["top1"] == report.evaluation.fp32.top1

@@ -54,3 +54,21 @@ def test_report_schema_is_in_the_openapi_document() -> None:
     assert reference.endswith("/Report")
     schemas = document["components"]["schemas"]
     assert {"LayerHarm", "TensorStats", "TargetOutcome", "TargetStep", "OutputMetrics"} <= set(schemas)
+
+
+def test_a_reconstruction_report_is_fully_documented(tmp_path) -> None:
+    from quantcore import ReconstructionConfig
+
+    path = save(planted_outlier(), tmp_path / "planted.onnx")
+    data = np.random.default_rng(2).normal(size=(40, 3, 8, 8)).astype(np.float32)
+    config = QuantizeConfig(
+        platform="academic",
+        precision="w4a8",
+        cpu_latency=False,
+        reconstruction=ReconstructionConfig(method="qdrop", iters=20, batch_size=8, num_samples=32, threads=1),
+    )
+    result = quantize(path, {"input": data[:32]}, {"input": data[32:]}, config, tmp_path / "out")
+    report = Report.model_validate(result.report)
+    assert undocumented(report) == []
+    assert report.reconstruction is not None and report.reconstruction.blocks
+    assert report.config.reconstruction is not None and report.config.reconstruction.method == "qdrop"

@@ -65,6 +65,7 @@ def test_report_files_and_json(digits_run) -> None:
         "prepare",
         "annotation",
         "calibration",
+        "reconstruction",
         "evaluation",
         "parity",
         "analysis",
@@ -77,6 +78,7 @@ def test_report_files_and_json(digits_run) -> None:
     latency = result.report["latency"]["cpu"]  # measured by default; no engine unless asked for
     assert latency["fp32"]["batch_1"]["p50_ms"] > 0 and latency["quantized"]["batch_32"]["p50_ms"] > 0
     assert result.report["engine"] is None and result.engine_path is None and result.report["target"] is None
+    assert result.report["reconstruction"] is None  # none asked for
     assert (result.report_path.parent / "report.html").is_file()
     evaluation = result.report["evaluation"]
     assert evaluation["num_samples"] == 500 and evaluation["top1_output"] == "logits"
@@ -111,7 +113,8 @@ def small_model(tmp_path):
 # 40 samples in batches of 8: should_cancel is polled at the start of each stage and before each
 # batch: 1 prepare, 2 annotate, 3 calibrate, 4-8 its batches, 9 export, 10 evaluate, 11-15 its batches.
 @pytest.mark.parametrize(
-    ("cancel_at", "stage"), [(1, "prepare"), (2, "annotate"), (5, "calibrate"), (9, "export"), (12, "evaluate")]
+    ("cancel_at", "stage"),
+    [(1, "prepare"), (2, "annotate"), (5, "calibrate"), (9, "reconstruct"), (10, "export"), (13, "evaluate")],
 )
 def test_cancel_raises_canceled_in_the_running_stage(small_model, tmp_path, cancel_at: int, stage: str) -> None:
     path, data = small_model

@@ -33,8 +33,10 @@ def test_quantize_signature() -> None:
         "labels",
         "progress",
         "should_cancel",
+        "engine_builder",
     ]
-    assert all(parameters[p].kind is inspect.Parameter.KEYWORD_ONLY for p in ("labels", "progress", "should_cancel"))
+    keyword_only = ("labels", "progress", "should_cancel", "engine_builder")
+    assert all(parameters[p].kind is inspect.Parameter.KEYWORD_ONLY for p in keyword_only)
 
 
 def test_error_tree() -> None:
