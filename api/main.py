@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
 
-from api import problems
+from api import metrics, problems
 from api.dashboard import mount_dashboard
-from api.routes import datasets, health, jobs, models, webhooks
+from api.requests import RequestContext
+from api.routes import datasets, health, jobs, keys, models, webhooks
 from jobs.config import Settings
 from jobs.config import settings as default_settings
+from jobs.logs import configure_logging
 from jobs.queue import make_celery
 
 API_PREFIX = "/api/v1"
@@ -16,6 +18,7 @@ API_PREFIX = "/api/v1"
 
 def create_app(settings: Settings | None = None, *, broker_url: str | None = None) -> FastAPI:
     settings = settings or default_settings
+    configure_logging(settings)
     app = FastAPI(
         title="Quantization service",
         version="0.1.0",
@@ -27,11 +30,14 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
     )
     app.state.settings = settings
     app.state.celery = make_celery(settings, broker_url)
+    app.state.metrics_registry = metrics.make_registry(settings, app.state.celery)
     problems.install(app)
+    app.add_middleware(RequestContext, fastapi=app, max_body_bytes=settings.max_json_body_bytes)
     api = APIRouter(prefix=API_PREFIX)
-    for router in (models.router, datasets.router, jobs.router, health.router, webhooks.router):
+    for router in (models.router, datasets.router, jobs.router, health.router, webhooks.router, keys.router):
         api.include_router(router)
     app.include_router(api)
+    app.include_router(metrics.router)  # /metrics, outside the versioned API
     mount_dashboard(app)  # the built frontend at /, for paths no API route answers
     return app
 

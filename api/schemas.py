@@ -197,3 +197,22 @@ class DeliveryPublic(BaseModel):
     last_error: str | None
     created_at: datetime
     attempt_log: list[AttemptPublic]
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="", max_length=200, description="A label to tell keys apart, e.g. 'CI'.")
+
+
+class ApiKeyPublic(_Public):
+    id: uuid.UUID
+    name: str
+    prefix: str = Field(description="The key's first characters; the key itself is never shown again.")
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    key: str = Field(description="The API key. Shown only in this response: store it now.")

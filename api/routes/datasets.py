@@ -11,12 +11,13 @@ from api.deps import ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import DatasetPublic, Page
-from api.uploads import UPLOAD_BODY, Upload, receive_upload
+from api.uploads import UPLOAD_BODY, Upload, receive_upload, storage_quota
 from jobs import queries, storage
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Dataset
+from jobs.models import Dataset, Project
 from jobs.npz import InvalidArchive, inspect_npz
+from jobs.quotas import reserve_storage
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -30,25 +31,28 @@ async def upload_dataset(request: Request, settings: SettingsDep, project: Proje
         directory=settings.artifact_root / ".uploads",
         limit=settings.max_dataset_bytes,
         fallback_name="data.npz",
+        quota=await storage_quota(settings, project),
     )
     try:
-        return await run_in_threadpool(_store, settings, project.id, upload)
+        return await run_in_threadpool(_store, settings, project, upload)
     finally:
         upload.path.unlink(missing_ok=True)  # moved into place on success, discarded otherwise
 
 
-def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset:
+def _store(settings: Settings, project: Project, upload: Upload) -> Dataset:
     try:
         arrays, num_samples = inspect_npz(upload.path, max_arrays=settings.max_dataset_arrays)
     except InvalidArchive as exc:
         raise Problem(422, f"not a usable dataset: {exc}", slug="invalid-dataset") from exc
     dataset_id = uuid.uuid4()
+    project_id = project.id
     relative = storage.dataset_path(project_id, dataset_id)
     target = storage.resolve(settings.artifact_root, relative)
     target.parent.mkdir(parents=True, exist_ok=True)
     upload.path.replace(target)
     try:
         with session_scope(settings.resolved_database_url) as session:
+            reserve_storage(session=session, project=project, settings=settings, size_bytes=upload.size_bytes)
             return queries.create_dataset(
                 session=session,
                 project_id=project_id,

@@ -20,6 +20,7 @@ from jobs import queries, storage
 from jobs.compat import dataset_mismatches
 from jobs.models import Job, JobStatus, ModelStatus
 from jobs.queue import enqueue_job
+from jobs.quotas import reserve_job_slot
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def create_job(
             slug="dataset-mismatch",
             errors=[{"field": "dataset_id", "message": p} for p in problems],
         )
+    reserve_job_slot(session=session, project=project, settings=settings)  # 429 / 413 naming the quota
     job = queries.create_job(
         session=session,
         project_id=project.id,
