@@ -74,12 +74,19 @@ class RequestContext:
                     receive = _replay(body, receive)
                 await self.app(scope, receive, send_with_id)
             finally:
+                duration_ms = round((time.perf_counter() - started) * 1000, 1)
                 access_log.info(
-                    "%s %s %d",
+                    "%s %s %d %.1f ms",
                     scope["method"],
                     scope["path"],
                     status,
-                    extra={"duration_ms": round((time.perf_counter() - started) * 1000, 1), "status": status},
+                    duration_ms,
+                    extra={
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": duration_ms,
+                    },
                 )
 
     def _is_upload(self, scope: Scope) -> bool:
