@@ -3,7 +3,7 @@
 - `X-Request-ID`: taken from the request when it is a sane token (a proxy's id), else a new one;
   echoed in the response and bound to every log line of the request (`jobs.logs.request_id_var`).
 - One access-log line per request (`api.access`): method, path, status, duration.
-- Bodies of every route except the streamed uploads (routes whose `openapi_extra` is
+- Bodies of every route except the streamed uploads (operations whose OpenAPI request body is
   `api.uploads.UPLOAD_BODY`, which enforce their own cap while streaming) are read here, up to
   `max_json_body_bytes`, before the route sees them: a larger body gets 413 problem+json after at
   most that many bytes, whether it declared its Content-Length or came chunked. FastAPI would
@@ -21,9 +21,8 @@ import time
 import uuid
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 from starlette.requests import Request
-from starlette.routing import Match
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import Problem, problem_response
@@ -40,7 +39,7 @@ class RequestContext:
         self.app = app
         self.fastapi = fastapi
         self.max_body_bytes = max_body_bytes
-        self._upload_routes: list[APIRoute] | None = None
+        self._upload_routes: list[tuple[str, re.Pattern[str]]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -90,11 +89,14 @@ class RequestContext:
                 )
 
     def _is_upload(self, scope: Scope) -> bool:
-        if self._upload_routes is None:
+        if self._upload_routes is None:  # from the OpenAPI document: the routes that declare UPLOAD_BODY
             self._upload_routes = [
-                r for r in self.fastapi.router.routes if isinstance(r, APIRoute) and r.openapi_extra is UPLOAD_BODY
+                (method.upper(), compile_path(path)[0])
+                for path, item in self.fastapi.openapi()["paths"].items()
+                for method, operation in item.items()
+                if operation.get("requestBody") == UPLOAD_BODY["requestBody"]
             ]
-        return any(route.matches(scope)[0] == Match.FULL for route in self._upload_routes)
+        return any(method == scope["method"] and regex.match(scope["path"]) for method, regex in self._upload_routes)
 
     async def _read_capped(self, receive: Receive, declared: int) -> bytes | None:
         """The whole body, or None as soon as it passes the cap (declared or counted)."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import setup_logging, worker_process_init, worker_ready
+from celery.signals import setup_logging, worker_ready
 
 from jobs.config import settings
 from jobs.logs import configure_logging
 from jobs.queue import make_celery
-from worker.shutdown import install_pool_handler
 
 app = make_celery(settings)
 app.conf.imports = ("worker.tasks",)
@@ -25,11 +24,6 @@ log = logging.getLogger(__name__)
 def _logging(**_kwargs) -> None:
     # Connected, so Celery leaves the root logger to us: JSON or text as the settings say, job ids included.
     configure_logging(settings)
-
-
-@worker_process_init.connect
-def _pool_process_init(**_kwargs) -> None:
-    install_pool_handler()  # SIGTERM to a pool process releases its job (worker.shutdown)
 
 
 @worker_ready.connect

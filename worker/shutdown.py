@@ -7,20 +7,24 @@ Two ways SIGTERM arrives, and what each does:
   grace period that fits your jobs; if the orchestrator loses patience and sends SIGKILL, the job
   is recovered like any crash (redelivery / the reaper's heartbeat timeout).
 - To the pool process running the job (`kill -TERM -PGID`, systemd's control-group stop, an
-  operator targeting the child): the job is *released* at once. The handler installed in every pool
-  process raises `ShutdownRequested` inside the job (a BaseException, so the runner's error handling
-  does not turn it into a failure); `release_on_shutdown` then puts the row back to `queued` without
-  counting the attempt (a canceling job ends `canceled` instead), removes its partial artifacts,
-  commits, and queues a new message for another worker. The original message is acknowledged.
+  operator targeting the child): the job is *released* at once. While a job runs, its process's
+  SIGTERM handler raises `ShutdownRequested` inside the job (a BaseException, so the runner's error
+  handling does not turn it into a failure); `release_on_shutdown` then puts the row back to
+  `queued` without counting the attempt (a canceling job ends `canceled` instead), removes its
+  partial artifacts, commits, and queues a new message. The task returns, so its message is
+  acknowledged (no duplicate delivery). The pool process stays in the pool: when the main process
+  is shutting down too, the worker exits; otherwise it takes the next message, possibly this job.
 
-While no job runs, SIGTERM keeps its default meaning for the pool process (it exits).
+The handler is installed when the job starts and the previous one (billiard's, which exits the
+process) restored when it ends: billiard resets the pool's signal handlers after Celery's process
+initialization, so a handler installed at process start would not survive.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +38,6 @@ from jobs.db import session_scope
 from jobs.queue import enqueue_job
 
 log = logging.getLogger(__name__)
-_running_job: uuid.UUID | None = None
 
 
 class ShutdownRequested(BaseException):
@@ -42,29 +45,26 @@ class ShutdownRequested(BaseException):
 
 
 def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    if _running_job is not None:
-        raise ShutdownRequested(f"SIGTERM while running job {_running_job}")
-    signal.signal(signum, signal.SIG_DFL)  # idle: exit as SIGTERM normally makes a process exit
-    os.kill(os.getpid(), signum)
-
-
-def install_pool_handler() -> None:
-    """Call in each pool process (Celery's `worker_process_init`), never in the main process."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    raise ShutdownRequested(f"signal {signum} while running a job")
 
 
 @contextmanager
 def release_on_shutdown(app: Celery, job_id: uuid.UUID, owner: str) -> Iterator[None]:
-    """Run a job so that a SIGTERM to this process hands it back to the queue (see the module doc)."""
-    global _running_job
-    _running_job = job_id
+    """Run a job so that a SIGTERM to this process hands it back to the queue (see the module doc).
+
+    Precondition: called on the process's main thread (Celery's prefork pool); elsewhere signals
+    cannot be handled and the block runs unguarded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
     except ShutdownRequested:
-        _running_job = None
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one release; a second SIGTERM must not interrupt it
         _release(app, job_id, owner)
     finally:
-        _running_job = None
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _release(app: Celery, job_id: uuid.UUID, owner: str) -> None:
