@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import APIRouter, FastAPI
 
 from api import metrics, problems
@@ -18,8 +21,14 @@ API_PREFIX = "/api/v1"
 
 def create_app(settings: Settings | None = None, *, broker_url: str | None = None) -> FastAPI:
     settings = settings or default_settings
-    configure_logging(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings)  # when served, not on import (tests and the schema dump import the app)
+        yield
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Quantization service",
         version="0.1.0",
         description="Upload an FP32 ONNX model and calibration data, pick a recipe, get a quantized model "
