@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from jobs.config import Settings
 from jobs.db import session_scope
@@ -111,3 +112,23 @@ def test_concurrent_jobs_quota(service: Service) -> None:
         finally:
             service.start_job_worker()
         assert _wait_terminal(client, second.json()["id"]) == "succeeded"
+
+
+def test_concurrent_submissions_cannot_overshoot_the_jobs_quota(service: Service) -> None:
+    """Eight clients submit at once against a quota of two: the per-project lock admits exactly two."""
+    project = f"quota-{uuid.uuid4().hex[:8]}"
+    key = service.new_key(project)
+    model, dataset = service.upload(key, tiny_conv_bytes(), tiny_dataset())
+    request = {"model_id": model["id"], "dataset_id": dataset["id"], "recipe": FAST_RECIPE}
+    _set_quota(service, project, max_concurrent_jobs=2)
+    service.stack.kill("gpu", signal.SIGTERM)  # nothing leaves the queue meanwhile
+    try:
+        with service.client(key) as client, ThreadPoolExecutor(8) as pool:
+            statuses = sorted(pool.map(lambda _: client.post("/jobs", json=request).status_code, range(8)))
+            assert statuses == [202, 202] + [429] * 6, statuses
+            accepted = client.get("/jobs").json()["items"]
+            assert len(accepted) == 2
+    finally:
+        service.start_job_worker()
+    with service.client(key) as client:
+        assert {_wait_terminal(client, job["id"]) for job in accepted} == {"succeeded"}
