@@ -1,12 +1,12 @@
 """Graceful shutdown of a job worker with SIGTERM: the job finishes or goes back to the queue.
 
-(SIGKILL, the ungraceful case, is tests/test_recovery.py.) Three ways SIGTERM arrives:
+(SIGKILL, the ungraceful case, is tests/test_recovery.py.) Three ways SIGTERM reaches a worker:
 - to the worker's main process (docker stop, kill PID): warm shutdown, the running job finishes;
 - to the pool process running the job: the job is released (queued again, attempt not counted)
   and the still-running worker takes it up again;
 - to the whole process group (kill -TERM -PGID, systemd): released, and the worker exits; the job
   waits `queued` for the next worker.
-Never `running` without a worker.
+Never `running` without a worker. And the API: SIGTERM lets requests in flight finish.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import pytest
 
 from jobs import queries
 from jobs.db import session_scope
-from tests.conftest import Service
-from tests.test_api import _wait_terminal
+from launcher.stack import Stack
+from tests.conftest import ARTIFACTS, Service
+from tests.test_api import _wait_terminal, tiny_dataset
 
 pytestmark = pytest.mark.e2e
 
@@ -113,3 +114,36 @@ def service_host_pid(pid: int) -> str:
     import socket
 
     return f"{socket.gethostname()}:{pid}"
+
+
+def test_sigterm_to_the_api_lets_requests_in_flight_finish(service: Service) -> None:
+    """uvicorn's graceful shutdown: an upload still streaming when SIGTERM arrives is completed."""
+    stack = Stack(env=service.stack.env, log_dir=ARTIFACTS / "logs" / f"api-shutdown-{uuid.uuid4().hex[:8]}")
+    url = stack.start_api(graceful_seconds=20)
+    api = stack.processes["api"]
+    body = tiny_dataset(n=200)  # 150 KB sent in 4 KiB pieces over ~2 s
+
+    def slow():
+        for offset in range(0, len(body), 4096):
+            if offset == 8 * 4096:
+                os.killpg(api.pid, signal.SIGTERM)  # mid-request
+            time.sleep(0.05)
+            yield body[offset : offset + 4096]
+
+    try:
+        response = httpx.post(
+            f"{url}/api/v1/datasets",
+            params={"filename": "d.npz"},
+            content=slow(),
+            headers={"X-API-Key": service.new_key(), "Content-Type": "application/octet-stream"},
+            timeout=60,
+        )
+        assert response.status_code == 201, response.text
+        assert response.json()["size_bytes"] == len(body)
+        # Then it exits: uvicorn re-raises the SIGTERM it caught once its shutdown is done, so the
+        # status is "killed by SIGTERM", but only after the request above was answered.
+        assert api.wait(timeout=30) == -signal.SIGTERM
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/api/v1/health", timeout=5)
+    finally:
+        stack.stop()
