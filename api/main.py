@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import APIRouter, FastAPI
 
-from api import problems
+from api import metrics, problems
 from api.dashboard import mount_dashboard
-from api.routes import comparison, datasets, health, jobs, models, webhooks
+from api.requests import RequestContext
+from api.routes import comparison, datasets, health, jobs, keys, models, webhooks
 from jobs.config import Settings
 from jobs.config import settings as default_settings
+from jobs.logs import configure_logging
 from jobs.queue import make_celery
 
 API_PREFIX = "/api/v1"
@@ -16,7 +21,14 @@ API_PREFIX = "/api/v1"
 
 def create_app(settings: Settings | None = None, *, broker_url: str | None = None) -> FastAPI:
     settings = settings or default_settings
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings)  # when served, not on import (tests and the schema dump import the app)
+        yield
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Quantization service",
         version="0.1.0",
         description="Upload an FP32 ONNX model and calibration data, pick a recipe, get a quantized model "
@@ -27,11 +39,23 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
     )
     app.state.settings = settings
     app.state.celery = make_celery(settings, broker_url)
+    app.state.metrics_registry = metrics.make_registry(settings, app.state.celery)
     problems.install(app)
+    app.add_middleware(RequestContext, fastapi=app, max_body_bytes=settings.max_json_body_bytes)
     api = APIRouter(prefix=API_PREFIX)
-    for router in (models.router, comparison.router, datasets.router, jobs.router, health.router, webhooks.router):
+    routers = (
+        models.router,
+        comparison.router,
+        datasets.router,
+        jobs.router,
+        health.router,
+        webhooks.router,
+        keys.router,
+    )
+    for router in routers:
         api.include_router(router)
     app.include_router(api)
+    app.include_router(metrics.router)  # /metrics, outside the versioned API
     mount_dashboard(app)  # the built frontend at /, for paths no API route answers
     return app
 

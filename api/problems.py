@@ -3,7 +3,8 @@
     {"type": "https://quant.example/problems/<slug>", "title": ..., "status": ..., "detail": ...,
      "instance": "/api/v1/...", "errors": [{"field": "recipe.calibration.percentile", "message": ...}]}
 
-`errors` appears on validation failures and names each offending field by its dotted path.
+`errors` appears on validation failures and names each offending field by its dotted path; a quota
+refusal adds `quota`, `limit` and `used`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from jobs.quotas import STORAGE, QuotaExceeded
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://quantservice.dev/problems/"
@@ -31,6 +34,7 @@ _TITLES = {
     415: "Unsupported media type",
     416: "Range not satisfiable",
     422: "Unprocessable content",
+    429: "Too many requests",
     500: "Internal server error",
     503: "Service unavailable",
 }
@@ -46,6 +50,7 @@ class Problem(Exception):
         title: str | None = None,
         errors: list[dict[str, str]] | None = None,
         headers: dict[str, str] | None = None,
+        extensions: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
@@ -54,6 +59,7 @@ class Problem(Exception):
         self.title = title or _TITLES.get(status, "Error")
         self.errors = errors
         self.headers = headers
+        self.extensions = extensions or {}
 
 
 def problem_response(request: Request, problem: Problem) -> JSONResponse:
@@ -66,6 +72,7 @@ def problem_response(request: Request, problem: Problem) -> JSONResponse:
     }
     if problem.errors:
         body["errors"] = problem.errors
+    body.update(problem.extensions)
     return JSONResponse(body, status_code=problem.status, media_type=MEDIA_TYPE, headers=problem.headers)
 
 
@@ -83,10 +90,26 @@ def field_errors(errors: Any, *, drop_prefix: tuple[str, ...] = ("body",)) -> li
     return out
 
 
+def quota_problem(exc: QuotaExceeded) -> Problem:
+    """413 for storage, 429 for concurrent jobs; `quota`, `limit` and `used` as extension members."""
+    status = 413 if exc.use.quota == STORAGE else 429
+    return Problem(
+        status,
+        str(exc),
+        slug="quota-exceeded",
+        title="Quota exceeded",
+        extensions={"quota": exc.use.quota, "limit": exc.use.limit, "used": exc.use.used},
+    )
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
         return problem_response(request, exc)
+
+    @app.exception_handler(QuotaExceeded)
+    async def _quota(request: Request, exc: QuotaExceeded) -> JSONResponse:
+        return problem_response(request, quota_problem(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

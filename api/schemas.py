@@ -276,3 +276,22 @@ class ModelComparison(BaseModel):
     size_bytes: int = Field(description="The uploaded FP32 model file.")
     items: list[ComparisonRow] = Field(description="The model's jobs, newest first.")
     next_cursor: str | None = Field(description="Pass as `cursor` to get the next page; null on the last page.")
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="", max_length=200, description="A label to tell keys apart, e.g. 'CI'.")
+
+
+class ApiKeyPublic(_Public):
+    id: uuid.UUID
+    name: str
+    prefix: str = Field(description="The key's first characters; the key itself is never shown again.")
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    key: str = Field(description="The API key. Shown only in this response: store it now.")

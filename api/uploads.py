@@ -2,7 +2,11 @@
 
 Accepts `multipart/form-data` with one file part named `file` (what browsers and curl -F send),
 or a raw body (`application/octet-stream`) with the file name in `?filename=`. A body larger than
-the cap is cut off as soon as it passes the cap (413), and the partial file is removed.
+the cap is cut off as soon as it passes the cap (413), and the partial file is removed. The cap is
+the smaller of the size limit and what is left of the project's storage quota; when the quota is
+the one that binds, the 413 names it (`quota`, `limit`, `used`). The route re-checks the quota in
+the transaction that records the upload (`jobs.quotas.reserve_storage`), so concurrent uploads
+cannot together pass it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,17 @@ from pathlib import Path
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
 
+from api.metrics import UPLOAD_BYTES
 from api.problems import Problem
+from jobs.config import Settings
+from jobs.db import session_scope
+from jobs.models import Project
+from jobs.quotas import QuotaExceeded, QuotaUse, storage_use
+
+# Multipart framing (boundaries, part headers) a Content-Length may carry beyond the file itself.
+MULTIPART_SLACK = 64 * 1024
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]")
 
@@ -54,22 +67,52 @@ def _clean_filename(raw: str, fallback: str) -> str:
     return name or fallback
 
 
+async def storage_quota(settings: Settings, project: Project) -> QuotaUse:
+    """The project's storage use now; pass it to `receive_upload` to cut uploads off at the quota."""
+
+    def read() -> QuotaUse:
+        with session_scope(settings.resolved_database_url) as session:
+            return storage_use(session=session, project=project, settings=settings)
+
+    return await run_in_threadpool(read)
+
+
+@dataclass(frozen=True)
+class _Cap:
+    """The byte count an upload may reach: the size limit, or what is left of the quota if smaller."""
+
+    limit: int
+    quota: QuotaUse | None = None  # set when the quota, not the size limit, binds
+
+    @classmethod
+    def of(cls, limit: int, quota: QuotaUse | None) -> _Cap:
+        if quota is not None and quota.remaining < limit:
+            return cls(quota.remaining, quota)
+        return cls(limit)
+
+    def refusal(self, size: int) -> Exception:
+        if self.quota is not None:
+            return QuotaExceeded(self.quota, size)
+        return Problem(413, f"upload of {size} bytes exceeds the limit of {self.limit} bytes", slug="upload-too-large")
+
+
 class _Sink:
     """Writes one file part, counting bytes and hashing as they arrive."""
 
-    def __init__(self, path: Path, limit: int) -> None:
+    def __init__(self, path: Path, cap: _Cap) -> None:
         self.path = path
-        self.limit = limit
+        self.cap = cap
         self.size = 0
         self.digest = hashlib.sha256()
         self.handle = path.open("wb")
 
     def write(self, data: bytes) -> None:
         self.size += len(data)
-        if self.size > self.limit:
-            raise Problem(413, f"upload exceeds the limit of {self.limit} bytes", slug="upload-too-large")
+        if self.size > self.cap.limit:
+            raise self.cap.refusal(self.size)
         self.digest.update(data)
         self.handle.write(data)
+        UPLOAD_BYTES.inc(len(data))
 
     def close(self) -> None:
         self.handle.flush()
@@ -77,15 +120,20 @@ class _Sink:
         self.handle.close()
 
 
-async def receive_upload(request: Request, *, directory: Path, limit: int, fallback_name: str) -> Upload:
-    """Stream the request body into `directory`; the caller renames or deletes the file."""
+async def receive_upload(
+    request: Request, *, directory: Path, limit: int, fallback_name: str, quota: QuotaUse | None = None
+) -> Upload:
+    """Stream the request body into `directory`; the caller renames or deletes the file.
+
+    `quota` is the project's storage use (from `storage_quota`), or None for no quota."""
+    cap = _Cap.of(limit, quota)
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit + 64 * 1024:
-        raise Problem(413, f"upload of {declared} bytes exceeds the limit of {limit} bytes", slug="upload-too-large")
-    directory.mkdir(parents=True, exist_ok=True)
+    if declared is not None and declared.isdigit() and int(declared) > cap.limit + MULTIPART_SLACK:
+        raise cap.refusal(int(declared))
     target = directory / f".upload-{uuid.uuid4().hex}.part"
+    directory.mkdir(parents=True, exist_ok=True)
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
-    sink = _Sink(target, limit)
+    sink = _Sink(target, cap)
     try:
         if content_type == b"multipart/form-data":
             filename = await _receive_multipart(request, sink, params.get(b"boundary"))

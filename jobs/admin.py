@@ -1,6 +1,9 @@
 """`quant-admin`: operator commands that talk to the database directly.
 
 quant-admin create-key --project NAME [--name LABEL]   create the project if needed, print a new key
+quant-admin list-keys --project NAME                   id, prefix, name, created, last used, revoked
+quant-admin revoke-key --project NAME (--id UUID | --prefix qk_...)   the key gets 401 from now on
+quant-admin set-quota --project NAME [--storage-bytes N|default] [--concurrent-jobs N|default]
 quant-admin migrate                                    alembic upgrade head
 """
 
@@ -8,11 +11,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
+from datetime import datetime
 from pathlib import Path
 
-from jobs import queries
+from jobs import keys, queries
 from jobs.config import settings
 from jobs.db import session_scope
+from jobs.models import Project
+from jobs.quotas import concurrent_jobs_use, storage_use
+
+
+class AdminError(Exception):
+    """A command that cannot be done as asked; printed without a traceback, exit status 2."""
+
+
+def _project(session, name: str) -> Project:
+    project = queries.get_project_by_name(session=session, name=name)
+    if project is None:
+        raise AdminError(f"no project named {name!r}")
+    return project
 
 
 def create_key(project_name: str, label: str) -> str:
@@ -22,6 +40,57 @@ def create_key(project_name: str, label: str) -> str:
             project = queries.create_project(session=session, name=project_name)
         _row, key = queries.create_api_key(session=session, project=project, name=label)
     return key
+
+
+def list_keys(project_name: str) -> list[str]:
+    with session_scope(settings.resolved_database_url) as session:
+        project = _project(session, project_name)
+        return [
+            f"{k.id}  {k.prefix}…  {k.name or '-'}  created {_when(k.created_at)}  last used {_when(k.last_used_at)}"
+            + (f"  REVOKED {_when(k.revoked_at)}" if k.revoked_at else "")
+            for k in keys.list_keys(session=session, project_id=project.id)
+        ]
+
+
+def _when(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M}" if moment else "never"
+
+
+def revoke_key(project_name: str, *, key_id: str | None, prefix: str | None) -> str:
+    with session_scope(settings.resolved_database_url) as session:
+        project = _project(session, project_name)
+        if key_id is not None:
+            try:
+                found = keys.get_key(session=session, project_id=project.id, key_id=uuid.UUID(key_id))
+            except ValueError as exc:
+                raise AdminError(f"--id {key_id!r} is not a UUID") from exc
+            matches = [found] if found is not None else []
+        else:
+            matches = list(keys.find_keys_by_prefix(session=session, project_id=project.id, prefix=prefix or ""))
+        if len(matches) != 1:
+            what = f"id {key_id}" if key_id else f"prefix {prefix!r}"
+            raise AdminError(f"{len(matches)} keys of project {project_name!r} match {what}; need exactly one")
+        key = keys.revoke_key(session=session, key=matches[0])
+        return f"revoked {key.id} ({key.prefix}…)"
+
+
+def set_quota(project_name: str, *, storage_bytes: str | None, concurrent_jobs: str | None) -> str:
+    def parse(value: str, option: str) -> int | None:
+        if value == "default":
+            return None
+        if not value.isdigit():
+            raise AdminError(f"{option} takes a non-negative integer or 'default', not {value!r}")
+        return int(value)
+
+    with session_scope(settings.resolved_database_url) as session:
+        project = _project(session, project_name)
+        if storage_bytes is not None:
+            project.max_storage_bytes = parse(storage_bytes, "--storage-bytes")
+        if concurrent_jobs is not None:
+            project.max_concurrent_jobs = parse(concurrent_jobs, "--concurrent-jobs")
+        storage = storage_use(session=session, project=project, settings=settings)
+        jobs = concurrent_jobs_use(session=session, project=project, settings=settings)
+        return f"project {project_name}: " + ", ".join(f"{u.quota} {u.used} used of {u.limit}" for u in (storage, jobs))
 
 
 def migrate() -> None:
@@ -36,15 +105,36 @@ def migrate() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quant-admin", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    key = commands.add_parser("create-key", help="create an API key (and the project if it does not exist)")
-    key.add_argument("--project", required=True)
-    key.add_argument("--name", default="", help="a label for the key")
+    create = commands.add_parser("create-key", help="create an API key (and the project if it does not exist)")
+    create.add_argument("--project", required=True)
+    create.add_argument("--name", default="", help="a label for the key")
+    listing = commands.add_parser("list-keys", help="list a project's keys (never the secret)")
+    listing.add_argument("--project", required=True)
+    revoke = commands.add_parser("revoke-key", help="revoke a key: requests with it get 401 at once")
+    revoke.add_argument("--project", required=True)
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", dest="key_id", help="the key's id (list-keys, GET /api/v1/keys)")
+    which.add_argument("--prefix", help="the key's first characters, e.g. qk_AbC1234")
+    quota = commands.add_parser("set-quota", help="override a project's quotas ('default' restores the settings')")
+    quota.add_argument("--project", required=True)
+    quota.add_argument("--storage-bytes")
+    quota.add_argument("--concurrent-jobs")
     commands.add_parser("migrate", help="bring the database schema to the latest revision")
     args = parser.parse_args(argv)
-    if args.command == "create-key":
-        print(create_key(args.project, args.name))
-    elif args.command == "migrate":
-        migrate()
+    try:
+        if args.command == "create-key":
+            print(create_key(args.project, args.name))
+        elif args.command == "list-keys":
+            print("\n".join(list_keys(args.project)) or "no keys")
+        elif args.command == "revoke-key":
+            print(revoke_key(args.project, key_id=args.key_id, prefix=args.prefix))
+        elif args.command == "set-quota":
+            print(set_quota(args.project, storage_bytes=args.storage_bytes, concurrent_jobs=args.concurrent_jobs))
+        elif args.command == "migrate":
+            migrate()
+    except AdminError as exc:
+        print(f"quant-admin: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

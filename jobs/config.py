@@ -74,6 +74,23 @@ class Settings(BaseSettings):
     # Base URL clients reach the API at; webhook payloads link to jobs, reports and artifacts under it.
     public_url: str = "http://127.0.0.1:8000"
 
+    # Quotas per project (a project row's max_storage_bytes / max_concurrent_jobs override them).
+    # Storage counts models + datasets + job artifacts; concurrent jobs are queued + running + canceling.
+    quota_storage_bytes: int = Field(default=50 * 1024 * MiB, ge=0)
+    quota_concurrent_jobs: int = Field(default=8, ge=0)
+    # JSON (non-upload) request bodies larger than this get 413 before they are parsed.
+    max_json_body_bytes: int = Field(default=1 * MiB, ge=1024)
+
+    # Operations
+    # Log lines as JSON objects (one per line) or as text; auto = JSON in production, text otherwise.
+    log_format: Literal["auto", "json", "text"] = "auto"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # When set, GET /metrics wants `Authorization: Bearer <token>`; unset, it is open (bind it internally).
+    metrics_token: str | None = None
+    # The DB-derived metrics (jobs by state, stage durations, webhook outcomes) are cached this long (s),
+    # so several scrapers or API processes do not multiply the queries.
+    metrics_cache_seconds: float = Field(default=5.0, ge=0.0)
+
     # Webhooks
     # Seconds to wait before each attempt: the first at once, then growing (jittered) gaps, ~28 h in all.
     webhook_retry_schedule: list[float] = [0, 5, 300, 1800, 7200, 18000, 36000, 36000]
@@ -144,6 +161,10 @@ class Settings(BaseSettings):
                 if any(address in network for address in metadata):
                     raise ValueError(f"webhook_allowed_networks: {network} would expose the cloud metadata service")
         return self
+
+    @property
+    def json_logs(self) -> bool:
+        return self.log_format == "json" or (self.log_format == "auto" and self.environment == "production")
 
     @property
     def allowed_webhook_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

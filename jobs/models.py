@@ -89,6 +89,9 @@ class Project(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Per-project quotas; None means the settings' defaults (`quota_storage_bytes`, `quota_concurrent_jobs`).
+    max_storage_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_jobs: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiKey(Base):
@@ -238,6 +241,22 @@ class Artifact(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class StageDurationBucket(Base):
+    """A Prometheus histogram of stage durations kept in SQL, so every worker on every host feeds it.
+
+    One row per (stage, upper bound `le` in seconds, +inf included): `count` and `sum_seconds` of the
+    completed stage runs that took at most `le`. A run adds itself to every row with `le >= seconds`
+    in one UPDATE, so the rows are the cumulative buckets as the exposition format wants them.
+    """
+
+    __tablename__ = "stage_duration_buckets"
+
+    stage: Mapped[str] = mapped_column(String(32), primary_key=True)
+    le: Mapped[float] = mapped_column(Float, primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    sum_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class DeliveryStatus(enum.StrEnum):

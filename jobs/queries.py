@@ -37,6 +37,7 @@ from jobs.models import (
 )
 from jobs.outbox import record_job_end
 from jobs.signing import generate_secret
+from jobs.timings import record_stage_end
 
 # Projects and keys ----------------------------------------------------------------------------
 
@@ -370,6 +371,8 @@ def set_progress(
         .values(stage=stage, progress=progress, heartbeat_at=utcnow(), updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
+    if kind == "stage":  # a new stage starts: the previous one of this attempt has ended
+        record_stage_end(session=session, job_id=job_id)
     add_event(session=session, job_id=job_id, kind=kind, stage=stage, progress=progress, message=message)
 
 
@@ -395,6 +398,8 @@ def finish_job(
         extra=extra,
     )
     if done:
+        if status == JobStatus.succeeded:  # the last stage completed too
+            record_stage_end(session=session, job_id=job_id)
         add_event(
             session=session,
             job_id=job_id,
@@ -417,6 +422,26 @@ def requeue_job(*, session: Session, job_id: uuid.UUID, reason: str) -> bool:
     if done:
         add_event(session=session, job_id=job_id, kind="status", message=reason, data={"status": "queued"})
     return done
+
+
+def release_job(*, session: Session, job_id: uuid.UUID, worker_id: str, reason: str) -> bool:
+    """A job whose worker is shutting down: running → queued with this attempt not counted (True,
+    the caller enqueues it); canceling → canceled. False when it was not ours or not running."""
+    done = _transition(
+        session=session,
+        job_id=job_id,
+        allowed=(JobStatus.running,),
+        status=JobStatus.queued,
+        values={"claimed_by": None, "stage": None, "progress": 0.0, "attempts": Job.attempts - 1},
+        extra=Job.claimed_by == worker_id,
+    )
+    if done:
+        add_event(session=session, job_id=job_id, kind="status", message=reason, data={"status": "queued"})
+        return True
+    finish_job(  # only a canceling job of ours is left to end here
+        session=session, job_id=job_id, worker_id=worker_id, status=JobStatus.canceled, error="canceled by request"
+    )
+    return False
 
 
 def orphaned_jobs(*, session: Session, heartbeat_timeout: float) -> Sequence[Job]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,8 +54,14 @@ class Stack:
             capture_output=True,
         )
 
-    def start_api(self, port: int | None = None, workers: int = 1) -> str:
+    def start_api(self, port: int | None = None, workers: int = 1, graceful_seconds: int = 30) -> str:
+        """uvicorn on `port`; on SIGTERM it stops accepting, lets requests finish for `graceful_seconds`
+        (event streams included), then closes what is left. Its processes share one fresh
+        PROMETHEUS_MULTIPROC_DIR so /metrics sums their upload counters."""
         port = port or free_port()
+        metrics_dir = Path(self.env.get("QUANT_VAR_DIR", "var")).resolve() / "prometheus" / f"api-{port}"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
         self._spawn(
             "api",
             [
@@ -70,7 +77,10 @@ class Stack:
                 str(workers),
                 "--log-level",
                 "warning",
+                "--timeout-graceful-shutdown",
+                str(graceful_seconds),
             ],
+            env=dict(self.env, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir)),
         )
         self.api_url = f"http://127.0.0.1:{port}"
         self.wait_ready()

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import setup_logging, worker_process_init, worker_ready, worker_shutdown
 
 from jobs.config import settings
+from jobs.logs import configure_logging
 from jobs.queue import make_celery
 
 app = make_celery(settings)
 app.conf.imports = ("worker.tasks",)
 log = logging.getLogger(__name__)
 _registration = None  # the process keeping this node's `workers` row (worker.registry)
+
+
+@setup_logging.connect
+def _logging(**_kwargs) -> None:
+    # Connected, so Celery leaves the root logger to us: JSON or text as the settings say, job ids included.
+    configure_logging(settings)
 
 
 @worker_ready.connect

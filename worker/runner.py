@@ -30,6 +30,7 @@ from jobs import queries, storage
 from jobs.archives import archive_limits
 from jobs.config import settings
 from jobs.db import session_scope
+from jobs.logs import job_context, log_context
 from jobs.models import DatasetKind, JobStatus
 from jobs.recipe import Recipe
 from quantcore import QuantizeResult, atomic, quantize
@@ -162,7 +163,7 @@ class Heartbeat(threading.Thread):
         self.progress = progress
         self.stopped = threading.Event()
 
-    def run(self) -> None:
+    def _beat(self) -> None:
         while not self.stopped.wait(settings.heartbeat_interval):
             try:
                 with session_scope(self.progress.url) as session:
@@ -176,7 +177,12 @@ class Heartbeat(threading.Thread):
                 self.progress.lost.set()
                 return
 
+    def run(self) -> None:
+        with log_context(job_id=str(self.progress.job_id)):  # a thread starts with an empty context
+            self._beat()
 
+
+@job_context
 def run_job(job_id: uuid.UUID) -> None:
     owner = worker_id()
     url = settings.resolved_database_url
@@ -201,6 +207,7 @@ def run_job(job_id: uuid.UUID) -> None:
         dataset_kind = job.dataset.kind
         input_names = [spec["name"] for spec in (job.model.info or {}).get("inputs", [])]
         recipe_data, project_id = job.recipe, job.project_id
+        log.info("job started (attempt %d) on %s", job.attempts, owner)
 
     progress = Progress(job_id, owner)
     heartbeat = Heartbeat(progress)
@@ -225,6 +232,8 @@ def run_job(job_id: uuid.UUID) -> None:
         if not queries.finish_job(session=session, job_id=job_id, worker_id=owner, status=status, error=error):
             session.rollback()
             log.warning("job %s was no longer ours to finish", job_id)
+        else:
+            log.info("job ended %s%s", status.value, f": {error}" if error else "")
 
 
 def _execute(

@@ -12,15 +12,16 @@ from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import DatasetPublic, Page
-from api.uploads import UPLOAD_BODY, Upload, receive_upload
+from api.uploads import UPLOAD_BODY, Upload, receive_upload, storage_quota
 from api.verdicts import wait_for_verdict
 from jobs import queries, storage
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip, is_image_zip
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Dataset, DatasetKind, DatasetStatus
+from jobs.models import Dataset, DatasetKind, DatasetStatus, Project
 from jobs.npz import InvalidArchive, inspect_npz
 from jobs.queue import enqueue_dataset_validation
+from jobs.quotas import reserve_storage
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -49,9 +50,10 @@ async def upload_dataset(
         directory=settings.artifact_root / ".uploads",
         limit=settings.max_dataset_bytes,
         fallback_name="data.npz",
+        quota=await storage_quota(settings, project),
     )
     try:
-        dataset = await run_in_threadpool(_store, settings, project.id, upload)
+        dataset = await run_in_threadpool(_store, settings, project, upload)
     finally:
         upload.path.unlink(missing_ok=True)  # moved into place on success, discarded otherwise
     if dataset.kind == DatasetKind.arrays:
@@ -70,9 +72,10 @@ async def upload_dataset(
     return dataset
 
 
-def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset:
+def _store(settings: Settings, project: Project, upload: Upload) -> Dataset:
     """Check the archive's listing, move it into place and record it."""
     dataset_id = uuid.uuid4()
+    project_id = project.id
     fields: dict = {"kind": DatasetKind.arrays}
     try:
         if upload.filename.lower().endswith(".zip") or is_image_zip(upload.path, max_files=settings.max_dataset_images):
@@ -95,6 +98,7 @@ def _store(settings: Settings, project_id: uuid.UUID, upload: Upload) -> Dataset
     upload.path.replace(target)
     try:
         with session_scope(settings.resolved_database_url) as session:
+            reserve_storage(session=session, project=project, settings=settings, size_bytes=upload.size_bytes)
             return queries.create_dataset(
                 session=session,
                 project_id=project_id,

@@ -20,6 +20,7 @@ from jobs import queries, storage
 from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
 from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
+from jobs.quotas import reserve_job_slot
 from jobs.report import Report
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -83,6 +84,7 @@ def create_job(
             slug="dataset-mismatch",
             errors=[{"field": field, "message": message} for field, message in problems],
         )
+    reserve_job_slot(session=session, project=project, settings=settings)  # 429 / 413 naming the quota
     job = queries.create_job(
         session=session,
         project_id=project.id,

@@ -11,13 +11,14 @@ from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import ModelPublic, Page
-from api.uploads import UPLOAD_BODY, Upload, receive_upload
+from api.uploads import UPLOAD_BODY, Upload, receive_upload, storage_quota
 from api.verdicts import wait_for_verdict
 from jobs import queries, storage
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Model, ModelStatus
+from jobs.models import Model, ModelStatus, Project
 from jobs.queue import enqueue_validation
+from jobs.quotas import reserve_storage
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -38,7 +39,11 @@ async def upload_model(
     removed and answered with 422 naming the reason."""
     root = settings.artifact_root
     upload = await receive_upload(
-        request, directory=root / ".uploads", limit=settings.max_model_bytes, fallback_name="model.onnx"
+        request,
+        directory=root / ".uploads",
+        limit=settings.max_model_bytes,
+        fallback_name="model.onnx",
+        quota=await storage_quota(settings, project),
     )
     model_id = uuid.uuid4()
     relative = storage.model_path(project.id, model_id)
@@ -46,7 +51,7 @@ async def upload_model(
         target = storage.resolve(root, relative)
         target.parent.mkdir(parents=True, exist_ok=True)
         upload.path.replace(target)
-        model = await run_in_threadpool(_create, settings, project.id, model_id, upload, relative)
+        model = await run_in_threadpool(_create, settings, project, model_id, upload, relative)
         enqueue_validation(celery, model_id)
     except BaseException:
         upload.path.unlink(missing_ok=True)
@@ -74,11 +79,12 @@ def read_model(session: SessionDep, project: ProjectDep, model_id: uuid.UUID) ->
     return model
 
 
-def _create(settings: Settings, project_id: uuid.UUID, model_id: uuid.UUID, upload: Upload, relative: str) -> Model:
+def _create(settings: Settings, project: Project, model_id: uuid.UUID, upload: Upload, relative: str) -> Model:
     with session_scope(settings.resolved_database_url) as session:
+        reserve_storage(session=session, project=project, settings=settings, size_bytes=upload.size_bytes)
         return queries.create_model(
             session=session,
-            project_id=project_id,
+            project_id=project.id,
             model_id=model_id,
             filename=upload.filename,
             sha256=upload.sha256,
