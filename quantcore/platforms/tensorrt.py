@@ -40,6 +40,7 @@ from quantcore.rules import (
     Request,
     Rule,
     RuleContext,
+    fusing_producer,
     pass_through,
     quantize_compute,
     quantize_elementwise,
@@ -90,19 +91,10 @@ def read_in_integer(name: str, context: RuleContext) -> bool:
 
 
 def fused_weighted_output(name: str, context: RuleContext) -> bool:
-    """``name`` is written by a weighted layer (Conv/ConvTranspose/Gemm/MatMul whose input 1 is
-    constant; through a bias Add of a constant, as exporters write Linear as MatMul + Add) that is not
-    excluded, read by one node only and not a graph output: TensorRT can fuse that reader's element-wise sum into the layer."""
-    index = context.index
-    producer = index.producers.get(name)
-    if producer is None or context.excluded(producer) or name in index.graph_outputs:
-        return False
-    if len(index.consumers.get(name, [])) != 1:
-        return False
-    if producer.op_type == "Add":
-        variable = [i for i in producer.input if i and not index.is_constant(i)]
-        return len(variable) == 1 and len(producer.input) == 2 and fused_weighted_output(variable[0], context)
-    return producer.op_type in COMPUTE_OPS and len(producer.input) > 1 and index.is_constant(producer.input[1])
+    """``name`` is the only reader's input from a weighted layer (``fusing_producer`` whose input 1 is
+    constant) that the user did not exclude: TensorRT fuses that reader's element-wise sum into it."""
+    producer = fusing_producer(name, context.index)
+    return producer is not None and context.index.is_constant(producer.input[1]) and not context.excluded(producer)
 
 
 def residual_add(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
