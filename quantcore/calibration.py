@@ -4,8 +4,10 @@ Weights (``annotation.parameters``) are read directly from their initializers: p
 amax[c] = max |W[c, ...]| over all but the channel axis, scale[c] = amax[c] / 127.
 
 Activations: ONNX Runtime runs the prepared graph with the observed tensors added as extra graph
-outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax`` or
-``percentile``) and are dropped, so memory holds one batch of activations, never the dataset.
+outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax``,
+``percentile``, ...) and are dropped, so memory holds one batch of activations, never the dataset.
+Cost per batch and tensor: the histogram observers make two reductions and one binning pass
+(``quantcore.histogram``), so calibration costs one inference plus a few passes over the activations.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
 chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
 ``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
@@ -98,7 +100,8 @@ def calibrate(
 ) -> Annotation:
     """Return ``annotation`` with every config calibrated (states ACTIVATED or PASSIVE).
 
-    ``calibration``: ``{input name: array}`` (first axis samples) or prepared ``Batches``.
+    ``calibration``: ``{input name: array}`` (samples along each input's batch axis, see
+    ``quantcore.batching``) or prepared ``Batches``.
     Raises ``InvalidDataError`` for data that doesn't fit the model or drives a tensor non-finite,
     ``Canceled`` when ``should_cancel()`` turns True between batches.
     """
