@@ -59,7 +59,7 @@ class HistogramObserver:
         computing bin indices i = floor(|x| · bins / top) in x's float type (float32 at least) and one
         ``np.bincount`` (i = bins, i.e. |x| = top, counts in the last bin); a batch holding NaN/inf
         takes a slower path that drops them first."""
-        values = np.asarray(x)
+        values = np.asarray(x).ravel()  # a view for the contiguous arrays ONNX Runtime returns; 0-d → (1,)
         if values.size == 0:
             return
         lo, hi = float(values.min()), float(values.max())
@@ -83,7 +83,7 @@ class HistogramObserver:
             values = values.astype(np.float32)
         scaled = np.multiply(values, bins / self.top)  # one temporary of x's size, reused in place
         np.abs(scaled, out=scaled)
-        counts = np.bincount(scaled.astype(np.intp).ravel(), minlength=bins + 1)
+        counts = np.bincount(scaled.astype(np.intp), minlength=bins + 1)
         counts[bins - 1] += counts[bins]  # |x| = top lands on index bins: the last bin is closed
         self.counts += counts[:bins]
 
