@@ -165,8 +165,8 @@ def join_model(op: str, left: str, right: str, reader: str) -> onnx.ModelProto:
         # a Relu between Conv and Add: no fusion; a standalone sum is quantized only when read in int8
         ("Add", "ra", "x", "ReduceMean", set()),
         ("Add", "ra", "x", "Conv", {"ra", "x"}),
-        ("Mul", "ra", "x", "ReduceMean", set()),
-        ("Mul", "ra", "x", "Conv", {"ra", "x"}),
+        # a Mul of two activations (a gate) quantizes both, whoever reads it
+        ("Mul", "ra", "x", "ReduceMean", {"ra", "x"}),
         # a Concat read in float (a detector head's output) stays float; read by a Conv: one shared scale
         ("Concat", "ra", "b", "ReduceMean", set()),
         ("Concat", "ra", "b", "Conv", {"ra", "b"}),
