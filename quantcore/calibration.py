@@ -4,8 +4,12 @@ Weights (``annotation.parameters``) are read directly from their initializers: p
 amax[c] = max |W[c, ...]| over all but the channel axis, scale[c] = amax[c] / 127.
 
 Activations: ONNX Runtime runs the prepared graph with the observed tensors added as extra graph
-outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax`` or
-``percentile``) and are dropped, so memory holds one batch of activations, never the dataset.
+outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax``,
+``percentile``, ...) and are dropped, so memory holds one batch of activations, never the dataset.
+The observers of one batch run on a thread pool (one thread per core; tensors sharing a scale feed
+their one observer from one thread, in annotation order, so the result does not depend on scheduling).
+Cost per batch and tensor: the histogram observers make two reductions and one binning pass
+(``quantcore.histogram``), so calibration costs one inference plus a few passes over the activations.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
 chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
 ``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
@@ -13,7 +17,9 @@ chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -72,6 +78,13 @@ def calibrate_weights(
     return calibrated
 
 
+def observe_threads(groups: int) -> int:
+    """Threads folding one batch into the observers: one per core (as many as ONNX Runtime's intra-op
+    pool), at most one per observer. NumPy releases the GIL in the reductions, the binning arithmetic
+    and the casts, so observers of different tensors overlap; each observer is fed by one thread only."""
+    return max(1, min(groups, os.cpu_count() or 1))
+
+
 def _with_observed_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
     """Serialised ``model`` with ``names`` appended to the graph outputs (typed where shape inference
     knew the type). The model itself is restored before returning."""
@@ -98,7 +111,8 @@ def calibrate(
 ) -> Annotation:
     """Return ``annotation`` with every config calibrated (states ACTIVATED or PASSIVE).
 
-    ``calibration``: ``{input name: array}`` (first axis samples) or prepared ``Batches``.
+    ``calibration``: ``{input name: array}`` (samples along each input's batch axis, see
+    ``quantcore.batching``) or prepared ``Batches``.
     Raises ``InvalidDataError`` for data that doesn't fit the model or drives a tensor non-finite,
     ``Canceled`` when ``should_cancel()`` turns True between batches.
     """
@@ -121,13 +135,22 @@ def calibrate(
         model_bytes = _with_observed_outputs(prepared.model, fetched)
         with open_session(model_bytes, device=config.device) as session:
             total = len(batches)
-            for i, batch in enumerate(batches):
-                monitor.check(STAGE)
-                values = dict(zip(fetched, session.run(fetched, batch), strict=True)) if fetched else {}
-                for name in activations:
-                    observers[roots[name]].observe(batch[name] if name in graph_inputs else values[name])
-                del values  # this batch's activations are released before the next run
-                monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
+            groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
+            for name in activations:
+                groups.setdefault(roots[name], []).append(name)
+            with ThreadPoolExecutor(max_workers=observe_threads(len(groups)), thread_name_prefix="observe") as pool:
+                for i, batch in enumerate(batches):
+                    monitor.check(STAGE)
+                    values = dict(zip(fetched, session.run(fetched, batch), strict=True)) if fetched else {}
+                    values.update((name, batch[name]) for name in activations if name in graph_inputs)
+
+                    def observe_group(root: str, values: dict[str, np.ndarray] = values) -> None:
+                        for name in groups[root]:
+                            observers[root].observe(values[name])
+
+                    list(pool.map(observe_group, groups))  # re-raises the first error
+                    del values  # this batch's activations are released before the next run
+                    monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
 
     for root, observer in observers.items():
         if observer.nonfinite:

@@ -55,23 +55,37 @@ class HistogramObserver:
         return (np.arange(self.counts.size) + 0.5) * self.bin_width
 
     def observe(self, x: np.ndarray) -> None:
-        values, bad = finite_values(np.asarray(x))
-        self.nonfinite += bad
+        """Fold one batch in. Cost: two reductions (min, max) that also detect NaN/inf, then one pass
+        computing bin indices i = floor(|x| · bins / top) in x's float type (float32 at least) and one
+        ``np.bincount`` (i = bins, i.e. |x| = top, counts in the last bin); a batch holding NaN/inf
+        takes a slower path that drops them first."""
+        values = np.asarray(x).ravel()  # a view for the contiguous arrays ONNX Runtime returns; 0-d → (1,)
         if values.size == 0:
             return
-        self.lo_seen = min(self.lo_seen, float(values.min()))
-        self.hi_seen = max(self.hi_seen, float(values.max()))
-        magnitudes = np.abs(values).ravel()
-        batch_max = float(magnitudes.max())
+        lo, hi = float(values.min()), float(values.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min/max, ±inf shows
+            values, bad = finite_values(values)
+            self.nonfinite += bad
+            if values.size == 0:
+                return
+            lo, hi = float(values.min()), float(values.max())
+        self.lo_seen = min(self.lo_seen, lo)
+        self.hi_seen = max(self.hi_seen, hi)
+        batch_max = max(-lo, hi)
         self.abs_max = max(self.abs_max, batch_max)
         if batch_max > self.top:
             self._grow(batch_max)
         bins = self.counts.size
         if self.top == 0.0:  # everything seen so far is exactly zero
-            self.counts[0] += magnitudes.size
+            self.counts[0] += values.size
             return
-        index = np.minimum((magnitudes * (bins / self.top)).astype(np.int64), bins - 1)
-        self.counts += np.bincount(index, minlength=bins)
+        if values.dtype.kind != "f" or values.itemsize < 4:  # float16 indices would round past bins
+            values = values.astype(np.float32)
+        scaled = np.multiply(values, bins / self.top)  # one temporary of x's size, reused in place
+        np.abs(scaled, out=scaled)
+        counts = np.bincount(scaled.astype(np.intp), minlength=bins + 1)
+        counts[bins - 1] += counts[bins]  # |x| = top lands on index bins: the last bin is closed
+        self.counts += counts[:bins]
 
     def _grow(self, new_max: float) -> None:
         if self.top == 0.0:

@@ -62,6 +62,9 @@ class Observer(Protocol):
 def _channel_extremes(x: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray, int] | None:
     """(lo, hi, non-finite count) of one batch: scalars, or (C,) along ``axis``; None if nothing finite."""
     if axis is None:
+        lo, hi = x.min(), x.max()
+        if np.isfinite(lo) and np.isfinite(hi):  # NaN propagates through min/max: no separate finite pass
+            return np.asarray(lo, np.float64), np.asarray(hi, np.float64), 0
         values, bad = finite_values(x)
         if values.size == 0:
             return None if bad == 0 else (np.asarray(np.inf), np.asarray(-np.inf), bad)

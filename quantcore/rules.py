@@ -158,6 +158,20 @@ def operand(node: onnx.NodeProto, position: int, context: RuleContext, axis: int
     return [QuantRequest(position, context.activation())] if is_float_activation(name, index) else []
 
 
+def fusing_producer(name: str, index: GraphIndex) -> onnx.NodeProto | None:
+    """The Conv/ConvTranspose/Gemm/MatMul writing ``name`` — directly or through a bias Add of a constant,
+    as exporters write Linear as MatMul + Add — when nothing else reads ``name`` and it is no graph
+    output: the layer TensorRT fuses an element-wise sum reading ``name`` into ("quantize the residual
+    input in skip connections"). Whether the layer's input 1 is a weight is the caller's check."""
+    producer = index.producers.get(name)
+    if producer is None or name in index.graph_outputs or len(index.consumers.get(name, [])) != 1:
+        return None
+    if producer.op_type == "Add" and len(producer.input) == 2:
+        variable = [i for i in producer.input if i and not index.is_constant(i)]
+        return fusing_producer(variable[0], index) if len(variable) == 1 else None
+    return producer if producer.op_type in COMPUTE_OPS and len(producer.input) > 1 else None
+
+
 def quantize_compute(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
     """Conv, ConvTranspose, Gemm, MatMul: the data input per-tensor and the weight per-channel on its
     output-channel axis (``weight_axis``); a MatMul whose B is an activation (attention's Q·Kᵀ, P·V)

@@ -7,8 +7,9 @@ p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mea
 batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
 batch only; a dynamic batch axis gets each requested batch size.
 
-Inputs: rows of ``sample`` (first axis samples, repeated cyclically to fill a batch) when given, else
-synthetic (standard normal floats, zero integers); symbolic non-batch dimensions need a sample.
+Inputs: rows of ``sample`` (samples on each input's batch axis, ``quantcore.batching``, repeated
+cyclically to fill a batch; constant inputs as given) when given, else synthetic (standard normal
+floats, zero integers); symbolic non-batch dimensions need a sample.
 The two models share threads settings and inputs; other load on the machine shows up in the numbers,
 which is why p90/p99 are reported beside p50.
 """
@@ -104,9 +105,14 @@ def feeds_for(
     for spec in specs:
         if sample is not None and spec.name in sample:
             rows = np.asarray(sample[spec.name])
-            if rows.shape[0] == 0:
+            axis = spec.batch_axis
+            if axis is None:  # a constant input (``quantcore.batching``): the same value in every batch
+                feeds[spec.name] = np.array(rows, dtype=spec.dtype)
+                continue
+            if rows.ndim <= axis or rows.shape[axis] == 0:
                 raise InvalidDataError(f"sample for input {spec.name!r} has no rows")
-            feeds[spec.name] = np.ascontiguousarray(rows[np.arange(batch) % rows.shape[0]], dtype=spec.dtype)
+            picked = np.take(rows, np.arange(batch) % rows.shape[axis], axis=axis)
+            feeds[spec.name] = np.ascontiguousarray(picked, dtype=spec.dtype)
             continue
         if spec.shape is None:
             raise InvalidDataError(f"input {spec.name!r} has no known shape; give sample inputs")
@@ -114,7 +120,7 @@ def feeds_for(
         for axis, dim in enumerate(spec.shape):
             if isinstance(dim, int) and dim > 0:
                 shape.append(dim)
-            elif axis == 0:
+            elif axis == spec.batch_axis:
                 shape.append(batch)
             else:
                 raise InvalidDataError(f"input {spec.name!r} axis {axis} is symbolic ({dim!r}); give sample inputs")

@@ -38,7 +38,9 @@ Rules (Q/DQ with scale s and zero point o: q = clip(round(x / s) + o), x̂ = (q 
   fused.
 - ``partial_inputs`` (warning): TensorRT recommends quantizing *all* inputs of a weighted op
   (Conv/ConvTranspose/Gemm/MatMul) and both inputs of a residual Add; with only one side quantized the
-  op runs in float (INT4 weight-only DQ excepted, which TensorRT fuses with float activations).
+  op runs in float (INT4 weight-only DQ excepted, which TensorRT fuses with float activations; and an
+  Add whose float input is the only output of a weighted layer, which TensorRT fuses the sum into, so
+  that only the residual input carries Q/DQ).
 
 Scope: the main graph; Q/DQ inside If/Loop bodies are not checked.
 """
@@ -54,7 +56,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore.graph import GraphIndex
-from quantcore.rules import DATA_MOVEMENT_OPS
+from quantcore.rules import DATA_MOVEMENT_OPS, fusing_producer
 
 SEVERITIES = ("error", "warning")
 
@@ -456,6 +458,17 @@ def check_unfusable(graph: QdqGraph) -> Iterator[Finding]:
         )
 
 
+def _fused_weighted_output(graph: QdqGraph, name: str) -> bool:
+    """``name`` comes from a weighted layer with a (dequantized) weight that TensorRT fuses its only
+    reader's element-wise sum into (``quantcore.rules.fusing_producer``)."""
+    producer = fusing_producer(name, graph.index)
+    if producer is None:
+        return False
+    weight = producer.input[1]
+    dq = graph.index.producers.get(weight)
+    return graph.constant(weight) is not None or (dq is not None and dq.op_type == DQ and graph.is_weight(dq))
+
+
 def check_partial_inputs(graph: QdqGraph) -> Iterator[Finding]:
     for node in graph.model.graph.node:
         if node.op_type in WEIGHTED_OPS:
@@ -476,6 +489,8 @@ def check_partial_inputs(graph: QdqGraph) -> Iterator[Finding]:
         if weight_only:
             continue
         floats = [name for name in sources if sources[name] is None]
+        if node.op_type in RESIDUAL_OPS and len(floats) == 1 and _fused_weighted_output(graph, floats[0]):
+            continue  # the sum fuses into the weighted layer writing it; only the residual needs Q/DQ
         yield _finding(
             "partial_inputs",
             node,

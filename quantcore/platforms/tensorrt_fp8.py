@@ -1,7 +1,8 @@
 """TensorRT FP8 (E4M3) explicit quantization, as TensorRT 10 runs it.
 
-The same placement as ``tensorrt`` (inputs of Conv/ConvTranspose/Gemm/MatMul, residual Add/Mul,
-Concat with a shared scale, pooling inputs; LayerNorm/Softmax float), with FP8 E4M3FN in place of
+The same placement as ``tensorrt`` (inputs of Conv/ConvTranspose/Gemm/MatMul, the residual input of
+an Add fused into its weighted layer, element-wise ops and Concat read in FP8, pooling inputs;
+LayerNorm/Softmax float), with FP8 E4M3FN in place of
 int8: x̂ = s · fp8(clip(x / s, -448, 448)), s = amax / 448. Activations per-tensor, weights
 per-channel on the output-channel axis (TensorRT 10 accepts per-channel FP8 weight scales).
 Exported as QuantizeLinear/DequantizeLinear with float8e4m3fn zero points (opset 19; per-channel

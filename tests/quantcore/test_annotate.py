@@ -10,8 +10,9 @@ from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, matmul_conv
 def test_conv_gemm_and_residual_add() -> None:
     annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(observer="minmax"))
     configs = annotation.configs
-    # activations: conv1 input, conv2 input (r1, also the residual branch), Add's other input, fc input
-    assert set(annotation.activations) == {"input", "r1", "b2", "flat"}
+    # activations: conv1 input, conv2 input (r1, also the residual branch), fc input; the Add's other
+    # input b2 is conv2's output, which TensorRT fuses the sum into: not quantized
+    assert set(annotation.activations) == {"input", "r1", "flat"}
     assert set(annotation.parameters) == {"conv1.w", "conv2.w", "fc.w"}
     for name in annotation.activations:
         assert not configs[name].per_channel and configs[name].symmetric and configs[name].observer == "minmax"

@@ -99,8 +99,9 @@ def test_tensorrt_attention_matmuls_and_float_softmax_layernorm() -> None:
         assert configs[weight].per_channel and configs[weight].channel_axis == 1  # (K, N): N
     assert annotation.decisions["softmax"] == annotation.decisions["norm"] == "float"
     assert "no integer rule for Softmax" in annotation.reasons["softmax"]
-    assert set(annotation.consumers["o"]) == {NodeInput("residual", 0)}  # residual Add: both inputs
-    assert NodeInput("residual", 1) in annotation.consumers["x"]
+    # o = p·v is no weighted layer to fuse the sum into, and LayerNormalization reads the sum in float
+    assert annotation.decisions["residual"] == "float" and "o" not in configs
+    assert NodeInput("residual", 1) not in annotation.consumers["x"]
     assert annotation.decisions["kt"] == "pass_through"
 
 
@@ -116,6 +117,76 @@ def test_tensorrt_depthwise_concat_shares_one_scale() -> None:
     x = np.random.default_rng(0).normal(size=(8, 4, 6, 6)).astype(np.float32)
     calibrated = calibrate(prepared, annotation, {"x": x}, config).configs
     assert calibrated["c"].state is QuantState.PASSIVE and calibrated["c"].scale == calibrated["r"].scale
+
+
+def join_model(op: str, left: str, right: str, reader: str) -> onnx.ModelProto:
+    """x (N, 4, 6, 6) → Conv "ca" → a → Relu → ra; Conv "cb" → b; Conv "cc" → c; ``op``(left, right) → j
+    (node "join", Concat on axis 1) → ``reader`` ("Conv": a 1x1 Conv "tail"; else a ReduceMean) → out.
+    ``left`` and ``right`` name any of x, a, ra, b, c (an unused c is a second graph output)."""
+    rng = np.random.default_rng(2)
+    channels = 8 if op == "Concat" else 4
+    inits = [_init(n, rng.normal(0, 0.5, (4, 4, 1, 1))) for n in ("ca.w", "cb.w", "cc.w")]
+    inits.append(_init("tail.w", rng.normal(0, 0.5, (2, channels, 1, 1))))
+    nodes = [
+        helper.make_node("Conv", ["x", "ca.w"], ["a"], name="ca"),
+        helper.make_node("Relu", ["a"], ["ra"], name="relu"),
+        helper.make_node("Conv", ["x", "cb.w"], ["b"], name="cb"),
+        helper.make_node("Conv", ["x", "cc.w"], ["c"], name="cc"),
+        helper.make_node(op, [left, right], ["j"], name="join", **({"axis": 1} if op == "Concat" else {})),
+        helper.make_node("Conv", ["j", "tail.w"], ["out"], name="tail")
+        if reader == "Conv"
+        else helper.make_node("ReduceMean", ["j"], ["out"], name="tail", keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "join",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+            for name in ("out", "c")[: 1 + ("c" not in (left, right))]
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize(
+    ("op", "left", "right", "reader", "quantized"),
+    [
+        # the sum fuses into the Conv writing b (b's only reader is the Add): only the residual x
+        ("Add", "b", "x", "ReduceMean", {"x"}),
+        ("Add", "x", "b", "Conv", {"x"}),
+        # a is also read by the Relu, so its Conv cannot take the sum; b's Conv does, a is the residual
+        ("Add", "a", "b", "ReduceMean", {"a"}),
+        # both inputs could take the sum: input 0's Conv does, input 1 is the residual
+        ("Add", "c", "b", "ReduceMean", {"b"}),
+        # a Relu between Conv and Add: no fusion; a standalone sum is quantized only when read in int8
+        ("Add", "ra", "x", "ReduceMean", set()),
+        ("Add", "ra", "x", "Conv", {"ra", "x"}),
+        # a Mul of two activations (a gate) quantizes both, whoever reads it
+        ("Mul", "ra", "x", "ReduceMean", {"ra", "x"}),
+        # a Concat read in float (a detector head's output) stays float; read by a Conv: one shared scale
+        ("Concat", "ra", "b", "ReduceMean", set()),
+        ("Concat", "ra", "b", "Conv", {"ra", "b"}),
+    ],
+)
+def test_tensorrt_joins_follow_its_fusions(op: str, left: str, right: str, reader: str, quantized: set[str]) -> None:
+    annotation = annotate(prepare(join_model(op, left, right, reader)), QuantizeConfig())
+    join_inputs = {name for name, uses in annotation.consumers.items() if any(u.node == "join" for u in uses)}
+    assert join_inputs == quantized
+    assert annotation.decisions["join"] == ("quantized" if quantized else "float")
+    if op == "Concat" and quantized:
+        assert annotation.configs["b"].dominator == "ra"
+
+
+def test_tensorrt_add_is_not_fused_into_an_excluded_conv() -> None:
+    # with "cb" kept in float by the user there is no int8 layer to take the sum: ReduceMean reads it in
+    # float, so the Add stays float rather than quantizing x alone
+    config = QuantizeConfig(exclude_node_patterns=("cb",))
+    annotation = annotate(prepare(join_model("Add", "b", "x", "ReduceMean")), config)
+    assert annotation.decisions["join"] == "float"
 
 
 def test_onnxruntime_quantizes_integer_kernel_inputs_outputs_and_biases() -> None:
@@ -164,7 +235,7 @@ def test_tensorrt_fp8_configs_are_e4m3() -> None:
     for tqc in annotation.configs.values():
         assert tqc.floating and tqc.exponent_bits == 4 and float(tqc.quant_max) == 448.0
     assert annotation.configs["conv2.w"].per_channel and not annotation.configs["r1"].per_channel
-    assert set(annotation.activations) == {"input", "r1", "b2", "flat"}  # TensorRT's placement
+    assert set(annotation.activations) == {"input", "r1", "flat"}  # TensorRT's placement
 
 
 def test_overrides_set_bits_and_observer_per_node() -> None:
