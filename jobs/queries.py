@@ -391,6 +391,32 @@ def orphaned_jobs(*, session: Session, heartbeat_timeout: float) -> Sequence[Job
     ).all()
 
 
+def stale_queued_jobs(*, session: Session, older_than: float, limit: int = 1000) -> Sequence[uuid.UUID]:
+    """Ids of queued jobs whose row has not changed for `older_than` seconds, oldest first."""
+    cutoff = utcnow() - timedelta(seconds=older_than)
+    return session.scalars(
+        select(Job.id)
+        .where(Job.status == JobStatus.queued, Job.updated_at < cutoff)
+        .order_by(Job.updated_at)
+        .limit(limit)
+    ).all()
+
+
+def note_resent(*, session: Session, job_id: uuid.UUID, reason: str) -> bool:
+    """Record that a still-queued job's message is sent again (the caller sends it after commit);
+    restarts its `older_than` clock. False when the job left the queue meanwhile."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        return False
+    add_event(session=session, job_id=job_id, kind="log", message=reason)
+    return True
+
+
 def _transition(
     *,
     session: Session,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore import atomic
+from quantcore import atomic, checkpoint
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate
@@ -83,6 +83,7 @@ def quantize(
     labels: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
+    resume_from: str | Path | None = None,
 ) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
@@ -90,6 +91,11 @@ def quantize(
     ``config.batch_size`` or the model's fixed batch dimension). labels: optional (N_eval,) integer
     class ids for top-1 accuracy. Raises ``InvalidModelError``, ``UnsupportedModelError``,
     ``InvalidDataError`` (checked before any slow stage), or ``Canceled``.
+
+    After export, ``checkpoint.json`` records the exported files (``quantcore.checkpoint``). With
+    ``resume_from`` (a directory an earlier run of the same model, calibration data and config wrote
+    into, usually ``out_dir`` itself), a valid checkpoint there replaces calibrate and export: those
+    stages neither run nor report progress, and the report's ``resumed`` lists them.
     """
     monitor = Monitor(progress, should_cancel)
     stages = _Stages(monitor)
@@ -119,19 +125,24 @@ def quantize(
         f"{len(annotation.activations)} activations, {len(annotation.parameters)} weights to quantize",
     )
 
-    started = stages.begin("calibrate")
-    calibrated = calibrate(
-        prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
-    )
-    stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
+    key = checkpoint.fingerprint(Path(model_path), calibration, config)
+    exported = checkpoint.load(Path(resume_from), out_dir, key) if resume_from is not None else None
+    resumed = ["calibrate", "export"] if exported is not None else []
+    if exported is None:
+        started = stages.begin("calibrate")
+        calibrated = calibrate(
+            prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
+        )
+        stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
 
-    started = stages.begin("export")
-    exported = export(prepared, calibrated, out_dir, platform=config.platform)
-    stages.end(
-        "export",
-        started,
-        f"{exported.quantize_linear_nodes} QuantizeLinear, {exported.dequantize_linear_nodes} DequantizeLinear",
-    )
+        started = stages.begin("export")
+        exported = export(prepared, calibrated, out_dir, platform=config.platform)
+        checkpoint.save(out_dir, key, exported)
+        stages.end(
+            "export",
+            started,
+            f"{exported.quantize_linear_nodes} QuantizeLinear, {exported.dequantize_linear_nodes} DequantizeLinear",
+        )
 
     started = stages.begin("evaluate")
     evaluation_report = evaluate(
@@ -206,6 +217,7 @@ def quantize(
             "latency": {"cpu": latency},
             "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stages.seconds,
+            "resumed": resumed,
             "warnings": [*prepared.warnings, *annotation.warnings, *exported.warnings],
         }
     )
