@@ -14,21 +14,18 @@ tests start their own throwaway instances on free ports.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from launcher.stack import Stack, free_port
+from launcher.servers import PostgresCluster, RedisServer
+from launcher.stack import Stack
 from tests.conftest import ARTIFACTS, SERVICE_ENV, Service
 from tests.test_api import _wait_terminal
 from tests.test_e2e import read_events
@@ -41,7 +38,6 @@ from tests.test_recovery import (  # slow_job_inputs is a fixture, shared with t
 
 pytestmark = pytest.mark.e2e
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 FAST_RECIPE = {"calibration": {"num_samples": 64}, "evaluation": {"max_samples": 64}, "deploy": {"cpu_latency": False}}
 # Long enough calibration (batches of one) to restart a server in the middle of it.
 SLOW_RECIPE = {
@@ -51,44 +47,11 @@ SLOW_RECIPE = {
 }
 
 
-@dataclass
-class RedisServer:
-    port: int
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        # No RDB snapshot, no AOF: a restart forgets every queue, as a cache-configured Redis would.
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise TimeoutError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
+    if not RedisServer.available():
         pytest.skip("redis-server is not installed")
-    server = RedisServer(port=free_port())
+    server = RedisServer()
     server.start()
     try:
         yield server
@@ -96,58 +59,18 @@ def own_redis() -> Iterator[RedisServer]:
         server.kill()
 
 
-@dataclass
-class PostgresCluster:
-    """A throwaway cluster: initdb in a temporary directory, run as the `postgres` system user when the
-    tests run as root (PostgreSQL refuses to run as root)."""
-
-    data: Path
-    port: int
-    run_as: list[str]
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def ctl(self, *args: str) -> None:
-        subprocess.run(
-            [*self.run_as, str(PG_BIN / "pg_ctl"), "-D", str(self.data / "db"), "-w", "-t", "30", *args],
-            check=True,
-            capture_output=True,
-        )
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self.ctl("-o", options, "-l", str(self.data / "server.log"), "start")
-
-    def stop(self) -> None:
-        self.ctl("-m", "fast", "stop")  # terminates every client connection, as a restart does
-
-
 @pytest.fixture
 def own_postgres() -> Iterator[PostgresCluster]:
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL server binaries not found in {PG_BIN}")
-    run_as: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("runuser") is None:
-            pytest.skip("running as root without runuser: cannot start PostgreSQL as another user")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    data = Path(tempfile.mkdtemp(prefix="quant-pg-"))
-    if run_as:
-        shutil.chown(data, "postgres")
-    cluster = PostgresCluster(data=data, port=free_port(), run_as=run_as)
-    subprocess.run(
-        [*run_as, str(PG_BIN / "initdb"), "-D", str(data / "db"), "-A", "trust", "-U", "postgres"],
-        check=True,
-        capture_output=True,
-    )
-    cluster.start()
+    reason = PostgresCluster.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = PostgresCluster()
     try:
+        cluster.init()
+        cluster.start()
         yield cluster
     finally:
-        subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"])
-        shutil.rmtree(data, ignore_errors=True)
+        cluster.destroy()
 
 
 @pytest.fixture
