@@ -197,6 +197,7 @@ def main() -> int:
     parser.add_argument("--job-workers", type=int, default=1, help="Celery processes on the job queue")
     parser.add_argument("--drain-timeout", type=float, default=1800.0, help="seconds to wait for jobs to end")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # the table appears while the jobs drain
     if reason := PostgresCluster.unavailable_reason():
         print(f"cannot start PostgreSQL: {reason}", file=sys.stderr)
         return 2
