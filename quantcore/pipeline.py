@@ -5,7 +5,8 @@
 Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
 end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
 between batches. Files appear in ``out_dir`` only complete (written under a temporary name, then
-renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``report.json``.
+renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``checkpoint.json``
+(what a resumed run may reuse, ``quantcore.checkpoint``), ``report.json``.
 A run canceled or failed after export leaves the exported files in place; ``report.json`` is written
 last, so its presence marks a finished run.
 

@@ -24,6 +24,8 @@ import httpx
 import pytest
 import redis
 
+from jobs import queries
+from jobs.db import session_scope
 from launcher.servers import PostgresCluster, RedisServer
 from launcher.stack import Stack
 from tests.conftest import ARTIFACTS, SERVICE_ENV, Service
@@ -106,6 +108,12 @@ def _create_job(client: httpx.Client, model: dict, dataset: dict, recipe: dict) 
     return response.json()["id"]
 
 
+def _messages_now(service: Service, job_id: str) -> list[str]:
+    """The event messages so far of a job that has not ended (its SSE stream would wait for the end)."""
+    with session_scope(service.database_url) as session:
+        return [e.message for e in queries.events_after(session=session, job_id=uuid.UUID(job_id), after_id=0)]
+
+
 def _events(client: httpx.Client, job_id: str) -> list[dict]:
     with client.stream("GET", f"/jobs/{job_id}/events") as response:
         return [event["data"] for event in read_events(response)]
@@ -123,6 +131,10 @@ def test_redis_restart_loses_queued_messages_and_the_reaper_resends_them(
     with service.client(key) as client:
         job_ids = [_create_job(client, model, dataset, FAST_RECIPE) for _ in range(3)]
         assert broker.llen("gpu") == 3  # no job worker yet: the messages wait in Redis
+        # Past the timeout, with beats of the reaper in between: messages still in Redis are not re-sent.
+        time.sleep(4.0)
+        assert broker.llen("gpu") == 3
+        assert not any("message was lost" in m for j in job_ids for m in _messages_now(service, j))
 
         own_redis.kill()
         own_redis.start()

@@ -5,7 +5,9 @@
 
 A redelivered duplicate finds the job claimed by a live worker and does nothing. A job whose
 worker died is claimable again (same host: the owner pid is gone; elsewhere: the heartbeat is
-stale), and the reaper requeues it. Cancellation is checked between stages and inside every
+stale), and the reaper requeues it; the retry works in the same per-job directory and resumes from
+quantcore's checkpoint (calibrate and export are not redone). Database writes ride out an outage
+(`jobs.db.in_transaction`). Cancellation is checked between stages and inside every
 batch loop, through quantcore's `should_cancel`.
 """
 
