@@ -130,6 +130,21 @@ def print_table(recorder: Recorder, wall: float) -> None:
             print(f"errors on {name}: {dict(kinds)}", file=sys.stderr)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and all its descendants (Linux /proc), in seconds."""
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
 def upload_inputs(url: str, key: str) -> dict:
     rng = np.random.default_rng(0)
     buffer = io.BytesIO()
@@ -229,9 +244,17 @@ def main() -> int:
                 f"PostgreSQL {postgres.port}, Redis {broker.port}",
                 file=sys.stderr,
             )
+            api_pid = stack.processes["api"].pid
+            cpu_before = cpu_seconds(api_pid)
             recorder, wall = asyncio.run(run_load(args, url, key, body))
-            print(f"\n{wall:.1f} s of load\n")
+            api_cpu = cpu_seconds(api_pid) - cpu_before
+            requests = sum(len(v) for v in recorder.latencies.values())
+            print(f"\n{wall:.1f} s of load (scheduled: {args.duration:g} s); load average {os.getloadavg()[0]:.1f}\n")
             print_table(recorder, wall)
+            print(
+                f"\nAPI CPU (uvicorn master + workers): {api_cpu:.1f} s, {1000 * api_cpu / max(requests, 1):.2f} ms "
+                f"per request: about {requests / api_cpu if api_cpu else 0:.0f} requests/s per free core"
+            )
             counts, waited = drain(url, key, recorder.job_ids, args.drain_timeout)
             print(f"\njobs accepted: {len(recorder.job_ids)} of {args.jobs} submitted")
             print(f"job outcomes: {counts}; the last ended {waited:.0f} s after the load")
