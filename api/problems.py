@@ -102,7 +102,62 @@ def quota_problem(exc: QuotaExceeded) -> Problem:
     )
 
 
+# The body of every error response, as a JSON Schema (RFC 9457 members plus `errors`).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "instance"],
+    "properties": {
+        "type": {"type": "string", "description": "URI naming the kind of problem"},
+        "title": {"type": "string"},
+        "status": {"type": "integer", "minimum": 400, "maximum": 599},
+        "detail": {"type": "string"},
+        "instance": {"type": "string", "description": "The request path"},
+        "errors": {
+            "type": "array",
+            "description": "On validation failures: each offending field by its dotted path",
+            "items": {
+                "type": "object",
+                "required": ["field", "message"],
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+}
+
+
+def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
+    """Make the OpenAPI document say what the handlers below send: every operation may answer any
+    4xx, always as `application/problem+json` with `PROBLEM_SCHEMA`; error codes a route declares
+    (503 where a server it needs is down) get the same body. FastAPI's default 422 entry
+    (`HTTPValidationError` as `application/json`) is never sent, so it is replaced. Mutates and
+    returns `schema`."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    schemas["Problem"] = PROBLEM_SCHEMA
+    body = {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for code, response in responses.items():
+                if code[0] in "45":
+                    response["content"] = body
+            responses["4XX"] = {"description": "Client error: a problem document (RFC 9457)", "content": body}
+    return schema
+
+
 def install(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_problems(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi
+
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
         return problem_response(request, exc)

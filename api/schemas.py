@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AnyUrl, BaseModel, ConfigDict, Field, UrlConstraints
+from pydantic import AnyUrl, BaseModel, ConfigDict, Field, UrlConstraints, field_validator
 
 from jobs.models import DatasetKind, DatasetStatus, DeliveryStatus, JobStatus, ModelStatus
 from jobs.outbox import EVENT_TYPES
@@ -17,6 +17,15 @@ T = TypeVar("T")
 
 class _Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _utc(cls, value: Any) -> Any:
+        """Times are stored in UTC, but SQLite returns them without an offset: add it, so every time
+        the API sends is an RFC 3339 `date-time` (PostgreSQL's already carry one)."""
+        if isinstance(value, datetime) and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
 
 
 class TensorInfo(BaseModel):
@@ -206,7 +215,7 @@ class AttemptPublic(_Public):
     error: str | None
 
 
-class DeliveryPublic(BaseModel):
+class DeliveryPublic(_Public):
     id: uuid.UUID
     webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt and replay.")
     event_type: str

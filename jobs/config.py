@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     heartbeat_timeout: float = 120.0
     reaper_interval: float = 30.0
     max_attempts: int = 3
+    # A queued job older than this (seconds) whose message is in no broker queue lost it (a broker
+    # restart without persistence): the reaper sends it again. Queued jobs behind a long queue keep
+    # their message and are left alone.
+    lost_message_timeout: float = Field(default=300.0, gt=0.0)
+    # How long (seconds) a worker keeps retrying a database write through an outage before giving up.
+    db_retry_seconds: float = Field(default=60.0, ge=0.0)
 
     # TensorRT engine stage (`worker.engine_routing`). A job whose worker has no GPU with TensorRT hands the
     # build to a worker on the `engine` queue and waits at most this long for one to take it; then (or at

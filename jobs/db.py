@@ -1,14 +1,26 @@
-"""Engines and sessions, one engine per database URL per process."""
+"""Engines and sessions, one engine per database URL per process; transactions retried across outages.
+
+PostgreSQL connections are checked before use (`pool_pre_ping`), so a pool that outlived a server
+restart hands out a fresh connection instead of a dead one. `in_transaction` repeats a unit of work
+when the database is unreachable for a while (restart, failover), with exponential backoff.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -30,7 +42,8 @@ def get_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    # connect_timeout: a server that does not answer fails the attempt in seconds, so retries go on.
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, connect_args={"connect_timeout": 5})
 
 
 @functools.cache
@@ -50,3 +63,36 @@ def session_scope(url: str) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def _transient(exc: DBAPIError) -> bool:
+    """A lost or refused connection (the pool marks it invalidated) or a busy SQLite file: worth retrying.
+    Constraint violations and bad SQL are not."""
+    if exc.connection_invalidated:
+        return True
+    return type(exc.orig).__name__ in {"OperationalError", "InterfaceError"}
+
+
+def in_transaction(
+    url: str, work: Callable[[Session], T], *, budget: float, first_delay: float = 0.2, max_delay: float = 5.0
+) -> T:
+    """``work(session)`` in its own transaction (committed on return), repeated while the database is
+    unreachable: waits ``first_delay``, then doubles the wait up to ``max_delay``, until ``budget``
+    seconds have passed since the first try; then the last error propagates.
+
+    Precondition: ``work`` may run more than once. A failed try was rolled back as a whole, except when
+    the connection died during COMMIT itself, where the server may have committed: so ``work`` should be
+    idempotent or harmless to repeat (an extra progress event, a compare-and-set update).
+    """
+    deadline = time.monotonic() + budget
+    delay = first_delay
+    while True:
+        try:
+            with session_scope(url) as session:
+                return work(session)
+        except DBAPIError as exc:
+            if not _transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning("database unreachable (%s); retrying in %.1f s", type(exc.orig).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, max_delay)

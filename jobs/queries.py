@@ -13,11 +13,11 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from jobs.keys import display_prefix, generate_key, hash_key
 from jobs.models import (
@@ -62,12 +62,24 @@ def create_api_key(*, session: Session, project: Project, name: str = "") -> tup
     return row, key
 
 
+# `last_used_at` is kept to this resolution: a key used at 200 requests/s is written once a minute,
+# not 200 times a second (each write a row lock that every request with that key would queue on).
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
 def project_for_key(*, session: Session, key: str) -> Project | None:
-    """The project a live key belongs to, recording when the key was last used."""
-    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None)))
+    """The project a live key belongs to, recording when the key was last used (to LAST_USED_RESOLUTION)."""
+    row = session.scalar(
+        select(ApiKey)
+        .options(joinedload(ApiKey.project))  # one query, not a second one for the project
+        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+    )
     if row is None:
         return None
-    row.last_used_at = utcnow()
+    now = utcnow()
+    last = row.last_used_at
+    if last is None or now - (last if last.tzinfo else last.replace(tzinfo=UTC)) >= LAST_USED_RESOLUTION:
+        row.last_used_at = now
     return row.project
 
 
@@ -450,6 +462,32 @@ def orphaned_jobs(*, session: Session, heartbeat_timeout: float) -> Sequence[Job
     return session.scalars(
         select(Job).where(Job.status.in_((JobStatus.running, JobStatus.canceling)), Job.heartbeat_at < stale)
     ).all()
+
+
+def stale_queued_jobs(*, session: Session, older_than: float, limit: int = 1000) -> Sequence[uuid.UUID]:
+    """Ids of queued jobs whose row has not changed for `older_than` seconds, oldest first."""
+    cutoff = utcnow() - timedelta(seconds=older_than)
+    return session.scalars(
+        select(Job.id)
+        .where(Job.status == JobStatus.queued, Job.updated_at < cutoff)
+        .order_by(Job.updated_at)
+        .limit(limit)
+    ).all()
+
+
+def note_resent(*, session: Session, job_id: uuid.UUID, reason: str) -> bool:
+    """Record that a still-queued job's message is sent again (the caller sends it after commit);
+    restarts its `older_than` clock. False when the job left the queue meanwhile."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        return False
+    add_event(session=session, job_id=job_id, kind="log", message=reason)
+    return True
 
 
 def _transition(

@@ -9,10 +9,13 @@ state lives in SQL, never in a result backend.
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import uuid
 from urllib.parse import urlparse
 
+import redis
 from celery import Celery
 from kombu import Queue
 
@@ -104,6 +107,40 @@ def enqueue_engine_build(app: Celery, job_id: uuid.UUID, request: uuid.UUID, dir
     `directory` holds the hand-off files, relative to the storage root. A worker receiving the message
     after `expires` seconds discards it unrun: its job stopped waiting by then."""
     app.send_task(BUILD_ENGINE, args=[str(job_id), str(request), directory], queue=ENGINE_QUEUE, expires=expires)
+
+
+def pending_job_ids(app: Celery) -> set[uuid.UUID] | None:
+    """Ids of the jobs that have a run message in the broker: waiting in the `gpu` queue (at any
+    priority) or delivered to a worker and not yet acknowledged (a job running under acks_late, or
+    prefetched). None when the broker is not Redis and cannot be inspected.
+
+    Reads kombu's Redis layout: one list per queue and priority (`gpu`, then `gpu` + separator + 3, 6, 9) and the
+    `unacked` hash of delivered messages. The list is read before the hash, so a message moving from
+    one to the other meanwhile is still seen; one in a worker's hands between the two writes is not,
+    and may be sent twice, which the claim on the job row makes harmless.
+    """
+    url = str(app.conf.broker_url)
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        messages = []
+        for priority in (0, 3, 6, 9):
+            key = GPU_QUEUE if priority == 0 else f"{GPU_QUEUE}\x06\x16{priority}"  # kombu's priority separator
+            messages += [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+        messages += [json.loads(raw)[0] for raw in client.hvals("unacked")]
+    finally:
+        client.close()
+    ids = set()
+    for message in messages:
+        if message.get("headers", {}).get("task") != RUN_JOB:
+            continue
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]  # Celery protocol 2: [args, kwargs, embed]
+        ids.add(uuid.UUID(args[0]))
+    return ids
 
 
 def enqueue_validation(app: Celery, model_id: uuid.UUID) -> None:

@@ -11,8 +11,8 @@ and replaces the exported files with the model kept; ``report["target"]["met"]``
 Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
 end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
 between batches. Files appear in ``out_dir`` only complete (written under a temporary name, then
-renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``report.json``,
-``report.html``.
+renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``checkpoint.json``
+(what a resumed run may reuse, ``quantcore.checkpoint``), ``report.json``, ``report.html``.
 A run canceled or failed after export leaves the exported files in place; ``report.json`` is written
 last, so its presence marks a finished run.
 
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore import atomic
+from quantcore import atomic, checkpoint
 from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
 from quantcore.annotation import annotate
@@ -107,6 +107,7 @@ def quantize(
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
     engine_builder: Callable[..., EngineResult] = build_engine,
+    resume_from: str | Path | None = None,
 ) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
@@ -116,6 +117,13 @@ def quantize(
     service passes one that builds where a GPU is, or skips with the reason). Raises
     ``InvalidModelError``, ``UnsupportedModelError``, ``InvalidDataError`` (checked before any slow
     stage), or ``Canceled``.
+
+    After export, ``checkpoint.json`` records the exported files (``quantcore.checkpoint``). With
+    ``resume_from`` (a directory an earlier run of the same model, calibration data and config wrote
+    into, usually ``out_dir`` itself), a valid checkpoint there replaces calibrate and export (their
+    calibrated configs are read back from its ``tqc.json``): those stages neither run nor report
+    progress, and the report's ``resumed`` lists them. Runs with reconstruction always recompute (the
+    checkpoint does not hold the learned model).
     """
     monitor = Monitor(progress, should_cancel)
     stages = _Stages(monitor)
@@ -146,34 +154,43 @@ def quantize(
         f"{len(annotation.activations)} activations, {len(annotation.parameters)} weights to quantize",
     )
 
-    started = stages.begin("calibrate")
-    calibrated = calibrate(
-        prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
-    )
-    stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
-
-    started = stages.begin("reconstruct")
+    key = checkpoint.fingerprint(Path(model_path), calibration, config)
+    exported = None
+    if resume_from is not None and config.reconstruction is None:
+        exported = checkpoint.load(Path(resume_from), out_dir, key)
+    resumed = ["calibrate", "export"] if exported is not None else []
     reconstruction = None
-    if config.reconstruction is not None:
-        reconstruction = reconstruct(
-            prepared, calibrated, calibration_batches, config, progress=progress, should_cancel=should_cancel
+    if exported is not None:
+        calibrated = checkpoint.restore_configs(annotation, exported.tqc_path)
+    else:
+        started = stages.begin("calibrate")
+        calibrated = calibrate(
+            prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
         )
-        prepared, calibrated = reconstruction.prepared, reconstruction.annotation
-    stages.end(
-        "reconstruct",
-        started,
-        "skipped: no reconstruction in the config"
-        if reconstruction is None
-        else f"{config.reconstruction.method}: {len(reconstruction.blocks)} blocks",
-    )
+        stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
 
-    started = stages.begin("export")
-    exported = export(prepared, calibrated, out_dir, platform=config.platform)
-    stages.end(
-        "export",
-        started,
-        f"{exported.quantize_linear_nodes} QuantizeLinear, {exported.dequantize_linear_nodes} DequantizeLinear",
-    )
+        started = stages.begin("reconstruct")
+        if config.reconstruction is not None:
+            reconstruction = reconstruct(
+                prepared, calibrated, calibration_batches, config, progress=progress, should_cancel=should_cancel
+            )
+            prepared, calibrated = reconstruction.prepared, reconstruction.annotation
+        stages.end(
+            "reconstruct",
+            started,
+            "skipped: no reconstruction in the config"
+            if reconstruction is None
+            else f"{config.reconstruction.method}: {len(reconstruction.blocks)} blocks",
+        )
+
+        started = stages.begin("export")
+        exported = export(prepared, calibrated, out_dir, platform=config.platform)
+        checkpoint.save(out_dir, key, exported)
+        stages.end(
+            "export",
+            started,
+            f"{exported.quantize_linear_nodes} QuantizeLinear, {exported.dequantize_linear_nodes} DequantizeLinear",
+        )
 
     started = stages.begin("evaluate")
     evaluation_report = evaluate(
@@ -268,6 +285,7 @@ def quantize(
             "latency": {"cpu": latency},
             "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stages.seconds,
+            "resumed": resumed,
             "warnings": [
                 *prepared.warnings,
                 *annotation.warnings,

@@ -7,11 +7,16 @@ Two ways a worker dies:
 - the whole worker (parent and pool) is killed: the message stays unacknowledged in Redis, the
   heartbeat goes stale, and the reaper (Celery beat on the default worker) requeues the job for
   the next worker that starts.
+
+Every test also checks that no two attempts ran at once (each attempt's progress events form one
+non-decreasing sequence; two interleaved runs would go backwards), and a worker killed after export
+shows that the retry reuses the checkpoint instead of calibrating and exporting again.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import signal
 import time
@@ -22,6 +27,7 @@ import pytest
 
 from tests.conftest import Service
 from tests.test_api import _wait_terminal
+from tests.test_e2e import read_events
 
 pytestmark = pytest.mark.e2e
 
@@ -44,20 +50,47 @@ def slow_job_inputs(service: Service, digits) -> dict:
     return {"key": key, "model_id": model["id"], "dataset_id": dataset["id"]}
 
 
-def _start_and_wait_for_calibration(client: httpx.Client, inputs: dict) -> str:
+def _start_and_wait_for_calibration(
+    client: httpx.Client, inputs: dict, recipe: dict = SLOW_RECIPE, stage: str = "calibrate"
+) -> str:
     job = client.post(
-        "/jobs", json={"model_id": inputs["model_id"], "dataset_id": inputs["dataset_id"], "recipe": SLOW_RECIPE}
+        "/jobs", json={"model_id": inputs["model_id"], "dataset_id": inputs["dataset_id"], "recipe": recipe}
     )
     assert job.status_code == 202, job.text
     job_id = job.json()["id"]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         current = client.get(f"/jobs/{job_id}").json()
-        if current["status"] == "running" and current["stage"] == "calibrate":
+        if current["status"] == "running" and current["stage"] == stage:
             return job_id
         assert current["status"] in ("queued", "running"), current
         time.sleep(0.05)
-    raise AssertionError("the job never reached the calibrate stage")
+    raise AssertionError(f"the job never reached the {stage} stage")
+
+
+def _events(client: httpx.Client, job_id: str) -> list[dict]:
+    """Every event of the job, oldest first, through the JSON-per-line SSE `data:` fields."""
+    with client.stream("GET", f"/jobs/{job_id}/events") as response:
+        return [event["data"] for event in read_events(response)]
+
+
+def attempts_of(events: list[dict]) -> list[list[dict]]:
+    """The events split at each `running (attempt N)` status event, one list per attempt."""
+    attempts: list[list[dict]] = []
+    for event in events:
+        if event["kind"] == "status" and (event["data"] or {}).get("status") == "running":
+            attempts.append([])
+        elif attempts:
+            attempts[-1].append(event)
+    return attempts
+
+
+def assert_no_overlap(events: list[dict]) -> None:
+    """Within an attempt, progress only grows (to the 1e-9 a float sum of stage weights can wobble):
+    events of two concurrent runs of one job would interleave and step back."""
+    for number, attempt in enumerate(attempts_of(events), start=1):
+        values = [e["progress"] for e in attempt if e["kind"] in ("stage", "progress") and e["progress"] is not None]
+        assert all(b >= a - 1e-9 for a, b in itertools.pairwise(values)), (number, values)
 
 
 def _owner_pid(service: Service, job_id: str) -> int:
@@ -81,8 +114,9 @@ def test_pool_process_killed_mid_job(service: Service, slow_job_inputs: dict) ->
         job = client.get(f"/jobs/{job_id}").json()
         assert status == "succeeded", job
         assert job["attempts"] >= 2, job
-        events = client.get(f"/jobs/{job_id}/events").text
-        assert "attempt 2" in events
+        events = _events(client, job_id)
+        assert any("attempt 2" in e["message"] for e in events)
+        assert_no_overlap(events)
 
 
 def test_whole_worker_killed_mid_job(service: Service, slow_job_inputs: dict) -> None:
@@ -96,4 +130,37 @@ def test_whole_worker_killed_mid_job(service: Service, slow_job_inputs: dict) ->
         job = client.get(f"/jobs/{job_id}").json()
         assert status == "succeeded", job
         assert job["attempts"] >= 2
-        assert "stopped responding" in client.get(f"/jobs/{job_id}/events").text
+        events = _events(client, job_id)
+        assert any("stopped responding" in e["message"] for e in events)
+        assert_no_overlap(events)
+
+
+# Calibration short, evaluation long (thousands of batches of one): killed while evaluating, after export.
+EVALUATE_SLOW_RECIPE = {
+    "calibration": {"observer": "minmax", "batch_size": 1, "num_samples": 300},
+    "evaluation": {"holdout_fraction": 0.6, "max_samples": 4000},
+    "deploy": {"cpu_latency": False},
+}
+
+
+def test_retry_after_export_reuses_the_checkpoint(service: Service, slow_job_inputs: dict) -> None:
+    with service.client(slow_job_inputs["key"]) as client:
+        job_id = _start_and_wait_for_calibration(client, slow_job_inputs, EVALUATE_SLOW_RECIPE, stage="evaluate")
+        os.kill(_owner_pid(service, job_id), signal.SIGKILL)
+        status = _wait_terminal(client, job_id, timeout=240)
+        assert status == "succeeded", client.get(f"/jobs/{job_id}").json()
+        events = _events(client, job_id)
+        attempts = attempts_of(events)
+        assert len(attempts) == 2, [e["message"] for e in events]
+        stages = [[e["stage"] for e in attempt if e["kind"] == "stage"] for attempt in attempts]
+        assert stages[0][-3:] == ["calibrate", "export", "evaluate"], stages[0]
+        # The retry starts over from the data but takes the exported model from the checkpoint.
+        assert "calibrate" not in stages[1] and "export" not in stages[1], stages[1]
+        assert "prepare" in stages[1] and "evaluate" in stages[1] and "store" in stages[1], stages[1]
+        assert any(e["message"] == "reused from an earlier attempt: calibrate, export" for e in attempts[1])
+        report = client.get(f"/jobs/{job_id}/report").json()
+        assert report["resumed"] == ["calibrate", "export"]
+        assert "calibrate" not in report["stage_seconds"]
+        assert_no_overlap(events)
+        work = service.var_dir / "storage" / ".work" / job_id
+        assert not work.exists(), "the work directory outlived the job"

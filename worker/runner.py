@@ -8,7 +8,9 @@ artifacts (the best model found and the report saying why).
 
 A redelivered duplicate finds the job claimed by a live worker and does nothing. A job whose
 worker died is claimable again (same host: the owner pid is gone; elsewhere: the heartbeat is
-stale), and the reaper requeues it. Cancellation is checked between stages and inside every
+stale), and the reaper requeues it; the retry works in the same per-job directory and resumes from
+quantcore's checkpoint (calibrate and export are not redone). Database writes ride out an outage
+(`jobs.db.in_transaction`). Cancellation is checked between stages and inside every
 batch loop, through quantcore's `should_cancel`.
 """
 
@@ -29,7 +31,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from jobs import queries, storage
 from jobs.archives import archive_limits
 from jobs.config import settings
-from jobs.db import session_scope
+from jobs.db import in_transaction, session_scope
 from jobs.logs import job_context, log_context
 from jobs.models import DatasetKind, JobStatus
 from jobs.recipe import Recipe
@@ -125,8 +127,9 @@ class Progress:
             return
         self.stage = stage
         self.last_event = now
-        with session_scope(self.url) as session:
-            queries.set_progress(
+        in_transaction(
+            self.url,
+            lambda session: queries.set_progress(
                 session=session,
                 job_id=self.job_id,
                 worker_id=self.owner,
@@ -134,14 +137,19 @@ class Progress:
                 progress=self.overall(stage, fraction),
                 message=message or f"{stage} {fraction:.0%}",
                 kind="stage" if new_stage else "progress",
-            )
+            ),
+            budget=settings.db_retry_seconds,
+        )
 
     def log(self, message: str, **data: object) -> None:
         """A `log` event: something the user should read (a warning from the engine, say)."""
-        with session_scope(self.url) as session:
-            queries.add_event(
+        in_transaction(
+            self.url,
+            lambda session: queries.add_event(
                 session=session, job_id=self.job_id, kind="log", stage=self.stage, message=message, data=data or None
-            )
+            ),
+            budget=settings.db_retry_seconds,
+        )
 
     def should_cancel(self) -> bool:
         """quantcore calls this once per batch: inside a stage, read the flag from the DB at most every
@@ -152,8 +160,11 @@ class Progress:
         now = time.monotonic()
         if now - self.last_cancel_check >= CANCEL_CHECK_INTERVAL:
             self.last_cancel_check = now
-            with session_scope(self.url) as session:
-                self.canceled = queries.cancel_requested(session=session, job_id=self.job_id)
+            self.canceled = in_transaction(
+                self.url,
+                lambda session: queries.cancel_requested(session=session, job_id=self.job_id),
+                budget=settings.db_retry_seconds,
+            )
         return self.canceled
 
 
@@ -212,7 +223,9 @@ def run_job(job_id: uuid.UUID) -> None:
     progress = Progress(job_id, owner)
     heartbeat = Heartbeat(progress)
     heartbeat.start()
-    work_dir = settings.artifact_root / ".work" / f"{job_id}-{uuid.uuid4().hex[:8]}"
+    # One work directory per job, kept across attempts: a retry resumes from its checkpoint. It is
+    # removed once the job ends, never by an attempt that lost the job (the new owner is using it).
+    work_dir = settings.artifact_root / ".work" / str(job_id)
     try:
         status, error, stored = _execute(
             progress, model_path, (dataset_path, dataset_kind), input_names, recipe_data, work_dir, project_id
@@ -222,18 +235,23 @@ def run_job(job_id: uuid.UUID) -> None:
         return
     finally:
         heartbeat.stopped.set()
-        shutil.rmtree(work_dir, ignore_errors=True)
     if status != JobStatus.succeeded and not stored:  # a canceled or failed job leaves no partial artifacts
         storage.remove_tree(settings.artifact_root, storage.job_dir(project_id, job_id))
-    # Artifact rows and the terminal state commit together: a reader never sees one without the other.
-    with session_scope(url) as session:
+
+    def finish(session) -> bool:
+        # Artifact rows and the terminal state commit together: a reader never sees one without the other.
         for artifact in stored:
             queries.add_artifact(session=session, job_id=job_id, **artifact)
-        if not queries.finish_job(session=session, job_id=job_id, worker_id=owner, status=status, error=error):
-            session.rollback()
-            log.warning("job %s was no longer ours to finish", job_id)
-        else:
-            log.info("job ended %s%s", status.value, f": {error}" if error else "")
+        if queries.finish_job(session=session, job_id=job_id, worker_id=owner, status=status, error=error):
+            return True
+        session.rollback()
+        return False
+
+    if in_transaction(url, finish, budget=settings.db_retry_seconds):
+        shutil.rmtree(work_dir, ignore_errors=True)
+        log.info("job ended %s%s", status.value, f": {error}" if error else "")
+    else:
+        log.warning("job %s was no longer ours to finish", job_id)
 
 
 def _execute(
@@ -269,7 +287,10 @@ def _execute(
             progress=progress,
             should_cancel=should_cancel,
             engine_builder=EngineRouter(progress.job_id, progress.owner),  # here, on a GPU worker, or skipped
+            resume_from=work_dir,
         )
+        if result.report.get("resumed"):
+            progress.log(f"reused from an earlier attempt: {', '.join(result.report['resumed'])}")
         for warning in result.report.get("warnings", []):
             progress.log(str(warning))
         _record_split(result.report_path, split.record)

@@ -17,7 +17,12 @@ def health() -> dict:
     return {"status": "ok", "database": "unchecked", "broker": "unchecked"}
 
 
-@router.get("/ready", response_model=Health, summary="Readiness: database and broker reachable")
+@router.get(
+    "/ready",
+    response_model=Health,
+    summary="Readiness: database and broker reachable",
+    responses={503: {"description": "The database or the broker is unreachable"}},
+)
 def ready(session: SessionDep, celery: CeleryDep) -> dict:
     try:
         session.execute(text("SELECT 1"))

@@ -34,7 +34,13 @@ def _job_or_404(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> 
     return job
 
 
-@router.post("", status_code=202, response_model=JobCreated, summary="Create a quantization job")
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobCreated,
+    summary="Create a quantization job",
+    responses={503: {"description": "The job queue is unreachable; the job was not started"}},
+)
 def create_job(
     body: JobCreate, session: SessionDep, project: ProjectDep, settings: SettingsDep, celery: CeleryDep
 ) -> Job:

@@ -73,6 +73,7 @@ def test_report_files_and_json(digits_run) -> None:
         "latency",
         "engine",
         "stage_seconds",
+        "resumed",
         "warnings",
     }
     latency = result.report["latency"]["cpu"]  # measured by default; no engine unless asked for
