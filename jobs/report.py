@@ -366,6 +366,9 @@ class Report(_Section):
     latency: Latency
     engine: EngineSummary | None
     stage_seconds: dict[str, float]
+    resumed: list[str] = Field(
+        default_factory=list, description="Stages reused from an earlier attempt's checkpoint instead of run."
+    )
     warnings: list[str]
     dataset: DatasetSplit | None = Field(
         None, description="The seeded calibration/evaluation split (recorded by the service, not by quantcore)."

@@ -43,7 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats, channel_range_ratio
 from quantcore.annotation import Annotation
-from quantcore.batching import Batches, input_specs
+from quantcore.batching import Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.evaluation import EXACT_OPTIMIZATION
 from quantcore.fake_quant import fake_quantize_numpy
@@ -147,10 +147,19 @@ def _dequantized_outputs(graph: onnx.GraphProto, activations: set[str]) -> dict[
     }
 
 
-def _first_samples(arrays: Mapping[str, np.ndarray], count: int | None, minimum: int) -> dict[str, np.ndarray]:
+def _first_samples(
+    arrays: Mapping[str, np.ndarray], specs: list[InputSpec], count: int | None, minimum: int
+) -> dict[str, np.ndarray]:
+    """The first ``max(count, minimum)`` samples of every input, along its batch axis (inputs without
+    one, such as a scalar rate, are passed whole); all of them when ``count`` is None."""
     if count is None:
         return dict(arrays)
-    return {name: array[: max(count, minimum)] for name, array in arrays.items()}
+    axes = {spec.name: spec.batch_axis for spec in specs}
+    window = slice(max(count, minimum))
+    return {
+        name: array if axes.get(name, 0) is None else array[(slice(None),) * axes.get(name, 0) + (window,)]
+        for name, array in arrays.items()
+    }
 
 
 def analyze(
@@ -163,7 +172,8 @@ def analyze(
     monitor: Monitor | None = None,
 ) -> dict[str, Any]:
     """Per-tensor and per-layer error of the calibrated ``annotation`` on ``evaluation`` (``{input:
-    array}``, first axis samples); a JSON-ready dict (see module). Raises ``Canceled`` between batches."""
+    array}``, samples along each input's batch axis); a JSON-ready dict (see module). Raises
+    ``Canceled`` between batches."""
     options = options or config.analysis
     monitor = monitor or Monitor()
     switchable = switchable_model(prepared, annotation)
@@ -171,7 +181,7 @@ def analyze(
     fixed = max((s.fixed_batch or 1 for s in specs), default=1)
 
     def batches(count: int | None) -> Batches:
-        return Batches(_first_samples(evaluation, count, fixed), specs, config.batch_size, what="evaluation")
+        return Batches(_first_samples(evaluation, specs, count, fixed), specs, config.batch_size, what="evaluation")
 
     graphwise_batches, layerwise_batches = batches(options.graphwise_samples), batches(options.layerwise_samples)
     progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))

@@ -34,8 +34,9 @@ def test_quantize_signature() -> None:
         "progress",
         "should_cancel",
         "engine_builder",
+        "resume_from",
     ]
-    keyword_only = ("labels", "progress", "should_cancel", "engine_builder")
+    keyword_only = ("labels", "progress", "should_cancel", "engine_builder", "resume_from")
     assert all(parameters[p].kind is inspect.Parameter.KEYWORD_ONLY for p in keyword_only)
 
 
