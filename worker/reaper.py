@@ -15,7 +15,8 @@ Two ways a job gets stuck, both repaired here, on Celery beat and at every worke
   records a verdict. One still pending `validation_resend_seconds` after its last validation message,
   with that message in no broker queue, gets it sent again; once `validation_max_attempts` messages
   went unanswered it is marked invalid with the reason (`jobs.revalidation`). A duplicate check is
-  harmless: the verdict is written only onto a pending row.
+  harmless: the verdict is written only onto a pending row. A message held unacknowledged by a worker
+  that was killed counts as live: Redis hands it out again after its visibility timeout.
 """
 
 from __future__ import annotations
