@@ -49,6 +49,14 @@ class Settings(BaseSettings):
     # Seconds POST /models (and POST /datasets with images) waits for the validation task before
     # answering 202 (pending).
     validation_wait_seconds: float = 60.0
+    # A model or image dataset still `pending` this long (seconds) after its validation message was
+    # last sent, with that message in no broker queue (lost: broker restarted, worker killed after
+    # acking), gets it sent again by the reaper; after validation_max_attempts messages in all (the
+    # upload's included) it is marked invalid instead. A check waiting or running in Redis is never
+    # re-sent; the embedded filesystem broker cannot be inspected, so there keep this above the
+    # longest check (the dataset task's time limit is an hour).
+    validation_resend_seconds: float = Field(default=900.0, gt=0.0)
+    validation_max_attempts: int = Field(default=3, ge=1)
 
     # Jobs
     job_soft_time_limit: int = 6 * 3600

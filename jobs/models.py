@@ -124,6 +124,10 @@ class Model(Base):
     path: Mapped[str] = mapped_column(String(1024))
     # inputs/outputs (name, dtype, shape with symbolic dims as strings), opset, op histogram, parameters.
     info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Validation messages sent (the upload's included) and when the last re-send went (None: only the
+    # upload's, at created_at); the reaper re-sends a lost one (`jobs.revalidation`).
+    validation_attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    validation_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -148,6 +152,9 @@ class Dataset(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # Image datasets: {num_images, formats, classes, label_source, expanded_bytes} (jobs.archives).
     images: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # As on Model: validation messages sent and when the last re-send went (image datasets only).
+    validation_attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    validation_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

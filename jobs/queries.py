@@ -122,15 +122,11 @@ def list_models(
 
 def record_model_validation(
     *, session: Session, model_id: uuid.UUID, info: dict[str, Any] | None, error: str | None
-) -> Model | None:
-    model = session.get(Model, model_id)
-    if model is None:
-        return None
-    model.status = ModelStatus.ready if error is None else ModelStatus.invalid
-    model.info = info
-    model.error = error
-    session.flush()
-    return model
+) -> bool:
+    """Record the verdict on a pending model. False, changing nothing, when it was decided already: a
+    re-sent validation's second run, or the reaper gave up on it (`jobs.revalidation`), or it is gone."""
+    status = ModelStatus.ready if error is None else ModelStatus.invalid
+    return _record_verdict(session=session, entity=Model, row_id=model_id, status=status, info=info, error=error)
 
 
 def delete_model(*, session: Session, model: Model) -> None:
@@ -180,14 +176,20 @@ def get_dataset_unscoped(*, session: Session, dataset_id: uuid.UUID) -> Dataset 
     return session.get(Dataset, dataset_id)
 
 
-def record_dataset_validation(*, session: Session, dataset_id: uuid.UUID, error: str | None) -> Dataset | None:
-    dataset = session.get(Dataset, dataset_id)
-    if dataset is None:
-        return None
-    dataset.status = DatasetStatus.ready if error is None else DatasetStatus.invalid
-    dataset.error = error
-    session.flush()
-    return dataset
+def record_dataset_validation(*, session: Session, dataset_id: uuid.UUID, error: str | None) -> bool:
+    """Record the verdict on a pending image dataset; False as for `record_model_validation`."""
+    status = DatasetStatus.ready if error is None else DatasetStatus.invalid
+    return _record_verdict(session=session, entity=Dataset, row_id=dataset_id, status=status, error=error)
+
+
+def _record_verdict(*, session: Session, entity: type[Model] | type[Dataset], row_id: uuid.UUID, **values: Any) -> bool:
+    result = session.execute(
+        update(entity)
+        .where(entity.id == row_id, entity.status == ModelStatus.pending)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1
 
 
 def delete_dataset(*, session: Session, dataset: Dataset) -> None:

@@ -112,12 +112,24 @@ def enqueue_engine_build(app: Celery, job_id: uuid.UUID, request: uuid.UUID, dir
 def pending_job_ids(app: Celery) -> set[uuid.UUID] | None:
     """Ids of the jobs that have a run message in the broker: waiting in the `gpu` queue (at any
     priority) or delivered to a worker and not yet acknowledged (a job running under acks_late, or
-    prefetched). None when the broker is not Redis and cannot be inspected.
+    prefetched). None when the broker is not Redis and cannot be inspected. See `_pending_ids`."""
+    return _pending_ids(app, GPU_QUEUE, {RUN_JOB})
 
-    Reads kombu's Redis layout: one list per queue and priority (`gpu`, then `gpu` + separator + 3, 6, 9) and the
-    `unacked` hash of delivered messages. The list is read before the hash, so a message moving from
+
+def pending_validation_ids(app: Celery) -> set[uuid.UUID] | None:
+    """Ids of the models and datasets whose validation message is in the broker: waiting in the
+    `default` queue or delivered and not yet acknowledged (a check running under acks_late). None
+    when the broker cannot be inspected. See `_pending_ids`."""
+    return _pending_ids(app, DEFAULT_QUEUE, {VALIDATE_MODEL, VALIDATE_DATASET})
+
+
+def _pending_ids(app: Celery, queue: str, tasks: set[str]) -> set[uuid.UUID] | None:
+    """The first argument (an id) of every message for one of `tasks` waiting in `queue` or unacked.
+
+    Reads kombu's Redis layout: one list per queue and priority (`queue`, then `queue` + separator + 3, 6, 9)
+    and the `unacked` hash of delivered messages. The list is read before the hash, so a message moving from
     one to the other meanwhile is still seen; one in a worker's hands between the two writes is not,
-    and may be sent twice, which the claim on the job row makes harmless.
+    and may be sent twice, which the callers' compare-and-set on the row makes harmless.
     """
     url = str(app.conf.broker_url)
     if not url.startswith(("redis://", "rediss://")):
@@ -126,14 +138,14 @@ def pending_job_ids(app: Celery) -> set[uuid.UUID] | None:
     try:
         messages = []
         for priority in (0, 3, 6, 9):
-            key = GPU_QUEUE if priority == 0 else f"{GPU_QUEUE}\x06\x16{priority}"  # kombu's priority separator
+            key = queue if priority == 0 else f"{queue}\x06\x16{priority}"  # kombu's priority separator
             messages += [json.loads(raw) for raw in client.lrange(key, 0, -1)]
         messages += [json.loads(raw)[0] for raw in client.hvals("unacked")]
     finally:
         client.close()
     ids = set()
     for message in messages:
-        if message.get("headers", {}).get("task") != RUN_JOB:
+        if message.get("headers", {}).get("task") not in tasks:
             continue
         body = message["body"]
         if message.get("properties", {}).get("body_encoding") == "base64":

@@ -11,6 +11,12 @@ Two ways a job gets stuck, both repaired here, on Celery beat and at every worke
   no broker queue (`jobs.queue.pending_job_ids`) gets its message sent again. A duplicate (the race
   described there, or a broker that cannot be inspected) is harmless: the claim on the job row lets
   exactly one delivery run it.
+- **lost validation**: an uploaded model or image dataset stays `pending` until its validation task
+  records a verdict. One still pending `validation_resend_seconds` after its last validation message,
+  with that message in no broker queue, gets it sent again; once `validation_max_attempts` messages
+  went unanswered it is marked invalid with the reason (`jobs.revalidation`). A duplicate check is
+  harmless: the verdict is written only onto a pending row. A message held unacknowledged by a worker
+  that was killed counts as live: Redis hands it out again after its visibility timeout.
 """
 
 from __future__ import annotations
@@ -21,11 +27,17 @@ import uuid
 
 from celery import Celery
 
-from jobs import queries
+from jobs import queries, revalidation
 from jobs.config import settings
 from jobs.db import session_scope
-from jobs.models import JobStatus
-from jobs.queue import enqueue_job, pending_job_ids
+from jobs.models import Dataset, JobStatus, Model
+from jobs.queue import (
+    enqueue_dataset_validation,
+    enqueue_job,
+    enqueue_validation,
+    pending_job_ids,
+    pending_validation_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +45,7 @@ log = logging.getLogger(__name__)
 def reap(app: Celery) -> None:
     requeue_orphans(app)
     resend_lost_messages(app)
+    resend_lost_validations(app)
 
 
 def requeue_orphans(app: Celery) -> None:
@@ -92,3 +105,41 @@ def resend_lost_messages(app: Celery) -> None:
     for job_id in resent:
         log.warning("job %s had no queue message; sending it again", job_id)
         enqueue_job(app, job_id)
+
+
+# What the reaper re-sends for each kind of upload, and the word its log uses.
+VALIDATIONS = ((Model, enqueue_validation, "model"), (Dataset, enqueue_dataset_validation, "dataset"))
+
+
+def resend_lost_validations(app: Celery) -> None:
+    url = settings.resolved_database_url
+    with session_scope(url) as session:
+        overdue = {
+            entity: revalidation.overdue_validations(
+                session=session, entity=entity, older_than=settings.validation_resend_seconds
+            )
+            for entity, _send, _word in VALIDATIONS
+        }
+    if not any(overdue.values()):
+        return
+    live = pending_validation_ids(app)  # read after the rows: a message sent meanwhile is counted as live
+    to_send = []
+    with session_scope(url) as session:
+        for entity, send, word in VALIDATIONS:
+            for row_id, attempts in overdue[entity]:
+                if live is not None and row_id in live:
+                    continue  # waiting behind other checks, or running: not lost
+                if attempts >= settings.validation_max_attempts:
+                    if revalidation.give_up_validation(
+                        session=session, entity=entity, row_id=row_id, attempts=attempts
+                    ):
+                        log.warning(
+                            "%s %s: validation did not complete after %d attempts; invalid", word, row_id, attempts
+                        )
+                elif revalidation.note_validation_resent(
+                    session=session, entity=entity, row_id=row_id, attempts=attempts
+                ):
+                    to_send.append((send, word, row_id))
+    for send, word, row_id in to_send:  # after commit, as at upload
+        log.warning("%s %s is still pending with no validation message; sending it again", word, row_id)
+        send(app, row_id)

@@ -1,4 +1,8 @@
-"""Validate an uploaded model (quantcore) or image dataset (every image decoded) and record the verdict."""
+"""Validate an uploaded model (quantcore) or image dataset (every image decoded) and record the verdict.
+
+Idempotent: a row is checked only while `pending`, and the verdict is written only onto a row still
+pending, so a re-sent message (`worker.reaper`) or a redelivered one never changes a decided row.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from jobs import queries, storage
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip
 from jobs.config import settings
 from jobs.db import session_scope
+from jobs.models import DatasetStatus, ModelStatus
 from quantcore import inspect_model
 from quantcore.errors import InvalidDataError, InvalidModelError
 from worker.images import verify_images
@@ -20,8 +25,8 @@ def validate_model(model_id: uuid.UUID) -> None:
     url = settings.resolved_database_url
     with session_scope(url) as session:
         model = queries.get_model_unscoped(session=session, model_id=model_id)
-        if model is None:
-            return  # discarded meanwhile
+        if model is None or model.status != ModelStatus.pending:
+            return  # discarded meanwhile, or decided by an earlier delivery of this check
         path = storage.resolve(settings.artifact_root, model.path)
     info, error = None, None
     try:
@@ -32,7 +37,8 @@ def validate_model(model_id: uuid.UUID) -> None:
         log.exception("validation of model %s crashed", model_id)
         error = f"the model could not be read ({type(exc).__name__}: {exc})"
     with session_scope(url) as session:
-        queries.record_model_validation(session=session, model_id=model_id, info=info, error=error)
+        if not queries.record_model_validation(session=session, model_id=model_id, info=info, error=error):
+            log.info("model %s was decided while this check ran; its verdict is kept", model_id)
 
 
 def validate_dataset(dataset_id: uuid.UUID) -> None:
@@ -40,8 +46,8 @@ def validate_dataset(dataset_id: uuid.UUID) -> None:
     url = settings.resolved_database_url
     with session_scope(url) as session:
         dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
-        if dataset is None:
-            return  # discarded meanwhile
+        if dataset is None or dataset.status != DatasetStatus.pending:
+            return  # discarded meanwhile, or decided by an earlier delivery of this check
         path = storage.resolve(settings.artifact_root, dataset.path)
     error = None
     try:
@@ -53,4 +59,5 @@ def validate_dataset(dataset_id: uuid.UUID) -> None:
         log.exception("validation of dataset %s crashed", dataset_id)
         error = f"the archive could not be read ({type(exc).__name__}: {exc})"
     with session_scope(url) as session:
-        queries.record_dataset_validation(session=session, dataset_id=dataset_id, error=error)
+        if not queries.record_dataset_validation(session=session, dataset_id=dataset_id, error=error):
+            log.info("dataset %s was decided while this check ran; its verdict is kept", dataset_id)
