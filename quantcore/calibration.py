@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from quantcore import observers
 from quantcore.annotation import Annotation
@@ -100,6 +101,47 @@ def _with_observed_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
             graph.output.pop()
 
 
+class ActivationFetcher:
+    """Runs the calibration session on one batch and returns the observed tensors, in ``names`` order.
+
+    ``session.run`` allocates a fresh array for every fetched tensor and copies ONNX Runtime's result
+    into it, batch after batch: with a hundred exposed activations that copy (and the page faults of
+    the new memory) costs as much as the inference itself. So the arrays of one batch are bound
+    (IOBinding) as the output buffers of the next batch with the same input shapes, and ONNX Runtime
+    writes the tensors straight into them. The returned arrays are therefore overwritten by the next
+    call: the caller must be done with them. Memory stays one batch of activations.
+    A bound buffer whose shape no longer fits (an output whose shape depends on the data) makes ONNX
+    Runtime refuse the run before any result is used; that batch is then run again unbound.
+    """
+
+    def __init__(self, session: ort.InferenceSession, names: list[str]) -> None:
+        self.session, self.names = session, names
+        self.binding = session.io_binding()
+        self.buffers: list[np.ndarray] = []
+        self.input_shapes: dict[str, tuple[int, ...]] | None = None
+        self.quiet = ort.RunOptions()
+        self.quiet.log_severity_level = 4  # a refused buffer is expected: no error line on stderr
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        shapes = {name: np.shape(value) for name, value in batch.items()}
+        if self.buffers and shapes == self.input_shapes:
+            for name, value in batch.items():
+                self.binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            try:
+                self.session.run_with_iobinding(self.binding, self.quiet)
+                return self.buffers
+            except RuntimeError:  # ONNX Runtime's error for an output shape that differs from its buffer
+                pass
+        self.buffers = [np.ascontiguousarray(a) for a in self.session.run(self.names, dict(batch))]
+        self.input_shapes = shapes
+        if any(a.size == 0 for a in self.buffers):  # an empty array has no memory to bind: next batch unbound
+            self.input_shapes = None
+            return self.buffers
+        for name, array in zip(self.names, self.buffers, strict=True):
+            self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        return self.buffers
+
+
 def calibrate(
     prepared: PreparedModel,
     annotation: Annotation,
@@ -133,7 +175,8 @@ def calibrate(
 
     if activations:
         model_bytes = _with_observed_outputs(prepared.model, fetched)
-        with open_session(model_bytes, device=config.device) as session:
+        with open_session(model_bytes, device=config.device, spinning=False) as session:
+            fetch = ActivationFetcher(session, fetched)
             total = len(batches)
             groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
             for name in activations:
@@ -141,7 +184,7 @@ def calibrate(
             with ThreadPoolExecutor(max_workers=observe_threads(len(groups)), thread_name_prefix="observe") as pool:
                 for i, batch in enumerate(batches):
                     monitor.check(STAGE)
-                    values = dict(zip(fetched, session.run(fetched, batch), strict=True)) if fetched else {}
+                    values = dict(zip(fetched, fetch(batch), strict=True)) if fetched else {}
                     values.update((name, batch[name]) for name in activations if name in graph_inputs)
 
                     def observe_group(root: str, values: dict[str, np.ndarray] = values) -> None:
