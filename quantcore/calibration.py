@@ -3,11 +3,15 @@
 Weights (``annotation.parameters``) are read directly from their initializers: per-channel
 amax[c] = max |W[c, ...]| over all but the channel axis, scale[c] = amax[c] / 127.
 
-Activations: ONNX Runtime runs the prepared graph with the observed tensors added as extra graph
+Activations: ONNX Runtime runs the prepared graph (all graph optimizations on: the exposed tensors stay
+intact, fusions that would hide one are skipped) with the observed tensors added as extra graph
 outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax``,
-``percentile``, ...) and are dropped, so memory holds one batch of activations, never the dataset.
+``percentile``, ...), so memory holds one batch of activations, never the dataset. ONNX Runtime writes
+them into the same arrays batch after batch (``ActivationFetcher``), and its intra-op threads sleep
+rather than spin between runs, leaving the cores to the observers.
 The observers of one batch run on a thread pool (one thread per core; tensors sharing a scale feed
-their one observer from one thread, in annotation order, so the result does not depend on scheduling).
+their one observer from one thread, in annotation order, so the result does not depend on scheduling;
+a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
 Cost per batch and tensor: the histogram observers make two reductions and one binning pass
 (``quantcore.histogram``), so calibration costs one inference plus a few passes over the activations.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
@@ -77,6 +81,12 @@ def calibrate_weights(
         scale, offset = scale_offset(tqc, *observer.bounds())
         calibrated[name] = tqc.with_scale(scale, offset, state=QuantState.ACTIVATED)
     return calibrated
+
+
+# Below this many bytes of activations in a batch, handing the observers to threads costs more than
+# running them in parallel saves (thread wake-ups of some 10 µs each): such a batch is observed on the
+# calling thread.
+PARALLEL_OBSERVE_BYTES = 1 << 20
 
 
 def observe_threads(groups: int) -> int:
@@ -181,7 +191,8 @@ def calibrate(
             groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
             for name in activations:
                 groups.setdefault(roots[name], []).append(name)
-            with ThreadPoolExecutor(max_workers=observe_threads(len(groups)), thread_name_prefix="observe") as pool:
+            threads = observe_threads(len(groups))  # the pool starts them at the first batch it is given
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="observe") as pool:
                 for i, batch in enumerate(batches):
                     monitor.check(STAGE)
                     values = dict(zip(fetched, fetch(batch), strict=True)) if fetched else {}
@@ -191,8 +202,11 @@ def calibrate(
                         for name in groups[root]:
                             observers[root].observe(values[name])
 
-                    list(pool.map(observe_group, groups))  # re-raises the first error
-                    del values  # this batch's activations are released before the next run
+                    if threads > 1 and sum(v.nbytes for v in values.values()) >= PARALLEL_OBSERVE_BYTES:
+                        list(pool.map(observe_group, groups))  # re-raises the first error
+                    else:
+                        for root in groups:
+                            observe_group(root)
                     monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
 
     for root, observer in observers.items():

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, prepare, quantize
+from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, calibration, prepare, quantize
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import ActivationFetcher
 from tests.quantcore.models import conv_bn_residual, save
@@ -223,3 +223,17 @@ def test_fetcher_reuses_its_buffers_and_reruns_when_a_shape_depends_on_the_data(
         for name, value in zip(names, got, strict=True):
             # the same kernels on the same data: bit-identical to a plain session.run
             assert value.shape == expected[name].shape and np.array_equal(value, expected[name]), name
+
+
+def test_threaded_and_inline_observation_give_the_same_scales(setup, monkeypatch) -> None:
+    prepared, x = setup
+    config = QuantizeConfig(observer="percentile", batch_size=7)
+    annotation = annotate(prepared, config)
+    results = []
+    for threshold in (0, 1 << 62):  # every batch on the pool / every batch on the calling thread
+        monkeypatch.setattr(calibration, "PARALLEL_OBSERVE_BYTES", threshold)
+        results.append(calibrate(prepared, annotation, {"input": x}, config).configs)
+    assert results[0].keys() == results[1].keys()
+    for name, tqc in results[0].items():
+        # each observer sees the same batches in the same order either way: bit-identical scales
+        assert np.array_equal(tqc.scale, results[1][name].scale) and tqc.state is results[1][name].state, name
