@@ -3,11 +3,15 @@
 Weights (``annotation.parameters``) are read directly from their initializers: per-channel
 amax[c] = max |W[c, ...]| over all but the channel axis, scale[c] = amax[c] / 127.
 
-Activations: ONNX Runtime runs the prepared graph with the observed tensors added as extra graph
+Activations: ONNX Runtime runs the prepared graph (all graph optimizations on: the exposed tensors stay
+intact, fusions that would hide one are skipped) with the observed tensors added as extra graph
 outputs, one batch at a time; each batch's values stream into the tensor's observer (``minmax``,
-``percentile``, ...) and are dropped, so memory holds one batch of activations, never the dataset.
+``percentile``, ...), so memory holds one batch of activations, never the dataset. ONNX Runtime writes
+them into the same arrays batch after batch (``ActivationFetcher``), and its intra-op threads sleep
+rather than spin between runs, leaving the cores to the observers.
 The observers of one batch run on a thread pool (one thread per core; tensors sharing a scale feed
-their one observer from one thread, in annotation order, so the result does not depend on scheduling).
+their one observer from one thread, in annotation order, so the result does not depend on scheduling;
+a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
 Cost per batch and tensor: the histogram observers make two reductions and one binning pass
 (``quantcore.histogram``), so calibration costs one inference plus a few passes over the activations.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
@@ -23,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from quantcore import observers
 from quantcore.annotation import Annotation
@@ -78,6 +83,12 @@ def calibrate_weights(
     return calibrated
 
 
+# Below this many bytes of activations in a batch, handing the observers to threads costs more than
+# running them in parallel saves (thread wake-ups of some 10 µs each): such a batch is observed on the
+# calling thread.
+PARALLEL_OBSERVE_BYTES = 1 << 20
+
+
 def observe_threads(groups: int) -> int:
     """Threads folding one batch into the observers: one per core (as many as ONNX Runtime's intra-op
     pool), at most one per observer. NumPy releases the GIL in the reductions, the binning arithmetic
@@ -98,6 +109,47 @@ def _with_observed_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
     finally:
         for _ in added:
             graph.output.pop()
+
+
+class ActivationFetcher:
+    """Runs the calibration session on one batch and returns the observed tensors, in ``names`` order.
+
+    ``session.run`` allocates a fresh array for every fetched tensor and copies ONNX Runtime's result
+    into it, batch after batch: with a hundred exposed activations that copy (and the page faults of
+    the new memory) costs as much as the inference itself. So the arrays of one batch are bound
+    (IOBinding) as the output buffers of the next batch with the same input shapes, and ONNX Runtime
+    writes the tensors straight into them. The returned arrays are therefore overwritten by the next
+    call: the caller must be done with them. Memory stays one batch of activations.
+    A bound buffer whose shape no longer fits (an output whose shape depends on the data) makes ONNX
+    Runtime refuse the run before any result is used; that batch is then run again unbound.
+    """
+
+    def __init__(self, session: ort.InferenceSession, names: list[str]) -> None:
+        self.session, self.names = session, names
+        self.binding = session.io_binding()
+        self.buffers: list[np.ndarray] = []
+        self.input_shapes: dict[str, tuple[int, ...]] | None = None
+        self.quiet = ort.RunOptions()
+        self.quiet.log_severity_level = 4  # a refused buffer is expected: no error line on stderr
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        shapes = {name: np.shape(value) for name, value in batch.items()}
+        if self.buffers and shapes == self.input_shapes:
+            for name, value in batch.items():
+                self.binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            try:
+                self.session.run_with_iobinding(self.binding, self.quiet)
+                return self.buffers
+            except RuntimeError:  # ONNX Runtime's error for an output shape that differs from its buffer
+                pass
+        self.buffers = [np.ascontiguousarray(a) for a in self.session.run(self.names, dict(batch))]
+        self.input_shapes = shapes
+        if any(a.size == 0 for a in self.buffers):  # an empty array has no memory to bind: next batch unbound
+            self.input_shapes = None
+            return self.buffers
+        for name, array in zip(self.names, self.buffers, strict=True):
+            self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        return self.buffers
 
 
 def calibrate(
@@ -133,23 +185,28 @@ def calibrate(
 
     if activations:
         model_bytes = _with_observed_outputs(prepared.model, fetched)
-        with open_session(model_bytes, device=config.device) as session:
+        with open_session(model_bytes, device=config.device, spinning=False) as session:
+            fetch = ActivationFetcher(session, fetched)
             total = len(batches)
             groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
             for name in activations:
                 groups.setdefault(roots[name], []).append(name)
-            with ThreadPoolExecutor(max_workers=observe_threads(len(groups)), thread_name_prefix="observe") as pool:
+            threads = observe_threads(len(groups))  # the pool starts them at the first batch it is given
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="observe") as pool:
                 for i, batch in enumerate(batches):
                     monitor.check(STAGE)
-                    values = dict(zip(fetched, session.run(fetched, batch), strict=True)) if fetched else {}
+                    values = dict(zip(fetched, fetch(batch), strict=True)) if fetched else {}
                     values.update((name, batch[name]) for name in activations if name in graph_inputs)
 
                     def observe_group(root: str, values: dict[str, np.ndarray] = values) -> None:
                         for name in groups[root]:
                             observers[root].observe(values[name])
 
-                    list(pool.map(observe_group, groups))  # re-raises the first error
-                    del values  # this batch's activations are released before the next run
+                    if threads > 1 and sum(v.nbytes for v in values.values()) >= PARALLEL_OBSERVE_BYTES:
+                        list(pool.map(observe_group, groups))  # re-raises the first error
+                    else:
+                        for root in groups:
+                            observe_group(root)
                     monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
 
     for root, observer in observers.items():

@@ -38,18 +38,23 @@ def open_session(
     exact_qdq: bool = False,
     optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     optimized_model_path: str | Path | None = None,
+    spinning: bool = True,
 ) -> Iterator[ort.InferenceSession]:
     """An inference session for ``model``.
 
     exact_qdq=True sets ``session.disable_quant_qdq``: QuantizeLinear/DequantizeLinear run as written
     (float arithmetic with exact rounding) instead of being fused into integer kernels.
     optimized_model_path: where ONNX Runtime saves the graph it actually runs (after fusions).
+    spinning=False: the intra-op threads sleep between parallel sections instead of busy-waiting, for
+    callers that do their own work between runs (calibration's observers) on the same cores.
     """
     options = ort.SessionOptions()
     if optimized_model_path is not None:
         options.optimized_model_filepath = str(optimized_model_path)
     options.graph_optimization_level = optimization
     options.log_severity_level = 3  # errors only
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if exact_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     providers = providers_for(device)

@@ -10,8 +10,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, prepare, quantize
+from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, calibration, prepare, quantize
 from quantcore.batching import Batches, input_specs
+from quantcore.calibration import ActivationFetcher
 from tests.quantcore.models import conv_bn_residual, save
 
 
@@ -182,3 +183,57 @@ def test_stateful_model_calibrates_on_the_samples_of_every_input(tmp_path) -> No
         # measured 21.3 dB on y: the states' per-sample magnitudes span 100x, so m's one int8 grid is
         # coarse for the small samples; the bound checks that the exported model computes the same function
         assert evaluation[mode]["outputs"]["y"]["sqnr_db"] > 15, mode
+
+
+def nonzero_model() -> onnx.ModelProto:
+    """input (N, 4) -> Relu -> "relu"; NonZero("relu") -> "where", whose shape depends on the data."""
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Relu", ["input"], ["relu"]),
+            onnx.helper.make_node("NonZero", ["relu"], ["where"]),
+        ],
+        "nonzero",
+        [onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 4])],
+        [onnx.helper.make_tensor_value_info("where", onnx.TensorProto.INT64, [2, None])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def test_fetcher_reuses_its_buffers_and_reruns_when_a_shape_depends_on_the_data() -> None:
+    model = nonzero_model()
+    names = ["relu", "where"]
+    exposed = onnx.ModelProto.FromString(model.SerializeToString())
+    exposed.graph.output.append(onnx.ValueInfoProto(name="relu"))
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    fetch = ActivationFetcher(session, names)
+    rng = np.random.default_rng(3)
+    first, same_count = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+    same_count.flat[np.argsort(same_count.ravel())] = np.sort(first.ravel())  # same values (and NonZero count)
+    fewer = np.minimum(first, -1.0)  # NonZero finds nothing: "where" becomes (2, 0), its buffer no longer fits
+    smaller = rng.normal(size=(2, 4)).astype(np.float32)  # other input shape: new buffers
+    arrays = None
+    for x in (first, same_count, fewer, smaller, first):
+        got = fetch({"input": x})
+        if x is same_count:
+            assert all(a is b for a, b in zip(got, arrays, strict=True))  # written in place, not reallocated
+        arrays = list(got)
+        expected = fp32_tensors(model, names, x)
+        for name, value in zip(names, got, strict=True):
+            # the same kernels on the same data: bit-identical to a plain session.run
+            assert value.shape == expected[name].shape and np.array_equal(value, expected[name]), name
+
+
+def test_threaded_and_inline_observation_give_the_same_scales(setup, monkeypatch) -> None:
+    prepared, x = setup
+    config = QuantizeConfig(observer="percentile", batch_size=7)
+    annotation = annotate(prepared, config)
+    results = []
+    for threshold in (0, 1 << 62):  # every batch on the pool / every batch on the calling thread
+        monkeypatch.setattr(calibration, "PARALLEL_OBSERVE_BYTES", threshold)
+        results.append(calibrate(prepared, annotation, {"input": x}, config).configs)
+    assert results[0].keys() == results[1].keys()
+    for name, tqc in results[0].items():
+        # each observer sees the same batches in the same order either way: bit-identical scales
+        assert np.array_equal(tqc.scale, results[1][name].scale) and tqc.state is results[1][name].state, name
