@@ -121,7 +121,10 @@ def measure(model_path: Path, images: np.ndarray, labels: np.ndarray, reference:
     return float((values.argmax(1) == labels).mean()), sqnr
 
 
-def run_model(name: str, model_path: Path, precisions, methods, iters: int, workdir: Path) -> list[dict]:
+def run_model(
+    name: str, model_path: Path, precisions, methods, iters: int, seeds: list[int], workdir: Path
+) -> list[dict]:
+    """One row per precision; a method's top-1, SQNR and seconds are lists, one entry per seed."""
     images, labels = load_dataset(0)
     calibration = {"input": images[:CALIBRATION_SAMPLES]}
     heldout, heldout_labels = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
@@ -137,20 +140,33 @@ def run_model(name: str, model_path: Path, precisions, methods, iters: int, work
         rtn_path = export(prepared, annotation, out / "rtn").model_path
         row["rtn"], row["rtn_sqnr"] = measure(rtn_path, heldout, heldout_labels, reference)
         for method in methods:
-            config = QuantizeConfig(
-                platform="academic",
-                precision=precision,
-                cpu_latency=False,
-                reconstruction=ReconstructionConfig(method=method, iters=iters, threads=1),
-            )
-            started = time.perf_counter()
-            result = reconstruct(prepared, annotation, calibration, config)
-            row[f"{method}_seconds"] = time.perf_counter() - started
-            exported = export(result.prepared, result.annotation, out / method)
-            row[method], row[f"{method}_sqnr"] = measure(exported.model_path, heldout, heldout_labels, reference)
-            print(f"{name} {precision} {method}: {row[method]:.3f} {row[f'{method}_sqnr']:.1f} dB", file=sys.stderr)
+            for key in (method, f"{method}_sqnr", f"{method}_seconds"):
+                row[key] = []
+            for seed in seeds:
+                config = QuantizeConfig(
+                    platform="academic",
+                    precision=precision,
+                    cpu_latency=False,
+                    reconstruction=ReconstructionConfig(method=method, iters=iters, threads=1, seed=seed),
+                )
+                started = time.perf_counter()
+                result = reconstruct(prepared, annotation, calibration, config)
+                row[f"{method}_seconds"].append(time.perf_counter() - started)
+                exported = export(result.prepared, result.annotation, out / f"{method}-{seed}")
+                top1, sqnr = measure(exported.model_path, heldout, heldout_labels, reference)
+                row[method].append(top1)
+                row[f"{method}_sqnr"].append(sqnr)
+                print(f"{name} {precision} {method} seed {seed}: {top1:.3f} {sqnr:.2f} dB", file=sys.stderr)
         rows.append(row)
     return rows
+
+
+def _cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    """The mean, and ± the sample standard deviation over seeds when there are several."""
+    mean = scale * float(np.mean(values))
+    if len(values) < 2:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {scale * float(np.std(values, ddof=1)):.{digits}f}"
 
 
 def table(rows: list[dict], methods) -> str:
@@ -168,17 +184,19 @@ def table(rows: list[dict], methods) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         gap = row["fp32"] - row["rtn"]
-        recovered = "n/a (no gap)" if gap <= 0 or "qdrop" not in row else f"{(row['qdrop'] - row['rtn']) / gap:.0%}"
+        recovered = (
+            "n/a (no gap)" if gap <= 0 or "qdrop" not in row else f"{(np.mean(row['qdrop']) - row['rtn']) / gap:.0%}"
+        )
         cells = [
             row["model"],
             row["precision"].upper(),
             f"{100 * row['fp32']:.1f}",
             f"{100 * row['rtn']:.1f}",
-            *(f"{100 * row[m]:.1f}" for m in methods),
+            *(_cell(row[m], 100) for m in methods),
             recovered,
             f"{row['rtn_sqnr']:.1f}",
-            *(f"{row[f'{m}_sqnr']:.1f}" for m in methods),
-            *(f"{row[f'{m}_seconds']:.0f}" for m in methods),
+            *(_cell(row[f"{m}_sqnr"]) for m in methods),
+            *(f"{np.mean(row[f'{m}_seconds']):.0f}" for m in methods),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -190,10 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--iters", type=int, default=300, help="reconstruction steps per block")
+    parser.add_argument("--seeds", default="0", help="reconstruction seeds, comma-separated: mean ± std over them")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # small models: one thread is fastest and does not fight other processes
     methods = args.methods.split(",")
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-recon-") as temporary:
         workdir = args.workdir or Path(temporary)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         rows = []
         for name in args.models.split(","):
-            rows += run_model(name, builders[name](), args.precisions.split(","), methods, args.iters, workdir)
+            rows += run_model(name, builders[name](), args.precisions.split(","), methods, args.iters, seeds, workdir)
     print(table(rows, methods))
 
 

@@ -12,7 +12,11 @@ A *weighted node* is a Conv/ConvTranspose/Gemm/MatMul one of whose inputs is an 
   (or the one after, at the start of the graph) when all its ops are convertible; otherwise it stands
   alone and is not reconstructed (nothing to learn in it).
 - **blocks** (BRECQ / QDrop): a unit with two or more weighted nodes (a residual block) is one block;
-  consecutive units with one weighted node each are grouped, up to ``MAX_GROUPED_LAYERS``.
+  consecutive units with one weighted node each are grouped, up to ``MAX_GROUPED_LAYERS``, except a
+  unit that produces a graph output (the classifier head): it is a block of its own, as BRECQ's code
+  reconstructs a ResNet's final FC layer alone. Grouped with the layer before it, the loss is on the
+  logits, whose scale dwarfs λ·R(V) (measured on the digits CNN at W4A8, 300 steps: 17 % of the
+  previous conv's h(V) undecided when hardened, logit SQNR 26.6 dB against 29.2 dB alone).
 
 A block whose nodes include an op outside ``torch_ops.OPS`` is still listed, with ``unsupported`` set;
 the reconstruction loop leaves it at round-to-nearest and says so.
@@ -162,6 +166,7 @@ def partition(graph: onnx.GraphProto, annotation: Annotation, *, blockwise: bool
         return layers(graph, annotation)
     parameters = annotation.parameters
     nodes = [n for n in graph.node if n.op_type != "Constant"]
+    outputs = {o.name for o in graph.output}
     blocks: list[Block] = []
     group: list[list] = []
 
@@ -174,6 +179,10 @@ def partition(graph: onnx.GraphProto, annotation: Annotation, *, blockwise: bool
     for unit in _units(nodes, graph, parameters):
         weighted = sum(1 for n in unit if is_weighted(n, parameters))
         if weighted == 0:
+            flush()
+        elif weighted == 1 and any(o in outputs for n in unit for o in n.output):
+            flush()  # the output layer (the classifier) stays alone, as in BRECQ's ResNet partition
+            group.append(unit)
             flush()
         elif weighted == 1:
             group.append(unit)

@@ -8,10 +8,11 @@ For each block of ``blocks.partition`` in graph order (AdaRound: layers; BRECQ/Q
    reconstructed), the FP32 model's inputs (QDrop) and the FP32 model's outputs (the target);
 2. minimise, with Adam over ``iters`` steps of ``batch_size`` random samples,
 
-       L = E_batch ||f_q(x_q) - f(x)||²  +  λ · Σ_weights R(V)      (R from ``adaround``; λ = 0 in warm-up)
+       L = E_batch,positions ||f_q(x_q) - f(x)||²  +  λ · Σ_weights R(V)   (R from ``adaround``; λ = 0 in warm-up)
 
    where f_q is the block with learned rounding (and learned activation scales, dropped activation
-   quantization for QDrop) and ||·||² sums over all but the batch axis;
+   quantization for QDrop) and ||·||² sums over axis 1 (channels), averaged over batch and positions
+   as in BRECQ's code (``_loss``);
 3. harden V to floor/ceil; if the block's loss on all cached samples is not below round-to-nearest's,
    keep round-to-nearest (reported as ``kept_nearest``);
 4. commit: the weights become their grid values (q - o)·s in the returned model, the learned scales
@@ -178,8 +179,16 @@ def _tensors(cache: BlockCache, prefix: str, names, index: np.ndarray, device) -
 
 
 def _loss(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Tensor:
-    """Σ over outputs of the batch mean of the per-sample squared error summed over all other axes."""
-    return sum(((o - t) ** 2).reshape(len(o), -1).sum(1).mean() for o, t in zip(outputs, targets, strict=True))
+    """Σ over outputs of the squared error summed over axis 1 (channels of NCHW, features of (B, F)) and
+    averaged over the batch and every other axis (positions): BRECQ's and QDrop's reconstruction loss
+    (plain MSE, not BRECQ's Fisher-weighted variant). The normalisation matters: the rounding loss weight
+    λ (0.01 in the papers) is set against this scale; summing over positions too would weaken λ by the
+    number of positions (64 at 8x8) and leave h(V) undecided when it is hardened."""
+    total = outputs[0].new_zeros(())
+    for o, t in zip(outputs, targets, strict=True):
+        error = (o - t) ** 2
+        total = total + (error.sum(1) if error.ndim > 1 else error).mean()
+    return total
 
 
 def _block_loss(module: BlockModule, cache: BlockCache, count: int, device, chunk: int) -> float:

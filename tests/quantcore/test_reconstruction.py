@@ -26,6 +26,7 @@ from quantcore.reconstruction import partition
 from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
 from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
+from tests.onnx_builders import tiny_conv_model
 
 C = 6  # channels of the tiny residual model
 
@@ -115,6 +116,21 @@ def test_partition_keeps_the_residual_block_together(tiny) -> None:
     assert [b.node_names for b in layers] == [["conv0", "relu0"], ["conv1", "middle"], ["conv2"], ["head"]]
 
 
+def test_partition_keeps_the_output_layer_alone(tmp_path) -> None:
+    # Conv → Relu → GAP → Flatten → Gemm(logits): two single-layer units, which the grouping rule would
+    # merge; the Gemm produces the graph output, so it is a block of its own (BRECQ's final FC layer)
+    path = tmp_path / "chain.onnx"
+    onnx.save(tiny_conv_model(), str(path))
+    prepared = prepare(path)
+    calibration = {"image": np.random.default_rng(0).uniform(-1, 1, (16, 3, 8, 8)).astype(np.float32)}
+    annotation = calibrate(prepared, annotate(prepared, CONFIG), calibration, CONFIG)
+    blocks = partition(prepared.model.graph, annotation, blockwise=True)
+    assert [(b.kind, b.node_names) for b in blocks] == [
+        ("layer", ["conv", "relu", "pool", "flatten"]),
+        ("layer", ["fc"]),
+    ]
+
+
 def test_hardened_values_are_floor_or_ceil_and_export_exactly() -> None:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
@@ -147,7 +163,9 @@ def test_beta_schedule() -> None:
 
 def test_brecq_lowers_the_residual_block_loss_and_export_reproduces_it(tiny, tmp_path) -> None:
     prepared, annotation = tiny
-    result = reconstruct(prepared, annotation, DATA, recon("brecq"))
+    # 300 steps: this random model's block losses are small (~1e-2) against λ·R(V), so at 150 steps the
+    # rounding loss still dominates and the block keeps round-to-nearest (measured; 300 steps lower it 40 %)
+    result = reconstruct(prepared, annotation, DATA, recon("brecq", iters=300))
     residual = next(b for b in result.blocks if "add" in b.nodes)
     assert residual.status == "reconstructed"
     assert residual.loss_after < residual.loss_before
