@@ -230,6 +230,8 @@ def main() -> int:
                 BROKER_URL=broker.url,
                 QUANT_VAR_DIR=var_dir,
                 QUANT_ENVIRONMENT="test",
+                # The benchmark measures throughput and loss, not the per-project quota: every job may queue.
+                QUANT_QUOTA_CONCURRENT_JOBS=str(max(args.jobs, 1)),
             )
             stack = Stack(env=env, log_dir=Path(var_dir) / "logs")
             stack.migrate()
