@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import Query
 
 from api.problems import Problem
-from jobs.queries import InvalidCursor
+from jobs.cursors import InvalidCursor
 
 LimitQuery = Annotated[int, Query(ge=1, le=200, description="Items per page.")]
 CursorQuery = Annotated[str | None, Query(description="`next_cursor` of the previous page.")]

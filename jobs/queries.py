@@ -10,15 +10,15 @@ duplicate, the reaper, a cancel request) cannot both win, and a terminal state n
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, joinedload
 
+from jobs.cursors import paginate
 from jobs.keys import display_prefix, generate_key, hash_key
 from jobs.models import (
     TERMINAL_STATUSES,
@@ -117,7 +117,7 @@ def list_models(
     *, session: Session, project_id: uuid.UUID, limit: int, cursor: str | None
 ) -> tuple[list[Model], str | None]:
     query = select(Model).where(Model.project_id == project_id)
-    return _paginate(session=session, query=query, entity=Model, limit=limit, cursor=cursor)
+    return paginate(session=session, query=query, entity=Model, limit=limit, cursor=cursor)
 
 
 def record_model_validation(
@@ -201,7 +201,7 @@ def list_datasets(
     *, session: Session, project_id: uuid.UUID, limit: int, cursor: str | None
 ) -> tuple[list[Dataset], str | None]:
     query = select(Dataset).where(Dataset.project_id == project_id)
-    return _paginate(session=session, query=query, entity=Dataset, limit=limit, cursor=cursor)
+    return paginate(session=session, query=query, entity=Dataset, limit=limit, cursor=cursor)
 
 
 # Jobs -----------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def list_jobs(
         query = query.where(Job.status == status)
     if model_id is not None:
         query = query.where(Job.model_id == model_id)
-    return _paginate(session=session, query=query, entity=Job, limit=limit, cursor=cursor)
+    return paginate(session=session, query=query, entity=Job, limit=limit, cursor=cursor)
 
 
 def request_cancel(*, session: Session, job: Job) -> Job:
@@ -574,36 +574,3 @@ def artifacts_by_job(*, session: Session, job_ids: Sequence[uuid.UUID]) -> dict[
 
 def get_artifact(*, session: Session, job_id: uuid.UUID, name: str) -> Artifact | None:
     return session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
-
-
-# Pagination -----------------------------------------------------------------------------------
-
-
-class InvalidCursor(ValueError):
-    pass
-
-
-def _encode_cursor(created_at: datetime, row_id: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{row_id}".encode()).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        created, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return datetime.fromisoformat(created), uuid.UUID(row_id)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidCursor("cursor is not one this API returned") from exc
-
-
-def _paginate(*, session: Session, query: Any, entity: Any, limit: int, cursor: str | None) -> tuple[list, str | None]:
-    """Newest first, keyset pagination on (created_at, id): stable while rows are added."""
-    if cursor:
-        created_at, row_id = _decode_cursor(cursor)
-        query = query.where(
-            or_(entity.created_at < created_at, and_(entity.created_at == created_at, entity.id < row_id))
-        )
-    rows = list(session.scalars(query.order_by(entity.created_at.desc(), entity.id.desc()).limit(limit + 1)))
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, _encode_cursor(rows[-1].created_at, rows[-1].id)

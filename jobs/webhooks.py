@@ -25,9 +25,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from jobs.config import Settings
+from jobs.cursors import paginate
 from jobs.models import DeliveryStatus, Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookMessage, utcnow
 from jobs.outbox import PING_EVENT_TYPE, add_delivery, add_message, webhook_id
-from jobs.queries import _paginate
 from jobs.signing import generate_secret
 
 RESPONSE_EXCERPT_CHARS = 1024
@@ -63,7 +63,7 @@ def list_endpoints(
     *, session: Session, project_id: uuid.UUID, limit: int, cursor: str | None
 ) -> tuple[list[WebhookEndpoint], str | None]:
     query = select(WebhookEndpoint).where(WebhookEndpoint.project_id == project_id)
-    return _paginate(session=session, query=query, entity=WebhookEndpoint, limit=limit, cursor=cursor)
+    return paginate(session=session, query=query, entity=WebhookEndpoint, limit=limit, cursor=cursor)
 
 
 def update_endpoint(*, session: Session, endpoint: WebhookEndpoint, changes: dict[str, Any]) -> WebhookEndpoint:
@@ -166,7 +166,7 @@ def list_deliveries(
         query = query.where(WebhookDelivery.endpoint_id == endpoint_id)
     if job_id is not None:
         query = query.where(WebhookMessage.job_id == job_id)
-    return _paginate(session=session, query=query, entity=WebhookDelivery, limit=limit, cursor=cursor)
+    return paginate(session=session, query=query, entity=WebhookDelivery, limit=limit, cursor=cursor)
 
 
 def claim_due(
