@@ -298,10 +298,6 @@ def _is_size_key(path: Path) -> bool:
     return path[-1].endswith("bytes") or path[-1] in SIZE_KEYS or (len(path) > 1 and path[-2] in SIZE_KEYS)
 
 
-def _is_latency_key(path: Path) -> bool:
-    return any("latency" in part for part in path)
-
-
 def _is_seconds_key(path: Path) -> bool:
     return any("seconds" in part for part in path)
 
