@@ -90,7 +90,7 @@ def test_model_upload_records_metadata(service: Service, tiny: dict) -> None:
 
     assert model["sha256"] == hashlib.sha256(data).hexdigest()
     info = model["info"]
-    assert info["inputs"] == [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8]}]
+    assert info["inputs"] == [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8], "batch_axis": 0}]
     assert info["outputs"][0]["name"] == "logits"
     assert info["opset"] == 17
     assert info["op_histogram"] == {"Conv": 1, "Relu": 1, "GlobalAveragePool": 1, "Flatten": 1, "Gemm": 1}
