@@ -1,5 +1,6 @@
 """Stage 7, build engine: a TensorRT engine from the QDQ ONNX, checked and measured, or an honest skip.
 
+    specs = input_specs("model.onnx")  # quantcore.batching: each input's batch axis
     result = build_engine("out/model.qdq.onnx", "out/", fp32_model_path="model.onnx",
                           evaluation={"input": x}, calibration_shapes=observed_shapes(calib, 16, specs),
                           timing_cache_dir="var/trt-cache")
@@ -267,10 +268,10 @@ def build_engine(
     """Check, build, inspect, compare and time a TensorRT engine of the QDQ model at ``qdq_model_path``.
 
     profiles: the recipe's optimization profiles; else derived from ``calibration_shapes``
-    (``observed_shapes(calibration, batch_size, specs)``), widened to ``batch_sizes``. fp32_model_path: the
-    original model, for the FP32 comparison and the FP16 baseline engine. evaluation: inputs (samples
-    along each input's batch axis) for the output comparison and as latency inputs. Raises ``ValueError`` on bad options
-    and ``Canceled``; everything TensorRT or CUDA refuses ends as status "failed" with the reason.
+    (``observed_shapes(calibration, batch_size, specs)``), widened to ``batch_sizes``. fp32_model_path:
+    the original model, for the FP32 comparison and the FP16 baseline engine. evaluation: inputs (samples
+    along each input's batch axis) for the output comparison and as latency inputs. Raises ``ValueError``
+    on bad options and ``Canceled``; everything TensorRT or CUDA refuses ends as status "failed" with the reason.
     ``should_cancel`` is also polled during the TensorRT build, from TensorRT's threads: it must be
     thread-safe (a flag or a fresh DB read, not a shared session). skip_reason: the caller knows no
     engine can be built for this run (a service with no GPU worker, say): the static checks and

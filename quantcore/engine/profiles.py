@@ -9,9 +9,9 @@ are derived from the shapes the calibration data was fed at (``observed_shapes``
 min = the smallest seen, max = the largest seen, opt = the most frequent whole shape (ties: the larger).
 Each input's batch axis is ``quantcore.batching``'s (axis 1 of a state declared ``(2, batch, 128)``; a
 scalar input has no dimension to bound); ``batch_sizes`` widens a dynamic batch axis to also cover the
-batch sizes the engine will be measured and deployed at. A dynamic
-non-batch dimension seen at one size only (images of one resolution) gets min = opt = max: the
-engine then accepts that size only, and serving others needs profiles in the recipe.
+batch sizes the engine will be measured and deployed at. A dynamic non-batch dimension seen at one
+size only (images of one resolution) gets min = opt = max: the engine then accepts that size only, and
+serving others needs profiles in the recipe.
 """
 
 from __future__ import annotations
@@ -172,7 +172,6 @@ def profiles_for(
     each input's batch axis widened to ``batch_sizes`` where it is dynamic.
     """
     dynamic = dynamic_inputs(model)
-    axes = {spec.name: spec.batch_axis for spec in input_specs(model)}
     if not dynamic:
         return ()
     if explicit:
@@ -191,6 +190,7 @@ def profiles_for(
         raise InvalidDataError(
             f"dynamic input(s) {missing} have neither a profile in the recipe nor calibration shapes to derive one"
         )
+    axes = {spec.name: spec.batch_axis for spec in input_specs(model)}
     ranges = {}
     for name, declared in dynamic.items():
         axis = axes[name]
