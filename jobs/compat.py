@@ -59,9 +59,21 @@ def _input_mismatches(spec: dict[str, Any], array: dict[str, Any]) -> list[str]:
     return problems
 
 
+LEGACY = (
+    "the model was validated before batch axes were recorded, so samples were assumed on axis 0 of every "
+    "input; upload the model again to have each input's batch axis derived"
+)
+
+
 def dataset_mismatches(model_info: dict[str, Any], arrays: list[dict[str, Any]]) -> list[str]:
     """Human-readable reasons the dataset (``[{name, dtype, shape}]``) cannot feed the model; empty
     when it fits. Every reason names the input and, for shapes and sample counts, the axis."""
+    problems = _mismatches(model_info, arrays)
+    legacy = any("batch_axis" not in spec for spec in model_info.get("inputs", []))
+    return [*problems, LEGACY] if problems and legacy else problems
+
+
+def _mismatches(model_info: dict[str, Any], arrays: list[dict[str, Any]]) -> list[str]:
     by_name = {a["name"]: a for a in arrays}
     problems: list[str] = []
     counts: dict[str, tuple[int, int]] = {}  # batched input → (its batch axis, samples along it)
