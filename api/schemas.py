@@ -34,11 +34,20 @@ class TensorInfo(BaseModel):
     shape: list[int | str | None] = Field(description="Fixed sizes as integers, symbolic dimensions by name.")
 
 
+class InputInfo(TensorInfo):
+    batch_axis: int | None = Field(
+        0,
+        description="The axis a dataset's array holds this input's samples along: 0 usually, 1 for a "
+        "recurrent state declared (2, batch, 128); null for a constant input (a scalar sample rate), whose "
+        "array is the value itself.",
+    )
+
+
 class ModelInfo(BaseModel):
     opset: int
     ir_version: int
     producer: str
-    inputs: list[TensorInfo]
+    inputs: list[InputInfo]
     outputs: list[TensorInfo]
     op_histogram: dict[str, int]
     num_parameters: int
@@ -80,9 +89,13 @@ class DatasetPublic(_Public):
     error: str | None = None
     sha256: str
     size_bytes: int
-    arrays: list[ArrayInfo] = Field(description="The .npz's arrays; empty for images.")
+    arrays: list[ArrayInfo] = Field(description="The .npz's arrays (a scalar has shape []); empty for images.")
     images: ImageSetInfo | None = None
-    num_samples: int
+    num_samples: int | None = Field(
+        description="Images; or the arrays' common first-axis length. null when the arrays share none: "
+        "samples then run along each model input's batch axis (`ModelInfo.inputs[].batch_axis`), "
+        "counted when a job pairs the dataset with a model."
+    )
     created_at: datetime
 
 

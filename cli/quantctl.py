@@ -312,7 +312,7 @@ def cmd_quantize(ctx: Context, args: argparse.Namespace) -> int:
     dataset = upload_checked(ctx, "datasets", args.data)
     if (code := validation_outcome(dataset, "datasets")) != EXIT_OK:
         return code
-    note(f"dataset {dataset['id']}: {dataset.get('num_samples', '?')} samples")
+    note(f"dataset {dataset['id']}: {dataset.get('num_samples') or 'per-input'} samples")
     job = submit_job(ctx, str(model["id"]), str(dataset["id"]), recipe)
     job_id = str(job["id"])
     note(f"job {job_id} {job.get('status', 'queued')}")

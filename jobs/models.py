@@ -122,7 +122,8 @@ class Model(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     # Path relative to the storage root.
     path: Mapped[str] = mapped_column(String(1024))
-    # inputs/outputs (name, dtype, shape with symbolic dims as strings), opset, op histogram, parameters.
+    # inputs/outputs (name, dtype, shape with symbolic dims as strings; inputs also their batch_axis),
+    # opset, op histogram, parameters (`quantcore.inspect_model`).
     info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Validation messages sent (the upload's included) and when the last re-send went (None: only the
     # upload's, at created_at); the reaper re-sends a lost one (`jobs.revalidation`).
@@ -140,9 +141,11 @@ class Dataset(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     path: Mapped[str] = mapped_column(String(1024))
-    # [{"name", "dtype", "shape"}] for every array in the archive; first axis = samples. [] for images.
+    # [{"name", "dtype", "shape"}] for every array in the archive. [] for images.
     arrays: Mapped[list[Any]] = mapped_column(JSON)
-    num_samples: Mapped[int] = mapped_column(Integer)
+    # Images; or the arrays' common first-axis length. None when they have none: samples then run along
+    # each model input's own batch axis, counted when a job pairs the dataset with a model (`jobs.compat`).
+    num_samples: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[DatasetKind] = mapped_column(
         _enum(DatasetKind, "dataset_kind"), default=DatasetKind.arrays, server_default=DatasetKind.arrays.value
     )

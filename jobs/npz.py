@@ -1,6 +1,9 @@
 """Read what an `.npz` holds (names, dtypes, shapes) from its headers, without loading data.
 
-Object arrays are refused: loading them would unpickle, which runs code from the upload.
+Object arrays are refused: loading them would unpickle, which runs code from the upload. Which axis
+counts samples depends on the model an array feeds (a recurrent state ``(2, N, 128)`` batches along
+axis 1, a scalar sample rate is one value for all samples), so an upload is not checked for one
+sample count: a job checks its dataset against its model's batch axes (`jobs.compat`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ class InvalidArchive(ValueError):
     pass
 
 
-def inspect_npz(path: Path, *, max_arrays: int) -> tuple[list[dict[str, Any]], int]:
-    """Return ([{name, dtype, shape}], num_samples); every array's first axis counts samples."""
+def inspect_npz(path: Path, *, max_arrays: int) -> tuple[list[dict[str, Any]], int | None]:
+    """Return ([{name, dtype, shape}], num_samples): the length of the first axis when every array that
+    has axes agrees on it, else None (samples are then counted per model input by a job)."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -49,14 +53,8 @@ def inspect_npz(path: Path, *, max_arrays: int) -> tuple[list[dict[str, Any]], i
                     raise InvalidArchive(f"array '{name}' has no valid .npy header: {exc}") from exc
             if dtype.hasobject:
                 raise InvalidArchive(f"array '{name}' holds Python objects; only numeric arrays are accepted")
-            if len(shape) == 0:
-                raise InvalidArchive(f"array '{name}' is a scalar; its first axis must count samples")
             arrays.append({"name": name, "dtype": dtype.name, "shape": [int(d) for d in shape]})
-    counts = {a["shape"][0] for a in arrays}
-    if len(counts) != 1:
-        detail = ", ".join(f"{a['name']}: {a['shape'][0]}" for a in arrays)
-        raise InvalidArchive(f"arrays disagree on the number of samples (first axis): {detail}")
-    num_samples = counts.pop()
-    if num_samples < 2:
-        raise InvalidArchive("at least 2 samples are needed: some to calibrate, some to evaluate")
-    return arrays, num_samples
+    leading = {a["shape"][0] for a in arrays if a["shape"]}
+    if not leading:
+        raise InvalidArchive("every array is a scalar; at least one must hold samples")
+    return arrays, leading.pop() if len(leading) == 1 else None

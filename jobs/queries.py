@@ -144,7 +144,7 @@ def create_dataset(
     size_bytes: int,
     path: str,
     arrays: list[dict[str, Any]],
-    num_samples: int,
+    num_samples: int | None,
     kind: DatasetKind = DatasetKind.arrays,
     images: dict[str, Any] | None = None,
 ) -> Dataset:

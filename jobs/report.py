@@ -295,6 +295,11 @@ class DatasetSplit(_Section):
     kind: Literal["arrays", "images"]
     seed: int
     num_samples: int
+    batch_axes: dict[str, int | None] | None = Field(
+        None,
+        description="Per model input, the axis its samples were counted and split along (1 for a state "
+        "declared (2, batch, 128)); null: a constant input, given whole to both parts.",
+    )
     calibration: SplitPart
     evaluation: SplitPart
     hashed: str = Field(description="What the SHA-256 digests cover (sample indices or member names).")

@@ -19,8 +19,9 @@ can't run a short batch), otherwise the configured ``batch_size`` (the last batc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -84,9 +85,22 @@ def batch_axis(shape: tuple[int | str | None, ...] | None, symbol: str | None, d
     return 0
 
 
-def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The model's real inputs (initializers listed as graph inputs excluded), in graph order, each with
-    its batch axis (see module)."""
+def batch_axes(shapes: Sequence[Sequence[int | str | None] | None]) -> list[int | None]:
+    """The batch axis of each of a model's inputs, given all their declared shapes (see module). The one
+    rule for every consumer: ``input_specs`` here, and ``inspect_model``, which records the axes on the
+    upload so the service checks datasets with them without loading the engine."""
+    shapes = [None if shape is None else tuple(shape) for shape in shapes]
+    symbol = batch_symbol(shapes)
+    dynamic_batch = any(shape and not _fixed(shape[0]) for shape in shapes)
+    return [batch_axis(shape, symbol, dynamic_batch) for shape in shapes]
+
+
+def input_specs(model: onnx.ModelProto | str | Path) -> list[InputSpec]:
+    """The real inputs of ``model`` (or of the model file at that path, read without its external
+    data), initializers listed as graph inputs excluded, in graph order, each with its batch axis (see
+    module)."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
     specs = []
     for value_info in model.graph.input:
@@ -96,9 +110,13 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         if value_info.type.WhichOneof("value") != "tensor_type":
             raise UnsupportedModelError(f"input {value_info.name!r} is a {dtype}, only tensor inputs are supported")
         specs.append(InputSpec(value_info.name, np.dtype(dtype), None if shape is None else tuple(shape)))
-    symbol = batch_symbol([spec.shape for spec in specs])
-    dynamic_batch = any(spec.shape and not _fixed(spec.shape[0]) for spec in specs)
-    return [replace(spec, batch_axis=batch_axis(spec.shape, symbol, dynamic_batch)) for spec in specs]
+    axes = batch_axes([spec.shape for spec in specs])
+    return [replace(spec, batch_axis=axis) for spec, axis in zip(specs, axes, strict=True)]
+
+
+def take_window(array: np.ndarray, axis: int, start: int, size: int) -> np.ndarray:
+    """Samples ``start`` .. ``start + size - 1`` along ``axis`` (fewer at the end): a view, not a copy."""
+    return array[(slice(None),) * axis + (slice(start, start + size),)]
 
 
 class Batches:
@@ -191,8 +209,9 @@ class Batches:
                 if spec.batch_axis is None:
                     batch[spec.name] = self.constants[spec.name]
                     continue
-                window = (slice(None),) * spec.batch_axis + (slice(start, stop),)
-                part = np.ascontiguousarray(self.arrays[spec.name][window], dtype=spec.dtype)
+                part = np.ascontiguousarray(
+                    take_window(self.arrays[spec.name], spec.batch_axis, start, stop - start), dtype=spec.dtype
+                )
                 if part.dtype.kind == "f" and not np.all(np.isfinite(part)):
                     raise InvalidDataError(
                         f"{self.what} array {spec.name!r} has NaN or infinite values in samples {start}..{stop - 1}"

@@ -136,7 +136,8 @@ def evaluate(
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
 ) -> dict[str, Any]:
-    """Compare ``qdq_model`` with ``fp32_model`` on ``evaluation`` (``{input: array}``, first axis samples).
+    """Compare ``qdq_model`` with ``fp32_model`` on ``evaluation`` (``{input: array}``, samples along
+    each input's batch axis, ``quantcore.batching``).
 
     Returns a JSON-ready dict (SQNR etc. may be None, see ``quantcore.metrics``). Raises
     ``InvalidDataError`` if the data or labels don't fit, ``Canceled`` between batches.

@@ -111,8 +111,9 @@ def quantize(
 ) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
-    calibration / evaluation: ``{input name: array}``, first axis samples (batched by
-    ``config.batch_size`` or the model's fixed batch dimension). labels: optional (N_eval,) integer
+    calibration / evaluation: ``{input name: array}``, samples along each input's batch axis
+    (``quantcore.batching``: usually the first; a constant input's array is its value), batched by
+    ``config.batch_size`` or the model's fixed batch dimension. labels: optional (N_eval,) integer
     class ids for top-1 accuracy. engine_builder: called like ``build_engine`` for the engine stage (a
     service passes one that builds where a GPU is, or skips with the reason). Raises
     ``InvalidModelError``, ``UnsupportedModelError``, ``InvalidDataError`` (checked before any slow
@@ -252,7 +253,7 @@ def quantize(
             out_dir / "engine",
             fp32_model_path=model_path,
             evaluation=evaluation,
-            calibration_shapes=observed_shapes(calibration, calibration_batches.batch_size),
+            calibration_shapes=observed_shapes(calibration, calibration_batches.batch_size, specs),
             progress=progress,
             should_cancel=should_cancel,
         )

@@ -24,6 +24,7 @@ from typing import Any
 
 import onnx
 
+from quantcore.batching import batch_axes
 from quantcore.errors import InvalidModelError
 from quantcore.graph import iter_tensors, value_type
 
@@ -133,9 +134,11 @@ def inspect_model(
     Returns ``{"opset", "ir_version", "producer", "inputs", "outputs", "op_histogram",
     "num_parameters", "num_nodes"}``: inputs/outputs are ``[{"name", "dtype", "shape"}]`` with dtype
     a numpy name ("float32") and shape entries int (fixed), str (symbolic) or None (unknown);
-    initializers also listed as graph inputs are not inputs. ``op_histogram`` and ``num_nodes`` count
-    subgraph nodes too (ops outside the default domain as "domain.Op"); ``num_parameters`` is the
-    number of elements of all initializers.
+    initializers also listed as graph inputs are not inputs. Each input also has ``"batch_axis"``, the
+    axis its samples run along (None: a constant input such as a scalar sample rate), by
+    ``quantcore.batching``'s rule, so that a service can check datasets without loading the model.
+    ``op_histogram`` and ``num_nodes`` count subgraph nodes too (ops outside the default domain as
+    "domain.Op"); ``num_parameters`` is the number of elements of all initializers.
     """
     path = Path(path)
     model = _parse(path)
@@ -163,11 +166,14 @@ def inspect_model(
         num_parameters += count
         initializer_names.add(sparse.values.name)
     producer = " ".join(p for p in (model.producer_name, model.producer_version) if p)
+    inputs = _describe(model.graph.input, initializer_names)
+    for described, axis in zip(inputs, batch_axes([i["shape"] for i in inputs]), strict=True):
+        described["batch_axis"] = axis
     return {
         "opset": opset,
         "ir_version": int(model.ir_version),
         "producer": producer,
-        "inputs": _describe(model.graph.input, initializer_names),
+        "inputs": inputs,
         "outputs": _describe(model.graph.output, set()),
         "op_histogram": dict(sorted(histogram.items())),
         "num_parameters": num_parameters,

@@ -194,7 +194,7 @@ def test_spec_validation_names_the_field() -> None:
         PreprocessingSpec(center_crop=8, channel_order="gray", std=[1, 1, 1])
     with pytest.raises(ValidationError, match="uint8 takes raw pixels"):
         PreprocessingSpec(center_crop=8, dtype="uint8")
-    info = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8]}]}
+    info = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8], "batch_axis": 0}]}
     assert preprocessing_mismatches(info, PreprocessingSpec(center_crop=8), 10) == []
     problems = preprocessing_mismatches(info, PreprocessingSpec(center_crop=8, layout="nhwc"), 10)
     assert [field for field, _ in problems] == ["recipe.preprocessing"] * 2  # axes 1 and 3 differ
@@ -202,7 +202,7 @@ def test_spec_validation_names_the_field() -> None:
 
 
 def test_decoded_images_are_capped_naming_the_field() -> None:
-    info = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8]}]}
+    info = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 8, 8], "batch_axis": 0}]}
     dataset = Dataset(kind=DatasetKind.images, num_samples=1000, arrays=[])
     recipe = Recipe(preprocessing=PreprocessingSpec(center_crop=8), calibration={"num_samples": 500})
     per_image = 3 * 8 * 8 * 4  # float32 bytes

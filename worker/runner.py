@@ -36,6 +36,7 @@ from jobs.logs import job_context, log_context
 from jobs.models import DatasetKind, JobStatus
 from jobs.recipe import Recipe
 from quantcore import QuantizeResult, atomic, quantize
+from quantcore.batching import input_specs
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.report_html import HTML_FILE
 from worker.engine_routing import EngineRouter
@@ -216,7 +217,6 @@ def run_job(job_id: uuid.UUID) -> None:
         model_path = storage.resolve(settings.artifact_root, job.model.path)
         dataset_path = storage.resolve(settings.artifact_root, job.dataset.path)
         dataset_kind = job.dataset.kind
-        input_names = [spec["name"] for spec in (job.model.info or {}).get("inputs", [])]
         recipe_data, project_id = job.recipe, job.project_id
         log.info("job started (attempt %d) on %s", job.attempts, owner)
 
@@ -228,7 +228,7 @@ def run_job(job_id: uuid.UUID) -> None:
     work_dir = settings.artifact_root / ".work" / str(job_id)
     try:
         status, error, stored = _execute(
-            progress, model_path, (dataset_path, dataset_kind), input_names, recipe_data, work_dir, project_id
+            progress, model_path, (dataset_path, dataset_kind), recipe_data, work_dir, project_id
         )
     except Abandoned as exc:
         log.warning("%s", exc)
@@ -258,7 +258,6 @@ def _execute(
     progress: Progress,
     model_path: Path,
     dataset: tuple[Path, DatasetKind],
-    input_names: list[str],
     recipe_data: dict,
     work_dir: Path,
     project_id: uuid.UUID,
@@ -266,7 +265,7 @@ def _execute(
     try:
         recipe = parse_recipe(recipe_data)
         progress("load", 0.0, "reading the dataset")
-        split = _load_split(progress, *dataset, input_names, recipe)
+        split = _load_split(progress, model_path, *dataset, recipe)
         progress(
             "load",
             1.0,
@@ -316,9 +315,11 @@ def _execute(
         return JobStatus.failed, f"internal error during {progress.stage}: {type(exc).__name__}: {exc}", []
 
 
-def _load_split(progress: Progress, path: Path, kind: DatasetKind, input_names: list[str], recipe: Recipe) -> Split:
+def _load_split(progress: Progress, model_path: Path, path: Path, kind: DatasetKind, recipe: Recipe) -> Split:
+    """The seeded split, with samples along each model input's batch axis as quantcore batches them."""
+    specs = input_specs(model_path)
     if kind == DatasetKind.arrays:
-        return split_dataset(path, input_names, recipe)
+        return split_dataset(path, {spec.name: spec.batch_axis for spec in specs}, recipe)
 
     def should_stop() -> None:
         if progress.should_cancel():
@@ -326,7 +327,7 @@ def _load_split(progress: Progress, path: Path, kind: DatasetKind, input_names: 
 
     return split_images(
         path,
-        input_names,
+        [spec.name for spec in specs],
         recipe,
         limits=archive_limits(settings),
         max_pixels=settings.max_image_pixels,

@@ -37,8 +37,10 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
 async def upload_dataset(
     request: Request, response: Response, settings: SettingsDep, project: ProjectDep, celery: CeleryDep
 ) -> Dataset:
-    """Either an `.npz` whose arrays are named after the model's inputs, first axis = samples, other
-    arrays (e.g. `labels`, 1-D integers) riding along; object arrays are refused (they would unpickle).
+    """Either an `.npz` whose arrays are named after the model's inputs, samples along each input's
+    batch axis (`batch_axis` in the model's info: usually the first; a constant input such as a scalar
+    sample rate is the value itself), other arrays (e.g. `labels`, one integer per sample) riding
+    along; object arrays are refused (they would unpickle). A job checks the arrays against its model.
 
     Or a zip of `.jpg`/`.jpeg`/`.png` images: in one folder per class (labels = sorted folder names →
     0, 1, ...), or with a top-level `labels.csv` of `file,label` rows, or unlabelled. Its listing is

@@ -1,7 +1,8 @@
 """Stage 7, build engine: a TensorRT engine from the QDQ ONNX, checked and measured, or an honest skip.
 
+    specs = input_specs("model.onnx")  # quantcore.batching: each input's batch axis
     result = build_engine("out/model.qdq.onnx", "out/", fp32_model_path="model.onnx",
-                          evaluation={"input": x}, calibration_shapes=observed_shapes(calib, 16),
+                          evaluation={"input": x}, calibration_shapes=observed_shapes(calib, 16, specs),
                           timing_cache_dir="var/trt-cache")
     result.status  # "built" | "skipped" | "failed"; result.reason says why when not built
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 import socket
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,18 +196,22 @@ class EngineResult:
 
 
 def _latency_batches(
-    model: onnx.ModelProto, profiles: Sequence[OptimizationProfile], wanted: Sequence[int]
+    specs: Sequence[InputSpec], profiles: Sequence[OptimizationProfile], wanted: Sequence[int]
 ) -> list[int]:
-    """Smallest and largest of ``wanted`` the engine accepts (fixed-batch models: their batch)."""
-    specs = input_specs(model)
+    """Smallest and largest of ``wanted`` the engine accepts along every input's batch axis (fixed-batch
+    models: their batch)."""
     fixed = fixed_batch(specs)
     if fixed is not None:
         return [fixed]
     if not profiles:
         return sorted({min(wanted), max(wanted)})
     first = profiles[0]
-    low = max(shape.min[0] for _, shape in first.shapes)
-    high = min(shape.max[0] for _, shape in first.shapes)
+    axes = {spec.name: spec.batch_axis for spec in specs}
+    batched = [(shape, axes[name]) for name, shape in first.shapes if axes.get(name) is not None]
+    if not batched:
+        return sorted({min(wanted), max(wanted)})
+    low = max(shape.min[axis] for shape, axis in batched)
+    high = min(shape.max[axis] for shape, axis in batched)
     inside = [b for b in wanted if low <= b <= high] or [low, high]
     return sorted({min(inside), max(inside)})
 
@@ -220,9 +225,10 @@ def _specs_at(specs: list[InputSpec], profiles: Sequence[OptimizationProfile]) -
         if spec.shape is not None and spec.name in profile.names:
             opt = profile[spec.name].opt
             shape = tuple(
-                d if axis == 0 or (isinstance(d, int) and d > 0) else opt[axis] for axis, d in enumerate(spec.shape)
+                d if axis == spec.batch_axis or (isinstance(d, int) and d > 0) else opt[axis]
+                for axis, d in enumerate(spec.shape)
             )
-            spec = InputSpec(spec.name, spec.dtype, shape)
+            spec = replace(spec, shape=shape)
         pinned.append(spec)
     return pinned
 
@@ -262,10 +268,10 @@ def build_engine(
     """Check, build, inspect, compare and time a TensorRT engine of the QDQ model at ``qdq_model_path``.
 
     profiles: the recipe's optimization profiles; else derived from ``calibration_shapes``
-    (``observed_shapes(calibration, batch_size)``), widened to ``batch_sizes``. fp32_model_path: the
-    original model, for the FP32 comparison and the FP16 baseline engine. evaluation: inputs (first
-    axis samples) for the output comparison and as latency inputs. Raises ``ValueError`` on bad options
-    and ``Canceled``; everything TensorRT or CUDA refuses ends as status "failed" with the reason.
+    (``observed_shapes(calibration, batch_size, specs)``), widened to ``batch_sizes``. fp32_model_path:
+    the original model, for the FP32 comparison and the FP16 baseline engine. evaluation: inputs (samples
+    along each input's batch axis) for the output comparison and as latency inputs. Raises ``ValueError``
+    on bad options and ``Canceled``; everything TensorRT or CUDA refuses ends as status "failed" with the reason.
     ``should_cancel`` is also polled during the TensorRT build, from TensorRT's threads: it must be
     thread-safe (a flag or a fresh DB read, not a shared session). skip_reason: the caller knows no
     engine can be built for this run (a service with no GPU worker, say): the static checks and
@@ -377,15 +383,16 @@ def _build_and_measure(
 
     runner = EngineRunner(trt, built.plan, profiles=chosen, host_code=options.version_compatible)
     layers, notes = layer_table(runner.inspect(), int8_annotated_nodes(model))
-    specs = _specs_at(input_specs(model), chosen)
-    batches = _latency_batches(model, chosen, options.batch_sizes)
+    model_specs = input_specs(model)
+    specs = _specs_at(model_specs, chosen)
+    batches = _latency_batches(model_specs, chosen, options.batch_sizes)
     comparison = None
     if evaluation:
         monitor.report(STAGE, 0.4, "comparing engine outputs with ONNX Runtime")
         references: dict[str, tuple[str | Path, bool]] = {"qdq": (qdq_path, True)}
         if fp32_model_path is not None:
             references["fp32"] = (fp32_model_path, False)
-        comparison = compare_with_references(runner.run, references, evaluation, batches[-1])
+        comparison = compare_with_references(runner.run, references, evaluation, batches[-1], model_specs)
     monitor.check(STAGE)
     monitor.report(STAGE, 0.6, "measuring engine latency")
     latency: dict[str, Any] = {

@@ -9,12 +9,13 @@ any ``feeds -> outputs`` callable (``EngineRunner.run``), so this module needs n
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from quantcore.batching import InputSpec, take_window
 from quantcore.metrics import OutputAgreement
 from quantcore.session import open_session
 
@@ -26,12 +27,16 @@ def compare_with_references(
     references: Mapping[str, tuple[str | Path, bool]],
     inputs: Mapping[str, np.ndarray],
     batch_size: int,
+    specs: Sequence[InputSpec],
 ) -> dict[str, Any]:
     """``{"num_samples", "batch_size", "vs_<label>": {output: metrics}}`` for each reference
-    ``label -> (model path, exact_qdq)``; inputs' first axis is samples."""
-    if not inputs:
+    ``label -> (model path, exact_qdq)``; ``inputs`` hold samples along each input's batch axis
+    (``specs``, ``quantcore.batching``), a constant input is fed whole with every batch."""
+    axes = {spec.name: spec.batch_axis for spec in specs}
+    counts = [int(a.shape[axes[name]]) for name, a in inputs.items() if axes[name] is not None]
+    if not counts:
         raise ValueError("no inputs to compare on")
-    samples = min(int(a.shape[0]) for a in inputs.values())
+    samples = min(counts)
     agreements: dict[str, dict[str, OutputAgreement]] = {label: {} for label in references}
     with contextlib.ExitStack() as stack:
         sessions = {
@@ -39,7 +44,10 @@ def compare_with_references(
             for label, (path, exact) in references.items()
         }
         for start in range(0, samples, batch_size):
-            feeds = {name: np.ascontiguousarray(a[start : start + batch_size]) for name, a in inputs.items()}
+            feeds = {
+                name: a if axes[name] is None else np.ascontiguousarray(take_window(a, axes[name], start, batch_size))
+                for name, a in inputs.items()
+            }
             engine_out = run_engine(feeds)
             for label, session in sessions.items():
                 names = [o.name for o in session.get_outputs()]

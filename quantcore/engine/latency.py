@@ -91,8 +91,8 @@ def time_calls(call: Callable[[], object], *, warmup: int, runs: int) -> list[fl
 
 
 def fixed_batch(specs: Sequence[InputSpec]) -> int | None:
-    """The batch every input fixes, if they all fix the same one."""
-    batches = {spec.fixed_batch for spec in specs}
+    """The batch every batched input fixes, if they all fix the same one (constant inputs have none)."""
+    batches = {spec.fixed_batch for spec in specs if spec.batch_axis is not None}
     return batches.pop() if len(batches) == 1 and None not in batches else None
 
 

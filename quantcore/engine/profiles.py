@@ -7,10 +7,11 @@ TensorRT tunes kernels for ``opt`` and accepts any shape with min ≤ shape ≤ 
 Profiles come from the recipe (``OptimizationProfile`` objects, validated against the model here), or
 are derived from the shapes the calibration data was fed at (``observed_shapes``): per dimension
 min = the smallest seen, max = the largest seen, opt = the most frequent whole shape (ties: the larger).
-The batch axis is axis 0 of the data arrays (first axis = samples); ``batch_sizes`` widens a dynamic
-batch axis to also cover the batch sizes the engine will be measured and deployed at. A dynamic
-non-batch dimension seen at one size only (images of one resolution) gets min = opt = max: the
-engine then accepts that size only, and serving others needs profiles in the recipe.
+Each input's batch axis is ``quantcore.batching``'s (axis 1 of a state declared ``(2, batch, 128)``; a
+scalar input has no dimension to bound); ``batch_sizes`` widens a dynamic batch axis to also cover the
+batch sizes the engine will be measured and deployed at. A dynamic non-batch dimension seen at one
+size only (images of one resolution) gets min = opt = max: the engine then accepts that size only, and
+serving others needs profiles in the recipe.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore.batching import input_specs
+from quantcore.batching import InputSpec, input_specs
 from quantcore.errors import InvalidDataError
 
 
@@ -104,24 +105,34 @@ def dynamic_inputs(model: onnx.ModelProto) -> dict[str, tuple[int | str | None, 
     return dynamic
 
 
-def observed_shapes(data: Mapping[str, np.ndarray], batch_size: int) -> dict[str, list[tuple[int, ...]]]:
-    """The shapes the arrays of ``data`` (first axis samples) are fed at in batches of ``batch_size``:
-    full batches, then the remainder (if any)."""
+def observed_shapes(
+    data: Mapping[str, np.ndarray], batch_size: int, specs: Sequence[InputSpec]
+) -> dict[str, list[tuple[int, ...]]]:
+    """The shapes the arrays of ``data`` are fed at in batches of ``batch_size`` along each input's batch
+    axis (``specs``, ``quantcore.batching``): full batches, then the remainder (if any); a constant
+    input at its own shape."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    axes = {spec.name: spec.batch_axis for spec in specs}
     shapes = {}
     for name, array in data.items():
-        samples, rest = array.shape[0], tuple(int(d) for d in array.shape[1:])
-        seen = [(batch_size, *rest)] if samples >= batch_size else []
+        shape, axis = tuple(int(d) for d in np.shape(array)), axes[name]
+        if axis is None:
+            shapes[name] = [shape]
+            continue
+        samples = shape[axis]
+        sizes = [batch_size] if samples >= batch_size else []
         if samples % batch_size:
-            seen.append((samples % batch_size, *rest))
-        shapes[name] = seen
+            sizes.append(samples % batch_size)
+        shapes[name] = [(*shape[:axis], size, *shape[axis + 1 :]) for size in sizes]
     return shapes
 
 
-def derive_range(shapes: Sequence[Sequence[int]], *, batch_sizes: Sequence[int] = ()) -> ShapeRange:
+def derive_range(
+    shapes: Sequence[Sequence[int]], *, batch_sizes: Sequence[int] = (), batch_axis: int = 0
+) -> ShapeRange:
     """min/max per dimension over ``shapes``, opt the most frequent shape (ties: the larger volume);
-    axis 0 widened to cover ``batch_sizes``."""
+    ``batch_axis`` widened to cover ``batch_sizes``."""
     seen = [tuple(int(d) for d in shape) for shape in shapes]
     if not seen or len({len(s) for s in seen}) != 1:
         raise InvalidDataError(f"cannot derive a shape range from {seen!r} (none, or ranks differ)")
@@ -130,8 +141,8 @@ def derive_range(shapes: Sequence[Sequence[int]], *, batch_sizes: Sequence[int] 
     low = [min(s[i] for s in seen) for i in range(len(opt))]
     high = [max(s[i] for s in seen) for i in range(len(opt))]
     if batch_sizes:
-        low[0] = min(low[0], *batch_sizes)
-        high[0] = max(high[0], *batch_sizes)
+        low[batch_axis] = min(low[batch_axis], *batch_sizes)
+        high[batch_axis] = max(high[batch_axis], *batch_sizes)
     return ShapeRange(tuple(low), opt, tuple(high))
 
 
@@ -157,7 +168,8 @@ def profiles_for(
 
     explicit: the recipe's profiles, each checked to cover every dynamic input at its rank and fixed
     dimensions (``InvalidDataError`` naming the input otherwise). Else one profile derived from
-    ``calibration_shapes`` (``{input: [shape fed, ...]}``, e.g. ``observed_shapes(data, batch)``).
+    ``calibration_shapes`` (``{input: [shape fed, ...]}``, e.g. ``observed_shapes(data, batch, specs)``),
+    each input's batch axis widened to ``batch_sizes`` where it is dynamic.
     """
     dynamic = dynamic_inputs(model)
     if not dynamic:
@@ -178,10 +190,14 @@ def profiles_for(
         raise InvalidDataError(
             f"dynamic input(s) {missing} have neither a profile in the recipe nor calibration shapes to derive one"
         )
+    axes = {spec.name: spec.batch_axis for spec in input_specs(model)}
     ranges = {}
     for name, declared in dynamic.items():
-        batch_dynamic = not (isinstance(declared[0], int) and declared[0] > 0) if declared else False
-        shape = derive_range(calibration_shapes[name], batch_sizes=batch_sizes if batch_dynamic else ())
+        axis = axes[name]
+        batch_dynamic = axis is not None and not (isinstance(declared[axis], int) and declared[axis] > 0)
+        shape = derive_range(
+            calibration_shapes[name], batch_sizes=batch_sizes if batch_dynamic else (), batch_axis=axis or 0
+        )
         _check_fits(name, declared, shape)
         ranges[name] = shape
     return (OptimizationProfile.of(ranges),)

@@ -16,6 +16,8 @@ from playwright.sync_api import expect
 
 from tests.conftest import Service
 from tests.frontend.conftest import audit, screenshot, sign_in
+from tests.onnx_builders import stateful_data, stateful_model
+from tests.test_api import npz_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("service", ["sqlite"], indirect=True)]
 JOB_TIMEOUT_MS = 240_000  # the worker shares 2 cores with the rest of the suite; a quick job takes ~10 s alone
@@ -203,3 +205,17 @@ def test_cancel_a_running_job_from_its_page(page, service: Service, project: dic
     expect(page.locator("#job-status")).to_have_text("canceled", timeout=60_000)
     expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
     expect(page.locator("#artifacts-table")).to_have_count(0)
+
+
+def test_model_and_dataset_pages_say_where_samples_run(page, service: Service):
+    key = service.new_key()
+    data = stateful_data(12, seed=0, state_size=16)  # x (12, 16), state (2, 12, 16), sr scalar
+    model, dataset = service.upload(key, stateful_model(state_size=16).SerializeToString(), npz_bytes(**data))
+    sign_in(page, service.url, key, f"/models/{model['id']}")
+    inputs = page.locator("section", has=page.get_by_role("heading", name="Inputs", exact=True))
+    expect(inputs.get_by_role("row", name=re.compile(r"^x "))).to_contain_text("axis 0")
+    expect(inputs.get_by_role("row", name=re.compile(r"^state "))).to_contain_text("axis 1")
+    expect(inputs.get_by_role("row", name=re.compile(r"^sr "))).to_contain_text("constant")
+    page.goto(f"{service.url}/datasets")
+    row = page.get_by_role("row", name=re.compile(re.escape(dataset["filename"])))
+    expect(row).to_contain_text("per input")  # no common first axis: counted per model input by a job

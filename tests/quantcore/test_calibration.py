@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, calibration, prepare, quantize
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import ActivationFetcher
+from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual, save
 
 
@@ -89,54 +90,6 @@ def test_non_finite_activation_is_reported_by_name(setup) -> None:
     huge = np.full_like(x, 3e38)  # overflows to inf in the first convolution
     with pytest.raises(InvalidDataError, match="NaN/infinite"):
         calibrate(prepared, annotate(prepared, config), {"input": huge}, config)
-
-
-def stateful_model() -> onnx.ModelProto:
-    """x (B, 16), state (2, B, 8), sr scalar → h = x·W1 (B, 8); m = (h + mean over axis 0 of state) · sr;
-    y = m·W2 (B, 4); state_out = state + m (2, B, 8): a recurrent cell's inputs, samples on axis 1 of the
-    state and no sample axis at all on the scalar (as Silero VAD declares them)."""
-    rng = np.random.default_rng(3)
-    inits = [
-        numpy_helper.from_array(rng.normal(0, 0.3, (16, 8)).astype(np.float32), "W1"),
-        numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "W2"),
-        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
-    ]
-    nodes = [
-        onnx.helper.make_node("MatMul", ["x", "W1"], ["h"], name="proj"),
-        onnx.helper.make_node("ReduceMean", ["state", "axis0"], ["s"], name="mean", keepdims=0),
-        onnx.helper.make_node("Add", ["h", "s"], ["hs"], name="join"),
-        onnx.helper.make_node("Mul", ["hs", "sr"], ["m"], name="rate"),
-        onnx.helper.make_node("MatMul", ["m", "W2"], ["y"], name="head"),
-        onnx.helper.make_node("Add", ["state", "m"], ["state_out"], name="update"),
-    ]
-    float32 = onnx.TensorProto.FLOAT
-    graph = onnx.helper.make_graph(
-        nodes,
-        "stateful",
-        [
-            onnx.helper.make_tensor_value_info("x", float32, ["batch", 16]),
-            onnx.helper.make_tensor_value_info("state", float32, [2, "batch", 8]),
-            onnx.helper.make_tensor_value_info("sr", float32, []),
-        ],
-        [
-            onnx.helper.make_tensor_value_info("y", float32, ["batch", 4]),
-            onnx.helper.make_tensor_value_info("state_out", float32, [2, "batch", 8]),
-        ],
-        inits,
-    )
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    model.ir_version = 10
-    return model
-
-
-def stateful_data(samples: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "x": rng.normal(size=(samples, 16)).astype(np.float32),
-        # per-sample states of very different sizes, so that a state sliced on the wrong axis shows
-        "state": (rng.normal(size=(2, samples, 8)) * np.linspace(0.1, 10, samples)[None, :, None]).astype(np.float32),
-        "sr": np.array(0.5, np.float32),
-    }
 
 
 def test_inputs_without_a_leading_sample_axis_are_batched_along_their_own_axis() -> None:

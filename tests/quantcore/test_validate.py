@@ -10,6 +10,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantcore import InvalidModelError, inspect_model
+from quantcore.batching import input_specs
+from tests.onnx_builders import stateful_model
 from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, save
 
 
@@ -19,7 +21,7 @@ def test_describes_a_valid_model(tmp_path) -> None:
     model.graph.input.append(helper.make_tensor_value_info("fc.b", onnx.TensorProto.FLOAT, [5]))
     info = inspect_model(save(model, tmp_path / "m.onnx"), min_opset=13, max_opset=21)
     assert info["opset"] == 17 and info["ir_version"] == 8 and info["producer"] == "tests"
-    assert info["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["N", 3, 8, 8]}]
+    assert info["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["N", 3, 8, 8], "batch_axis": 0}]
     assert info["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["N", 5]}]
     assert info["op_histogram"] == {"Add": 1, "BatchNormalization": 2, "Conv": 2, "Flatten": 1, "Gemm": 1, "Relu": 2}
     assert info["num_nodes"] == 9
@@ -33,6 +35,13 @@ def test_unknown_dimension_is_null(tmp_path) -> None:
     model.graph.input[0].type.tensor_type.shape.dim[0].Clear()
     info = inspect_model(save(model, tmp_path / "m.onnx"))
     assert info["inputs"][0]["shape"] == [None, 2, 6, 6]
+
+
+def test_records_each_inputs_batch_axis(tmp_path) -> None:
+    # quantcore.batching's rule, recorded for the service: state (2, batch, 8) along axis 1, sr constant
+    info = inspect_model(save(stateful_model(), tmp_path / "m.onnx"))
+    assert [(i["name"], i["batch_axis"]) for i in info["inputs"]] == [("x", 0), ("state", 1), ("sr", None)]
+    assert [i["batch_axis"] for i in info["inputs"]] == [s.batch_axis for s in input_specs(stateful_model())]
 
 
 @pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, -1])

@@ -34,7 +34,8 @@ function datasetTable(datasets: Dataset[]): HTMLElement {
     ["Dataset", "Samples", "Contents", "Size", "Uploaded"],
     datasets.map((d) => [
       h("span", {}, d.filename, " ", h("span", { class: "muted" }, `(${shortId(d.id)})`)),
-      d.num_samples.toLocaleString("en"),
+      // null: the arrays share no first axis; a job counts samples along each model input's batch axis
+      d.num_samples === null ? h("span", { class: "muted" }, "per input") : d.num_samples.toLocaleString("en"),
       d.images ? imageSummary(d) : h(
         "ul",
         { class: "plain" },

@@ -79,13 +79,18 @@ export async function renderModel(main: HTMLElement, params: Record<string, stri
     model.error ? notice(model.error) : "",
   );
   if (!info) return;
-  const tensorRows = (tensors: typeof info.inputs) =>
+  const tensorRows = (tensors: typeof info.outputs) =>
     tensors.map((t) => [h("code", {}, t.name), t.dtype, `[${t.shape.map((d) => (d === null ? "?" : String(d))).join(", ")}]`]);
+  // where a dataset holds each input's samples: a constant input (a scalar sample rate) is one value
+  const inputRows = tensorRows(info.inputs).map((row, i) => {
+    const axis = info.inputs[i].batch_axis;
+    return [...row, axis === null ? "constant" : `axis ${axis}`];
+  });
   main.append(
     h(
       "div",
       { class: "grid2" },
-      h("section", {}, h("h2", {}, "Inputs"), table(null, ["Name", "Type", "Shape"], tensorRows(info.inputs), { class: "data" })),
+      h("section", {}, h("h2", {}, "Inputs"), table(null, ["Name", "Type", "Shape", "Samples on"], inputRows, { class: "data" })),
       h("section", {}, h("h2", {}, "Outputs"), table(null, ["Name", "Type", "Shape"], tensorRows(info.outputs), { class: "data" })),
     ),
   );

@@ -54,7 +54,7 @@ export async function renderNewJob(main: HTMLElement, _params: Record<string, st
   const datasetSelect = h(
     "select",
     { id: "f-dataset_id", name: "dataset_id", "aria-describedby": "f-dataset_id-error" },
-    datasets.items.map((d) => h("option", { value: d.id }, `${d.filename} (${shortId(d.id)}, ${d.num_samples} ${d.kind === "images" ? "images" : "samples"})`)),
+    datasets.items.map((d) => h("option", { value: d.id }, `${d.filename} (${shortId(d.id)}, ${d.num_samples ?? "per-input"} ${d.kind === "images" ? "images" : "samples"})`)),
   );
   const topErrors: Record<string, HTMLElement> = {
     model_id: h("p", { id: "f-model_id-error", class: "field-error", hidden: true }),

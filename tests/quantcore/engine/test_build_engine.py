@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 import quantcore
+from quantcore.batching import input_specs
 from quantcore.engine import EngineOptions, EngineResult, build_engine, observed_shapes
 from quantcore.engine.layer_precision import int8_annotated_nodes, layer_table
 from quantcore.engine.metadata import cuda_status, file_sha256
@@ -47,7 +48,7 @@ def test_skipped_without_cuda_or_tensorrt(exported) -> None:
     result = build_engine(
         qdq,
         directory / "out",
-        calibration_shapes=observed_shapes(data, 16),
+        calibration_shapes=observed_shapes(data, 16, input_specs(qdq)),
         fp32_model_path=fp32,
         evaluation=data,
         progress=lambda *call: calls.append(call),
@@ -141,7 +142,7 @@ def test_gpu_build_compare_and_time(exported, tmp_path) -> None:
     result = build_engine(
         qdq,
         tmp_path,
-        calibration_shapes=observed_shapes(data, 16),
+        calibration_shapes=observed_shapes(data, 16, input_specs(qdq)),
         fp32_model_path=fp32,
         evaluation=data,
         timing_cache_dir=cache_dir,
@@ -159,7 +160,10 @@ def test_gpu_build_compare_and_time(exported, tmp_path) -> None:
         for summary in result.latency[key].values():
             assert 0 < summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"]
     again = build_engine(
-        qdq, tmp_path / "again", calibration_shapes=observed_shapes(data, 16), timing_cache_dir=cache_dir
+        qdq,
+        tmp_path / "again",
+        calibration_shapes=observed_shapes(data, 16, input_specs(qdq)),
+        timing_cache_dir=cache_dir,
     )
     assert again.metadata["timing_cache"]["loaded_bytes"] > 0  # reused across builds
 
@@ -198,7 +202,9 @@ def test_a_caller_known_skip_still_checks_and_round_trips(exported, tmp_path) ->
     # A service that knows no GPU worker exists says so; the static checks and profiles still run.
     _, qdq, data, _ = exported
     reason = "no GPU worker with TensorRT is registered"
-    result = build_engine(qdq, tmp_path, calibration_shapes=observed_shapes(data, 16), skip_reason=reason)
+    result = build_engine(
+        qdq, tmp_path, calibration_shapes=observed_shapes(data, 16, input_specs(qdq)), skip_reason=reason
+    )
     assert result.status == "skipped" and result.reason == reason
     assert result.qdq_checks == {"errors": 0, "warnings": 0, "findings": []}
     assert result.metadata["profiles"] and result.metadata["onnx_sha256"] == file_sha256(qdq)

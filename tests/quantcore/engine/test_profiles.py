@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from quantcore.batching import input_specs
 from quantcore.engine.profiles import (
     OptimizationProfile,
     ShapeRange,
@@ -15,6 +16,7 @@ from quantcore.engine.profiles import (
     profiles_for,
 )
 from quantcore.errors import InvalidDataError
+from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual
 
 
@@ -52,8 +54,26 @@ def test_dynamic_inputs_ignore_fixed_ones() -> None:
 
 def test_observed_shapes_are_the_fed_batches() -> None:
     data = {"input": np.zeros((40, 3, 8, 8), np.float32)}
-    assert observed_shapes(data, 16) == {"input": [(16, 3, 8, 8), (8, 3, 8, 8)]}
-    assert observed_shapes(data, 40) == {"input": [(40, 3, 8, 8)]}
+    specs = input_specs(conv_bn_residual())
+    assert observed_shapes(data, 16, specs) == {"input": [(16, 3, 8, 8), (8, 3, 8, 8)]}
+    assert observed_shapes(data, 40, specs) == {"input": [(40, 3, 8, 8)]}
+
+
+def test_observed_shapes_batch_each_input_along_its_own_axis() -> None:
+    specs = input_specs(stateful_model(state_size=16))
+    shapes = observed_shapes(stateful_data(40, seed=0, state_size=16), 16, specs)
+    # state (2, B, 16) batches along axis 1; the scalar sr is fed whole with every batch
+    assert shapes == {"x": [(16, 16), (8, 16)], "state": [(2, 16, 16), (2, 8, 16)], "sr": [()]}
+
+
+def test_profiles_widen_the_batch_axis_where_it_is() -> None:
+    model = stateful_model(state_size=16)
+    shapes = observed_shapes(stateful_data(40, seed=0, state_size=16), 16, input_specs(model))
+    (profile,) = profiles_for(model, calibration_shapes=shapes, batch_sizes=(1, 32))
+    assert profile.to_dict() == {  # sr is a scalar: nothing to bound, so no entry
+        "state": {"min": [2, 1, 16], "opt": [2, 16, 16], "max": [2, 32, 16]},
+        "x": {"min": [1, 16], "opt": [16, 16], "max": [32, 16]},
+    }
 
 
 def test_derive_min_typical_max() -> None:
@@ -62,11 +82,13 @@ def test_derive_min_typical_max() -> None:
     assert shape == ShapeRange((3, 64), (16, 128), (16, 200))  # opt: the most frequent shape
     widened = derive_range(seen, batch_sizes=(1, 32))
     assert widened == ShapeRange((1, 64), (16, 128), (32, 200))  # batch axis covers deployment batches
+    second = derive_range([(128, 16), (64, 3)], batch_sizes=(1, 32), batch_axis=1)
+    assert second == ShapeRange((64, 1), (128, 16), (128, 32))  # ties: the larger volume is opt
 
 
 def test_profiles_derived_from_calibration_data() -> None:
     model = conv_bn_residual()
-    shapes = observed_shapes({"input": np.zeros((40, 3, 8, 8), np.float32)}, 16)
+    shapes = observed_shapes({"input": np.zeros((40, 3, 8, 8), np.float32)}, 16, input_specs(model))
     (profile,) = profiles_for(model, calibration_shapes=shapes, batch_sizes=(1, 32))
     assert profile.to_dict() == {"input": {"min": [1, 3, 8, 8], "opt": [16, 3, 8, 8], "max": [32, 3, 8, 8]}}
 

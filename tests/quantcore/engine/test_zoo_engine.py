@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 from quantcore import QuantizeConfig, quantize
+from quantcore.batching import input_specs
 from quantcore.engine import build_engine, check_qdq, observed_shapes
 from quantcore.engine.metadata import cuda_status
 from tests.quantcore.zoo import ZOO, build
@@ -42,7 +43,7 @@ def test_zoo_engine_matches_the_simulation(zoo_export) -> None:
     result = build_engine(
         qdq,
         directory / "engine",
-        calibration_shapes=observed_shapes(calibration, 8),
+        calibration_shapes=observed_shapes(calibration, 8, input_specs(qdq)),
         fp32_model_path=fp32,
         evaluation=evaluation,
         latency_runs=20,
