@@ -95,6 +95,19 @@ def batch_axes(shapes: Sequence[Sequence[int | str | None] | None]) -> list[int 
     return [batch_axis(shape, symbol, dynamic_batch) for shape in shapes]
 
 
+def output_batch_axes(model: onnx.ModelProto) -> dict[str, int]:
+    """The axis each graph output's samples run along, for per-sample metrics: where the inputs' batch
+    symbol (see module) sits in the output's declared shape, else axis 0. A recurrent model's
+    ``state_out (2, batch, 128)`` has its samples on axis 1."""
+    initializers = {t.name for t in model.graph.initializer}
+    symbol = batch_symbol([value_type(i)[1] for i in model.graph.input if i.name not in initializers])
+    axes = {}
+    for output in model.graph.output:
+        shape = value_type(output)[1]
+        axes[output.name] = shape.index(symbol) if symbol is not None and shape and symbol in shape else 0
+    return axes
+
+
 def input_specs(model: onnx.ModelProto | str | Path) -> list[InputSpec]:
     """The real inputs of ``model`` (or of the model file at that path, read without its external
     data), initializers listed as graph inputs excluded, in graph order, each with its batch axis (see

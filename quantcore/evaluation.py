@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantcore.batching import Batches, input_specs
+from quantcore.batching import Batches, input_specs, output_batch_axes
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError, QuantcoreError
 from quantcore.graph import external_locations
@@ -147,10 +147,13 @@ def evaluate(
     batches = Batches(evaluation, input_specs(fp32_proto), config.batch_size, what="evaluation")
     labels = check_labels(labels, batches.total_samples, batches.num_samples)
     output_names = [o.name for o in fp32_proto.graph.output]
+    sample_axes = output_batch_axes(fp32_proto)
     del fp32_proto
 
-    agreement = {mode: {name: OutputAgreement() for name in output_names} for mode in MODES}
-    parity = {name: OutputAgreement() for name in output_names}
+    agreement = {
+        mode: {name: OutputAgreement(sample_axis=sample_axes[name]) for name in output_names} for mode in MODES
+    }
+    parity = {name: OutputAgreement(sample_axis=sample_axes[name]) for name in output_names}
     seconds = {"fp32": 0.0, **{mode: 0.0 for mode in MODES}}  # wall time of session.run, summed
     task: dict[str, dict[str, TaskMetric]] = {
         mode: {name: factory() for name, factory in TASK_METRICS.items()} for mode in ("fp32", *MODES)
@@ -191,7 +194,7 @@ def evaluate(
         total = len(batches)
         for i, batch in enumerate(batches):
             monitor.check(STAGE)
-            size = len(next(iter(batch.values())))
+            size = min(batches.batch_size, batches.num_samples - start)
             started = time.perf_counter()
             reference = dict(zip(output_names, fp32.run(output_names, batch), strict=True))
             seconds["fp32"] += time.perf_counter() - started

@@ -9,7 +9,8 @@ samples::
     mean_abs_error   = Σ |x - x̂| / #elements
     argmax_agreement = fraction of rows with argmax(x, -1) == argmax(x̂, -1), rank ≥ 2 only (else None)
     relative_error_p50/p90/p99 = percentiles over samples of ‖x_i - x̂_i‖₂ / ‖x_i‖₂ (sample i = index on
-                       the first axis; samples with ‖x_i‖ = 0 skipped; one float per sample is kept)
+                       the output's sample axis, 0 unless told; samples with ‖x_i‖ = 0 skipped; one
+                       float per sample is kept)
 
 SQNR of a perfect match is undefined (infinite) and reported as None, never as a large stand-in.
 Non-finite quantized outputs make every metric of that output None and are counted in ``nonfinite``.
@@ -33,10 +34,11 @@ RELATIVE_ERROR_KEYS = tuple(f"relative_error_p{p}" for p in RELATIVE_ERROR_PERCE
 
 class OutputAgreement:
     """Accumulates the metrics above for one output tensor (``argmax=False``: no argmax agreement, which
-    means nothing for an intermediate activation)."""
+    means nothing for an intermediate activation; ``sample_axis``: the axis its samples run along)."""
 
-    def __init__(self, *, argmax: bool = True) -> None:
+    def __init__(self, *, argmax: bool = True, sample_axis: int = 0) -> None:
         self.argmax = argmax
+        self.sample_axis = sample_axis
         self.sum_x2 = 0.0
         self.sum_y2 = 0.0
         self.sum_xy = 0.0
@@ -69,10 +71,11 @@ class OutputAgreement:
         if abs_e.size:
             self.max_abs = max(self.max_abs, float(abs_e.max()))
         self.elements += e.size
-        if reference.ndim >= 1 and reference.shape[0] > 0:
-            rows_x = x.reshape(reference.shape[0], -1)
+        if reference.ndim > self.sample_axis and reference.shape[self.sample_axis] > 0:
+            samples = reference.shape[self.sample_axis]
+            rows_x = np.moveaxis(x.reshape(reference.shape), self.sample_axis, 0).reshape(samples, -1)
             norms = np.sqrt(np.einsum("ij,ij->i", rows_x, rows_x))  # (samples,)
-            rows_e = e.reshape(reference.shape[0], -1)
+            rows_e = np.moveaxis(e.reshape(reference.shape), self.sample_axis, 0).reshape(samples, -1)
             errors = np.sqrt(np.einsum("ij,ij->i", rows_e, rows_e))
             kept = norms > 0
             self.relative_errors.append(errors[kept] / norms[kept])

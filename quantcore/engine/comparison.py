@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
-from quantcore.batching import InputSpec, take_window
+from quantcore.batching import InputSpec, output_batch_axes, take_window
 from quantcore.metrics import OutputAgreement
 from quantcore.session import open_session
 
@@ -37,6 +38,8 @@ def compare_with_references(
     if not counts:
         raise ValueError("no inputs to compare on")
     samples = min(counts)
+    first_reference = next(iter(references.values()))[0]
+    sample_axes = output_batch_axes(onnx.load(str(first_reference), load_external_data=False))
     agreements: dict[str, dict[str, OutputAgreement]] = {label: {} for label in references}
     with contextlib.ExitStack() as stack:
         sessions = {
@@ -53,7 +56,9 @@ def compare_with_references(
                 names = [o.name for o in session.get_outputs()]
                 for name, value in zip(names, session.run(names, feeds), strict=True):
                     if name in engine_out:
-                        agreement = agreements[label].setdefault(name, OutputAgreement())
+                        agreement = agreements[label].setdefault(
+                            name, OutputAgreement(sample_axis=sample_axes.get(name, 0))
+                        )
                         agreement.update(np.asarray(value), np.asarray(engine_out[name], dtype=np.asarray(value).dtype))
     result: dict[str, Any] = {"num_samples": samples, "batch_size": batch_size}
     for label, per_output in agreements.items():

@@ -6,11 +6,14 @@ import json
 import math
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from quantcore import QuantizeConfig, evaluate
+from quantcore.batching import output_batch_axes
 from quantcore.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, register_task_metric
 from quantcore.report import jsonable
+from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_relu_gemm, save
 
 
@@ -66,6 +69,37 @@ def test_relative_error_percentiles_are_over_samples() -> None:
     assert result["relative_error_p50"] == pytest.approx(0.0495, abs=1e-9)
     assert result["relative_error_p90"] == pytest.approx(0.0891, abs=1e-9)
     assert result["relative_error_p99"] == pytest.approx(0.09801, abs=1e-9)
+
+
+def test_relative_error_percentiles_follow_the_sample_axis() -> None:
+    # the same samples as above, laid out as a recurrent state (2, samples, 4): sample i on axis 1
+    reference = np.ones((2, 100, 4))
+    candidate = reference * (1 + np.arange(100)[None, :, None] / 1000)
+    on_axis_1 = OutputAgreement(sample_axis=1)
+    on_axis_1.update(reference[:, :50], candidate[:, :50])
+    on_axis_1.update(reference[:, 50:], candidate[:, 50:])
+    assert on_axis_1.result()["relative_error_p50"] == pytest.approx(0.0495, abs=1e-9)
+    assert on_axis_1.result()["relative_error_p99"] == pytest.approx(0.09801, abs=1e-9)
+    on_axis_0 = OutputAgreement()  # two "samples" that mix all 100: both off by the same mean
+    on_axis_0.update(reference, candidate)
+    assert on_axis_0.result()["relative_error_p50"] == pytest.approx(on_axis_0.result()["relative_error_p99"])
+
+
+def test_evaluation_slices_labels_and_samples_whatever_the_input_order(tmp_path) -> None:
+    # the scalar sr first and the state (samples on axis 1) second: neither gives the batch's size
+    model = stateful_model()
+    inputs = list(model.graph.input)
+    del model.graph.input[:]
+    model.graph.input.extend([inputs[2], inputs[1], inputs[0]])
+    assert output_batch_axes(model) == {"y": 0, "state_out": 1}
+    path = save(model, tmp_path / "stateful.onnx")
+    data = stateful_data(12, seed=2)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    labels = session.run(["y"], data)[0].argmax(axis=-1)  # the FP32 model's own answers
+    result = evaluate(path, path, data, QuantizeConfig(batch_size=5), labels=labels)
+    # exact: labels misaligned with their samples (batches of 5, 5, 2) would score below 1
+    assert result["fp32"]["top1"] == 1.0
+    assert result["num_samples"] == 12
 
 
 def test_task_metrics_are_pluggable(tmp_path) -> None:
