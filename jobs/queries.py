@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session, joinedload
 
 from jobs.cursors import paginate
@@ -67,13 +67,20 @@ def create_api_key(*, session: Session, project: Project, name: str = "") -> tup
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
+# The two statements of every read request, built once: building the key lookup and its cache key
+# (the joinedload option's above all) on each request took more CPU than the rest of the lookup
+# (measured on this machine: 0.9 ms of CPU per lookup and commit, 0.4 ms with the statement reused).
+_LIVE_KEY = (
+    select(ApiKey)
+    .options(joinedload(ApiKey.project))  # one query, not a second one for the project
+    .where(ApiKey.key_hash == bindparam("key_hash"), ApiKey.revoked_at.is_(None))
+)
+_PROJECT_JOB = select(Job).where(Job.id == bindparam("job_id"), Job.project_id == bindparam("project_id"))
+
+
 def project_for_key(*, session: Session, key: str) -> Project | None:
     """The project a live key belongs to, recording when the key was last used (to LAST_USED_RESOLUTION)."""
-    row = session.scalar(
-        select(ApiKey)
-        .options(joinedload(ApiKey.project))  # one query, not a second one for the project
-        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
-    )
+    row = session.scalar(_LIVE_KEY, {"key_hash": hash_key(key)})
     if row is None:
         return None
     now = utcnow()
@@ -232,7 +239,7 @@ def create_job(
 
 
 def get_job(*, session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Job | None:
-    return session.scalar(select(Job).where(Job.id == job_id, Job.project_id == project_id))
+    return session.scalar(_PROJECT_JOB, {"job_id": job_id, "project_id": project_id})
 
 
 def get_job_unscoped(*, session: Session, job_id: uuid.UUID) -> Job | None:
