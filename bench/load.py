@@ -58,10 +58,9 @@ TIMEOUT = 30.0  # seconds for one request, as before with httpx: a transport err
 
 class Connection:
     """One keep-alive HTTP/1.1 connection, the client's side kept as cheap as possible: the
-    benchmark shares the cores with the service, and a general-purpose client (httpx) spent 3.1 ms of
-    CPU per request, two thirds of what the API spent (bench/README.md). A request is written whole; its
-    response is read
-    whole (status line, headers, then exactly Content-Length bytes of body)."""
+    benchmark shares the cores with the service, and a general-purpose client (httpx) spent 3.1 ms
+    of CPU per request, two thirds of what the API spent (bench/README.md). A request is written
+    whole; its response is read whole (status line, headers, then exactly Content-Length bytes)."""
 
     def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
         self.host, self.port = host, port
