@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 
 from api import metrics, problems
 from api.dashboard import mount_dashboard
@@ -42,7 +42,6 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
     app.state.metrics_registry = metrics.make_registry(settings, app.state.celery)
     problems.install(app)
     app.add_middleware(RequestContext, fastapi=app, max_body_bytes=settings.max_json_body_bytes)
-    api = APIRouter(prefix=API_PREFIX)
     routers = (
         models.router,
         comparison.router,
@@ -52,9 +51,8 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
         webhooks.router,
         keys.router,
     )
-    for router in routers:
-        api.include_router(router)
-    app.include_router(api)
+    for router in routers:  # each straight onto the app: a router nested in a router is one more level to match
+        app.include_router(router, prefix=API_PREFIX)
     app.include_router(metrics.router)  # /metrics, outside the versioned API
     mount_dashboard(app)  # the built frontend at /, for paths no API route answers
     return app

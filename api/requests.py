@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.problems import Problem, problem_response
 from api.uploads import UPLOAD_BODY
 from jobs.logs import log_context
+from jobs.recipe import MAX_LIST_ENTRIES
 
 access_log = logging.getLogger("api.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -65,8 +66,13 @@ class RequestContext:
                     if body is None:
                         problem = Problem(
                             413,
-                            f"request body exceeds the limit of {self.max_body_bytes} bytes",
+                            f"request body exceeds the limit of {self.max_body_bytes} bytes for JSON requests; "
+                            f"files go to the upload routes (/models, /datasets). "
+                            f"A job request needs a few kilobytes: a recipe's lists (overrides, exclude.op_types, "
+                            f"exclude.node_patterns) take at most {MAX_LIST_ENTRIES} entries each, and one "
+                            f"shell-style pattern such as '/encoder/*' covers many nodes",
                             slug="body-too-large",
+                            extensions={"limit": self.max_body_bytes},
                         )
                         await problem_response(Request(scope), problem)(scope, receive, send_with_id)
                         return

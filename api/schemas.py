@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AnyUrl, BaseModel, ConfigDict, Field, UrlConstraints, field_validator
+from pydantic import AfterValidator, AnyUrl, BaseModel, ConfigDict, Field, UrlConstraints
 
 from jobs.models import DatasetKind, DatasetStatus, DeliveryStatus, JobStatus, ModelStatus
 from jobs.outbox import EVENT_TYPES
@@ -15,17 +15,18 @@ from jobs.recipe import Recipe
 T = TypeVar("T")
 
 
+def _as_utc(value: datetime) -> datetime:
+    """Times are stored in UTC, but SQLite returns them without an offset: add it, so every time
+    the API sends is an RFC 3339 `date-time` (PostgreSQL's already carry one)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+# On the time fields only: a validator on every field ("*") ran once per field of every row listed.
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
 class _Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _utc(cls, value: Any) -> Any:
-        """Times are stored in UTC, but SQLite returns them without an offset: add it, so every time
-        the API sends is an RFC 3339 `date-time` (PostgreSQL's already carry one)."""
-        if isinstance(value, datetime) and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
 
 
 class TensorInfo(BaseModel):
@@ -62,7 +63,7 @@ class ModelPublic(_Public):
     sha256: str
     size_bytes: int
     info: ModelInfo | None
-    created_at: datetime
+    created_at: UtcDatetime
 
 
 class ArrayInfo(BaseModel):
@@ -96,7 +97,7 @@ class DatasetPublic(_Public):
         "samples then run along each model input's batch axis (`ModelInfo.inputs[].batch_axis`), "
         "counted when a job pairs the dataset with a model."
     )
-    created_at: datetime
+    created_at: UtcDatetime
 
 
 WebhookUrl = Annotated[AnyUrl, UrlConstraints(max_length=2048, allowed_schemes=["http", "https"], host_required=True)]
@@ -126,10 +127,10 @@ class JobPublic(_Public):
     progress: float = Field(ge=0.0, le=1.0)
     error: str | None
     attempts: int
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
     webhook_url: str | None = None
     engine_status: str | None = Field(
         default=None,
@@ -162,7 +163,7 @@ class EventPublic(_Public):
     progress: float | None
     message: str
     data: dict[str, Any] | None
-    created_at: datetime
+    created_at: UtcDatetime
 
 
 class Page(BaseModel, Generic[T]):
@@ -208,12 +209,12 @@ class WebhookPublic(_Public):
     event_types: list[str]
     enabled: bool
     disabled_reason: str | None
-    failing_since: datetime | None
-    previous_secret_expires_at: datetime | None = Field(
+    failing_since: UtcDatetime | None
+    previous_secret_expires_at: UtcDatetime | None = Field(
         description="While in the future, deliveries carry a signature with the previous secret too."
     )
-    created_at: datetime
-    updated_at: datetime
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
 
 
 class WebhookWithSecret(WebhookPublic):
@@ -221,7 +222,7 @@ class WebhookWithSecret(WebhookPublic):
 
 
 class AttemptPublic(_Public):
-    attempted_at: datetime
+    attempted_at: UtcDatetime
     status_code: int | None
     latency_ms: float | None
     response: str | None = Field(description="The first 1024 characters of the receiver's answer.")
@@ -237,9 +238,9 @@ class DeliveryPublic(_Public):
     url: str
     status: DeliveryStatus
     attempts: int
-    next_attempt_at: datetime | None
+    next_attempt_at: UtcDatetime | None
     last_error: str | None
-    created_at: datetime
+    created_at: UtcDatetime
     attempt_log: list[AttemptPublic]
 
 
@@ -282,8 +283,8 @@ class ComparisonRow(BaseModel):
     status: JobStatus
     error: str | None
     dataset_id: uuid.UUID
-    created_at: datetime
-    finished_at: datetime | None
+    created_at: UtcDatetime
+    finished_at: UtcDatetime | None
     recipe: RecipeSummary
     metrics: ComparisonMetrics | None = Field(description="Null until the job has a report.")
     size: ComparisonSize | None
@@ -310,9 +311,9 @@ class ApiKeyPublic(_Public):
     id: uuid.UUID
     name: str
     prefix: str = Field(description="The key's first characters; the key itself is never shown again.")
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
+    created_at: UtcDatetime
+    last_used_at: UtcDatetime | None
+    revoked_at: UtcDatetime | None
 
 
 class ApiKeyCreated(ApiKeyPublic):

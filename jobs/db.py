@@ -82,7 +82,7 @@ def in_transaction(
 
     Precondition: ``work`` may run more than once. A failed try was rolled back as a whole, except when
     the connection died during COMMIT itself, where the server may have committed: so ``work`` should be
-    idempotent or harmless to repeat (an extra progress event, a compare-and-set update).
+    idempotent or harmless to repeat (a worker's numbered job event, stored once; a compare-and-set update).
     """
     deadline = time.monotonic() + budget
     delay = first_delay

@@ -227,10 +227,16 @@ class Worker(Base):
 
 class JobEvent(Base):
     __tablename__ = "job_events"
+    # A worker numbers the events of its attempt, so writing one twice (a transaction retried after
+    # the connection died during a COMMIT that went through) finds the first and adds nothing.
+    # Events without a number (API, reaper) never collide: NULLs are distinct in a unique constraint.
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "sequence", name="uq_job_events_attempt_sequence"),)
 
     # Monotonic across the table: the SSE event id, so Last-Event-ID resumes exactly.
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int | None] = mapped_column(Integer)  # the job's `attempts` when its worker wrote it
+    sequence: Mapped[int | None] = mapped_column(Integer)  # its number within that attempt, from 0
     kind: Mapped[str] = mapped_column(String(16))  # status | stage | progress | log
     stage: Mapped[str | None] = mapped_column(String(32))
     progress: Mapped[float | None] = mapped_column(Float)

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from datetime import UTC, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, joinedload
 
 from jobs.cursors import paginate
@@ -67,13 +68,20 @@ def create_api_key(*, session: Session, project: Project, name: str = "") -> tup
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
+# The two statements of every read request, built once: building the key lookup and its cache key
+# (the joinedload option's above all) on each request took more CPU than the rest of the lookup
+# (measured on this machine: 0.9 ms of CPU per lookup and commit, 0.4 ms with the statement reused).
+_LIVE_KEY = (
+    select(ApiKey)
+    .options(joinedload(ApiKey.project))  # one query, not a second one for the project
+    .where(ApiKey.key_hash == bindparam("key_hash"), ApiKey.revoked_at.is_(None))
+)
+_PROJECT_JOB = select(Job).where(Job.id == bindparam("job_id"), Job.project_id == bindparam("project_id"))
+
+
 def project_for_key(*, session: Session, key: str) -> Project | None:
     """The project a live key belongs to, recording when the key was last used (to LAST_USED_RESOLUTION)."""
-    row = session.scalar(
-        select(ApiKey)
-        .options(joinedload(ApiKey.project))  # one query, not a second one for the project
-        .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
-    )
+    row = session.scalar(_LIVE_KEY, {"key_hash": hash_key(key)})
     if row is None:
         return None
     now = utcnow()
@@ -232,7 +240,7 @@ def create_job(
 
 
 def get_job(*, session: Session, project_id: uuid.UUID, job_id: uuid.UUID) -> Job | None:
-    return session.scalar(select(Job).where(Job.id == job_id, Job.project_id == project_id))
+    return session.scalar(_PROJECT_JOB, {"job_id": job_id, "project_id": project_id})
 
 
 def get_job_unscoped(*, session: Session, job_id: uuid.UUID) -> Job | None:
@@ -377,17 +385,31 @@ def set_progress(
     progress: float,
     message: str = "",
     kind: str = "progress",
+    attempt: int | None = None,
+    sequence: int | None = None,
 ) -> None:
-    """Record stage/progress on the row and as an event (kind `stage` at a stage boundary)."""
+    """Record stage/progress on the row and as an event (kind `stage` at a stage boundary). With the
+    event's `attempt` and `sequence`, running this again once it committed changes nothing more."""
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.claimed_by == worker_id, Job.status.in_((JobStatus.running, JobStatus.canceling)))
         .values(stage=stage, progress=progress, heartbeat_at=utcnow(), updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
+    if event_recorded(session=session, job_id=job_id, attempt=attempt, sequence=sequence):
+        return  # a retry of a unit that committed: the stage end was observed then
     if kind == "stage":  # a new stage starts: the previous one of this attempt has ended
         record_stage_end(session=session, job_id=job_id)
-    add_event(session=session, job_id=job_id, kind=kind, stage=stage, progress=progress, message=message)
+    add_event(
+        session=session,
+        job_id=job_id,
+        kind=kind,
+        stage=stage,
+        progress=progress,
+        message=message,
+        attempt=attempt,
+        sequence=sequence,
+    )
 
 
 def finish_job(
@@ -527,11 +549,38 @@ def add_event(
     stage: str | None = None,
     progress: float | None = None,
     data: dict[str, Any] | None = None,
-) -> JobEvent:
-    event = JobEvent(job_id=job_id, kind=kind, stage=stage, progress=progress, message=message, data=data)
-    session.add(event)
-    session.flush()
-    return event
+    attempt: int | None = None,
+    sequence: int | None = None,
+) -> None:
+    """Append an event. With `attempt` and `sequence` (a worker's n-th event of its attempt) adding the
+    same event again does nothing (INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite), so a
+    unit of work retried by `jobs.db.in_transaction` after a COMMIT that did land adds no duplicate."""
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(
+        insert(JobEvent)
+        .values(
+            job_id=job_id,
+            kind=kind,
+            stage=stage,
+            progress=progress,
+            message=message,
+            data=data,
+            attempt=attempt,
+            sequence=sequence,
+            created_at=utcnow(),
+        )
+        .on_conflict_do_nothing(index_elements=["job_id", "attempt", "sequence"])
+    )
+
+
+def event_recorded(*, session: Session, job_id: uuid.UUID, attempt: int | None, sequence: int | None) -> bool:
+    """Whether the worker's event `sequence` of `attempt` is already stored (never for unnumbered events)."""
+    if attempt is None or sequence is None:
+        return False
+    stored = select(JobEvent.id).where(
+        JobEvent.job_id == job_id, JobEvent.attempt == attempt, JobEvent.sequence == sequence
+    )
+    return session.scalar(stored) is not None
 
 
 def events_after(*, session: Session, job_id: uuid.UUID, after_id: int, limit: int = 500) -> Sequence[JobEvent]:

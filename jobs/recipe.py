@@ -17,9 +17,9 @@ The worker translates a `Recipe` into quantcore's own dataclasses in exactly one
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from jobs.preprocessing import PreprocessingSpec
 
@@ -33,6 +33,26 @@ PLATFORM_PRECISIONS: dict[str, tuple[str, ...] | None] = {
     "onnxruntime": ("int8", "w8a8"),
     "academic": None,
 }
+
+
+# Entries in each of a recipe's lists (overrides, exclude.op_types, exclude.node_patterns). Far more
+# than a recipe needs: one shell-style pattern covers many nodes.
+MAX_LIST_ENTRIES = 256
+
+
+def _capped(entries: str, hint: str) -> BeforeValidator:
+    """Refuse a list longer than MAX_LIST_ENTRIES by its length, before any entry is validated: a
+    body under the JSON cap still holds some 40,000 overrides, and the message says what to do."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_LIST_ENTRIES:
+            raise ValueError(f"at most {MAX_LIST_ENTRIES} {entries}, not {len(value)}: {hint}")
+        return value
+
+    return BeforeValidator(check)
+
+
+_PATTERN_HINT = "one shell-style pattern such as '/encoder/*' covers many nodes"
 
 
 class _Spec(BaseModel):
@@ -67,12 +87,12 @@ class EvaluationSpec(_Spec):
 
 
 class ExcludeSpec(_Spec):
-    op_types: list[str] = Field(
-        default_factory=list, max_length=256, description="ONNX op types to keep in float, e.g. ['Gemm']."
+    op_types: Annotated[list[str], _capped("op types", "ONNX has fewer op types than that")] = Field(
+        default_factory=list, max_length=MAX_LIST_ENTRIES, description="ONNX op types to keep in float, e.g. ['Gemm']."
     )
-    node_patterns: list[str] = Field(
+    node_patterns: Annotated[list[str], _capped("node patterns", _PATTERN_HINT)] = Field(
         default_factory=list,
-        max_length=256,
+        max_length=MAX_LIST_ENTRIES,
         description="Shell-style patterns over node names to keep in float, e.g. ['/head/*'].",
     )
 
@@ -188,8 +208,10 @@ class Recipe(_Spec):
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     exclude: ExcludeSpec = Field(default_factory=ExcludeSpec)
-    overrides: list[NodeOverrideSpec] = Field(
-        default_factory=list, max_length=256, description="Per-node bits/observer; the first matching pattern wins."
+    overrides: Annotated[list[NodeOverrideSpec], _capped("overrides", _PATTERN_HINT)] = Field(
+        default_factory=list,
+        max_length=MAX_LIST_ENTRIES,
+        description="Per-node bits/observer; the first matching pattern wins.",
     )
     reduce_range: Literal["auto", "on", "off"] = Field(
         "auto",

@@ -72,11 +72,20 @@ def test_a_million_overrides_are_refused_before_being_read(service: Service) -> 
                 yield huge[start : start + 64 * 1024]
 
         streamed = client.post("/jobs", content=chunks(), headers={"Content-Type": "application/json"})
-        assert_problem(streamed, 413, "limit")
+        body = assert_problem(streamed, 413, "limit", "overrides", "at most 256 entries")
+        assert body["limit"] == 1024 * 1024
         # Generous bound (2 cores shared with other runs): parsing 25 MB of JSON into a million
         # pydantic objects would take far longer than refusing it.
         assert time.monotonic() - started < 10
         assert client.get("/jobs").json()["items"] == []
+
+
+def test_a_long_list_under_the_body_cap_is_refused_by_its_length(service: Service) -> None:
+    many = {**IDS, "recipe": {"overrides": [{"pattern": "*", "bits": 4}] * 30_000}}
+    assert len(json.dumps(many)) < 1024 * 1024  # reaches validation: 422 naming the field, not 413
+    with service.client() as client:
+        body = assert_problem(client.post("/jobs", json=many), 422, "recipe.overrides", "at most 256", "pattern")
+        assert [error["field"] for error in body["errors"]] == ["recipe.overrides"]  # one error, not 30,000
 
 
 def test_deeply_nested_json_is_a_client_error(service: Service) -> None:

@@ -16,6 +16,7 @@ batch loop, through quantcore's `should_cancel`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -101,9 +102,13 @@ def _owner_is_dead(claimed_by: str | None) -> bool:
 class Progress:
     """Turns quantcore's (stage, fraction) callbacks into job progress, events and cancel checks."""
 
-    def __init__(self, job_id: uuid.UUID, owner: str) -> None:
+    def __init__(self, job_id: uuid.UUID, owner: str, attempt: int) -> None:
         self.job_id = job_id
         self.owner = owner
+        # Events are numbered within the attempt, the number taken before the transaction, so that a
+        # retried transaction writes the same event again and the database keeps one.
+        self.attempt = attempt
+        self.sequence = itertools.count()
         self.url = settings.resolved_database_url
         self.stage: str | None = None
         self.last_event = 0.0
@@ -128,6 +133,7 @@ class Progress:
             return
         self.stage = stage
         self.last_event = now
+        sequence = next(self.sequence)
         in_transaction(
             self.url,
             lambda session: queries.set_progress(
@@ -138,16 +144,26 @@ class Progress:
                 progress=self.overall(stage, fraction),
                 message=message or f"{stage} {fraction:.0%}",
                 kind="stage" if new_stage else "progress",
+                attempt=self.attempt,
+                sequence=sequence,
             ),
             budget=settings.db_retry_seconds,
         )
 
     def log(self, message: str, **data: object) -> None:
         """A `log` event: something the user should read (a warning from the engine, say)."""
+        sequence = next(self.sequence)
         in_transaction(
             self.url,
             lambda session: queries.add_event(
-                session=session, job_id=self.job_id, kind="log", stage=self.stage, message=message, data=data or None
+                session=session,
+                job_id=self.job_id,
+                kind="log",
+                stage=self.stage,
+                message=message,
+                data=data or None,
+                attempt=self.attempt,
+                sequence=sequence,
             ),
             budget=settings.db_retry_seconds,
         )
@@ -217,10 +233,10 @@ def run_job(job_id: uuid.UUID) -> None:
         model_path = storage.resolve(settings.artifact_root, job.model.path)
         dataset_path = storage.resolve(settings.artifact_root, job.dataset.path)
         dataset_kind = job.dataset.kind
-        recipe_data, project_id = job.recipe, job.project_id
-        log.info("job started (attempt %d) on %s", job.attempts, owner)
+        recipe_data, project_id, attempt = job.recipe, job.project_id, job.attempts
+        log.info("job started (attempt %d) on %s", attempt, owner)
 
-    progress = Progress(job_id, owner)
+    progress = Progress(job_id, owner, attempt)
     heartbeat = Heartbeat(progress)
     heartbeat.start()
     # One work directory per job, kept across attempts: a retry resumes from its checkpoint. It is

@@ -1,7 +1,7 @@
 """datasets.num_samples nullable: samples may run along each model input's own batch axis
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-11-22 08:00:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,197 @@
+"""CPU per request of the read path, in process: where the API's time goes, without the network.
+
+    .venv/bin/python -m bench.request_cpu [--requests 2000] [--rounds 3] [--jobs 20] [--profile] [--top 40]
+
+Starts a throwaway PostgreSQL cluster (as `bench.load` does), migrates it, creates one project with a
+key and `--jobs` jobs, and calls the ASGI application (`api.main.create_app`) directly, one request
+after another, with the scope, receive and send a server would give it: no socket, no HTTP parser,
+no client. Every layer of the API runs as served (request id, access log to /dev/null in the text
+format, body cap, key lookup with its `last_used_at` bookkeeping, session, query, serialization).
+
+Prints, per operation, the process CPU time (all threads) and the wall time per request, from the
+round (of `--rounds`) that took the least CPU: on a shared machine the others are slowed by neighbours. With
+`--profile` it also prints a cProfile of the same loop, with FastAPI's thread-pool hops run inline so
+that the profiler (which sees one thread) sees the sync dependencies and routes; the CPU figures
+are always taken without the profiler, with the real thread pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import logging
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from launcher.servers import PostgresCluster
+from launcher.stack import Stack
+
+Call = Callable[[], Any]
+
+
+def build(database_url: str, jobs: int) -> tuple[Any, str, str]:
+    """The app, a key, and one job id of the key's project."""
+    from api.main import create_app
+    from jobs import queries
+    from jobs.config import Settings
+    from jobs.db import session_scope
+    from jobs.logs import configure_logging
+
+    settings = Settings(database_url=database_url, environment="test", broker_url="redis://127.0.0.1:1/0")
+    with session_scope(database_url) as session:
+        project = queries.create_project(session=session, name="bench")
+        _row, key = queries.create_api_key(session=session, project=project)
+        model_id, dataset_id = uuid.uuid4(), uuid.uuid4()
+        queries.create_model(
+            session=session,
+            project_id=project.id,
+            model_id=model_id,
+            filename="m.onnx",
+            sha256="0" * 64,
+            size_bytes=1,
+            path="m.onnx",
+        )
+        queries.create_dataset(
+            session=session,
+            project_id=project.id,
+            dataset_id=dataset_id,
+            filename="d.npz",
+            sha256="0" * 64,
+            size_bytes=1,
+            path="d.npz",
+            arrays=[{"name": "x", "dtype": "float32", "shape": [32, 3, 8, 8]}],
+            num_samples=32,
+        )
+        job_ids = [
+            queries.create_job(
+                session=session,
+                project_id=project.id,
+                model_id=model_id,
+                dataset_id=dataset_id,
+                recipe={"calibration": {"observer": "minmax", "num_samples": 24}},
+            ).id
+            for _ in range(max(jobs, 1))
+        ]
+    configure_logging(settings)  # as the served app's lifespan does; the lines go to /dev/null
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(open(os.devnull, "w"))  # noqa: SIM115 (lives as long as the process)
+    return create_app(settings), key, str(job_ids[0])
+
+
+async def get(app: Any, path: str, query: bytes, key: str) -> int:
+    """One GET through the ASGI app; returns the status after the whole body was sent."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": query,
+        "headers": [(b"host", b"127.0.0.1"), (b"x-api-key", key.encode()), (b"accept", b"*/*")],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
+    status = 0
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+async def run(app: Any, key: str, job_id: str, operation: str, count: int) -> None:
+    path, query = {
+        "GET /health": ("/api/v1/health", b""),
+        "GET /jobs": ("/api/v1/jobs", b"limit=20"),
+        "GET /jobs/{id}": (f"/api/v1/jobs/{job_id}", b""),
+    }[operation]
+    for _ in range(count):
+        status = await get(app, path, query, key)
+        if status != 200:
+            raise RuntimeError(f"{operation} answered {status}")
+
+
+@contextmanager
+def threadpool_inline():
+    """Run `anyio.to_thread.run_sync` calls in the calling thread, so cProfile sees them."""
+    real = anyio.to_thread.run_sync
+
+    async def inline(func, *args, **_kwargs):
+        return func(*args)
+
+    anyio.to_thread.run_sync = inline
+    try:
+        yield
+    finally:
+        anyio.to_thread.run_sync = real
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000, help="requests per operation")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per operation; the least CPU is shown")
+    parser.add_argument("--jobs", type=int, default=20, help="jobs in the project (GET /jobs lists 20)")
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of the loop")
+    parser.add_argument("--top", type=int, default=40, help="rows of the profile")
+    args = parser.parse_args()
+    if reason := PostgresCluster.unavailable_reason():
+        print(f"cannot start PostgreSQL: {reason}", file=sys.stderr)
+        return 2
+    postgres = PostgresCluster()
+    try:
+        postgres.init()
+        postgres.start()
+        Stack(env=dict(os.environ, DATABASE_URL=postgres.url), log_dir=Path("/tmp")).migrate()
+        app, key, job_id = build(postgres.url, args.jobs)
+        operations = ("GET /health", "GET /jobs", "GET /jobs/{id}")
+        print("| operation | requests | CPU ms/request | wall ms/request |")
+        print("| --- | ---: | ---: | ---: |")
+        for operation in operations:
+            asyncio.run(run(app, key, job_id, operation, 200))  # warm-up: pool, caches, first-call imports
+            rounds = []
+            for _ in range(args.rounds):
+                cpu, wall = time.process_time(), time.perf_counter()
+                asyncio.run(run(app, key, job_id, operation, args.requests))
+                rounds.append((time.process_time() - cpu, time.perf_counter() - wall))
+            cpu, wall = min(rounds)  # the round least disturbed by the machine's other processes
+            print(
+                f"| {operation} | {args.requests} | {1000 * cpu / args.requests:.3f} | "
+                f"{1000 * wall / args.requests:.3f} |"
+            )
+        if args.profile:
+            for operation in operations:
+                profile = cProfile.Profile(time.process_time)  # CPU, not time spent waiting for the database
+                with threadpool_inline():
+                    profile.runcall(asyncio.run, run(app, key, job_id, operation, args.requests))
+                print(f"\n## {operation}: {args.requests} requests, cumulative time\n")
+                pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+                print(f"\n## {operation}: own time\n")
+                pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+        return 0
+    finally:
+        postgres.destroy()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
