@@ -158,6 +158,7 @@ class HistogramObserver:
 
 
 def _prime_at_least(n: int) -> int:
+    """The smallest prime >= n (n >= 2; trial division, n is at most a few thousand here)."""
     while any(n % d == 0 for d in range(2, math.isqrt(n) + 1)):
         n += 1
     return n
@@ -172,13 +173,14 @@ class PercentileObserver(HistogramObserver):
     Only the cumulative count below the percentile's bin and the counts from that bin up enter the
     result, so the bins far below it are left unresolved (``floor``, see module), which makes
     ``amax()`` bit-identical to a fully resolved histogram's at a fraction of the cost. The floor is
-    set once, on the first binned batch, at the bin of the (1 - f) quantile of some ``FLOOR_SAMPLE``
-    values of that batch, f = ``TAIL_MARGIN`` · (1 - percentile / 100): 64 times more values resolved
-    than the percentile needs (99.99: the top 0.64 %). The sample takes every p-th value, p a prime of
-    at least 11 (a stride sharing a factor with a row length samples the same columns again and again:
-    stride 20 on ocr-det's rows of 160 put the quantile 3.5 times too high). ``complete`` tells whether the
-    data kept the percentile above the floor; when it did not (later batches far lighter-tailed than
-    the first), ``amax()`` raises and the caller observes again with ``resolve_all=True``.
+    set once, on the first binned batch large enough to place it, at the bin of the (1 - f) quantile
+    of some ``FLOOR_SAMPLE`` values of that batch, f = ``TAIL_MARGIN`` · (1 - percentile / 100): 64
+    times more values resolved than the percentile needs (99.99: the top 0.64 %). The sample takes
+    every p-th value, p a prime of at least 11 (a stride sharing a factor with a row length samples
+    the same columns again and again: stride 20 on ocr-det's rows of 160 put the quantile 3.5 times
+    too high). ``complete`` tells whether the data kept the percentile above the floor; when it did
+    not (later batches far lighter-tailed than the first), ``amax()`` raises and the caller observes
+    again with ``resolve_all=True``.
     """
 
     TAIL_MARGIN = 64
@@ -197,25 +199,23 @@ class PercentileObserver(HistogramObserver):
             raise ValueError(f"percentile must be in (0, 100], got {percentile}")
         super().__init__(bins=bins, tqc=tqc)
         self.percentile = float(percentile)
-        self.resolve_all = resolve_all
-        self.floor_chosen = resolve_all
+        self.floor_chosen = resolve_all  # resolve_all: never a floor
 
     def choose_floor(self, scaled: np.ndarray) -> int:
         if self.floor_chosen:
             return 0
         tail = self.TAIL_MARGIN * (1.0 - self.percentile / 100.0)  # fraction of values resolved
-        stride = (
-            1 if scaled.size <= 4 * self.FLOOR_SAMPLE else _prime_at_least(max(11, scaled.size // self.FLOOR_SAMPLE))
-        )
+        stride = 1
+        if scaled.size > 4 * self.FLOOR_SAMPLE:
+            stride = _prime_at_least(max(11, scaled.size // self.FLOOR_SAMPLE))
         sample = scaled[::stride]
         kept = int(sample.size * tail)
         if tail >= 1.0 or kept < self.MIN_TAIL_SAMPLE:
             return 0  # nothing to save, or too few values to place the floor: resolve this batch fully
         self.floor_chosen = True
         bins = self.counts.size
-        from_top = np.cumsum(
-            np.bincount(sample.astype(np.intp), minlength=bins + 1)[::-1]
-        )  # values in bins >= bins - j
+        # from_top[j]: sampled values in bins >= bins - j
+        from_top = np.cumsum(np.bincount(sample.astype(np.intp), minlength=bins + 1)[::-1])
         floor = bins - int(np.searchsorted(from_top, kept))  # the bin of the kept-th largest sampled value
         return min(floor, bins - 1)  # below the last bin, which also takes |x| = top
 
