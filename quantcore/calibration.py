@@ -13,7 +13,11 @@ The observers of one batch run on a thread pool (one thread per core; tensors sh
 their one observer from one thread, in annotation order, so the result does not depend on scheduling;
 a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
 Cost per batch and tensor: the histogram observers make two reductions and one binning pass
-(``quantcore.histogram``), so calibration costs one inference plus a few passes over the activations.
+(``quantcore.histogram``; the percentile observer bins only the tail its percentile lies in), so
+calibration costs one inference plus a few passes over the activations. A percentile observer whose
+percentile the later batches pushed below the bins it resolved (``Observer.complete`` false, data far
+lighter-tailed than the first batch) is replaced by a fully resolved one, fed by a second pass over
+the batches that exposes only the tensors it observes.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
 chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
 ``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
@@ -45,10 +49,11 @@ from quantcore.tqc import QuantState, TensorQuantConfig
 STAGE = "calibrate"
 
 
-def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig) -> Observer:
+def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig, *, resolve_all: bool = False) -> Observer:
     """The observer named by ``tqc.observer``, aimed at ``tqc``'s grid (kl, mse, floating search
-    their range for it); the percentile comes from the run's config."""
-    return observers.make_observer(tqc, percentile=config.percentile)
+    their range for it); the percentile comes from the run's config. ``resolve_all``: see
+    ``quantcore.observers`` (``complete``)."""
+    return observers.make_observer(tqc, percentile=config.percentile, resolve_all=resolve_all)
 
 
 def dominator_root(name: str, configs: Mapping[str, TensorQuantConfig]) -> str:
@@ -76,6 +81,9 @@ def calibrate_weights(
         tqc = annotation.configs[name]
         observer = make_observer(tqc, config)
         observer.observe(index.array(name))
+        if not observer.complete:
+            observer = make_observer(tqc, config, resolve_all=True)
+            observer.observe(index.array(name))
         if observer.nonfinite:
             raise InvalidDataError(f"weight {name!r} contains {observer.nonfinite} NaN/infinite values")
         scale, offset = scale_offset(tqc, *observer.bounds())
@@ -152,6 +160,46 @@ class ActivationFetcher:
         return self.buffers
 
 
+def _observe(
+    prepared: PreparedModel,
+    batches: Batches,
+    groups: Mapping[str, list[str]],
+    observers: Mapping[str, Observer],
+    config: QuantizeConfig,
+    monitor: Monitor,
+    *,
+    report: bool,
+) -> None:
+    """One pass over ``batches``: every tensor of ``groups`` (root -> the tensors its observer takes,
+    in annotation order) exposed and folded into ``observers[root]``. Checks for cancellation before
+    each batch; ``report``: progress after each."""
+    graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
+    names = [name for members in groups.values() for name in members]
+    fetched = [name for name in names if name not in graph_inputs]
+    model_bytes = _with_observed_outputs(prepared.model, fetched)
+    with open_session(model_bytes, device=config.device, spinning=False) as session:
+        fetch = ActivationFetcher(session, fetched)
+        total = len(batches)
+        threads = observe_threads(len(groups))  # the pool starts them at the first batch it is given
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="observe") as pool:
+            for i, batch in enumerate(batches):
+                monitor.check(STAGE)
+                values = dict(zip(fetched, fetch(batch), strict=True)) if fetched else {}
+                values.update((name, batch[name]) for name in names if name in graph_inputs)
+
+                def observe_group(root: str, values: dict[str, np.ndarray] = values) -> None:
+                    for name in groups[root]:
+                        observers[root].observe(values[name])
+
+                if threads > 1 and sum(v.nbytes for v in values.values()) >= PARALLEL_OBSERVE_BYTES:
+                    list(pool.map(observe_group, groups))  # re-raises the first error
+                else:
+                    for root in groups:
+                        observe_group(root)
+                if report:
+                    monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
+
+
 def calibrate(
     prepared: PreparedModel,
     annotation: Annotation,
@@ -179,35 +227,18 @@ def calibrate(
 
     activations = annotation.activations
     roots = {name: dominator_root(name, annotation.configs) for name in activations}
-    observers = {root: make_observer(annotation.configs[root], config) for root in set(roots.values())}
-    graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
-    fetched = [name for name in activations if name not in graph_inputs]
-
-    if activations:
-        model_bytes = _with_observed_outputs(prepared.model, fetched)
-        with open_session(model_bytes, device=config.device, spinning=False) as session:
-            fetch = ActivationFetcher(session, fetched)
-            total = len(batches)
-            groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
-            for name in activations:
-                groups.setdefault(roots[name], []).append(name)
-            threads = observe_threads(len(groups))  # the pool starts them at the first batch it is given
-            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="observe") as pool:
-                for i, batch in enumerate(batches):
-                    monitor.check(STAGE)
-                    values = dict(zip(fetched, fetch(batch), strict=True)) if fetched else {}
-                    values.update((name, batch[name]) for name in activations if name in graph_inputs)
-
-                    def observe_group(root: str, values: dict[str, np.ndarray] = values) -> None:
-                        for name in groups[root]:
-                            observers[root].observe(values[name])
-
-                    if threads > 1 and sum(v.nbytes for v in values.values()) >= PARALLEL_OBSERVE_BYTES:
-                        list(pool.map(observe_group, groups))  # re-raises the first error
-                    else:
-                        for root in groups:
-                            observe_group(root)
-                    monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
+    groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
+    for name in activations:
+        groups.setdefault(roots[name], []).append(name)
+    observers = {root: make_observer(annotation.configs[root], config) for root in groups}
+    if groups:
+        _observe(prepared, batches, groups, observers, config, monitor, report=True)
+    incomplete = {root: groups[root] for root, observer in observers.items() if not observer.complete}
+    if incomplete:
+        observers.update(
+            (root, make_observer(annotation.configs[root], config, resolve_all=True)) for root in incomplete
+        )
+        _observe(prepared, batches, incomplete, observers, config, monitor, report=False)
 
     for root, observer in observers.items():
         if observer.nonfinite:

@@ -6,6 +6,14 @@ power of two 2^k that covers the new max and every 2^k adjacent bins merge into 
 re-binning: memory is ``bins`` counters whatever the number of batches). The signed extremes seen are
 kept too, so that an asymmetric config gets a one-sided range for a one-sided tensor.
 
+Bins below ``floor`` may be left unresolved: their total count is kept in bin ``floor - 1`` and the
+bins under it stay empty, so cumulative counts from bin ``floor - 1`` upwards are exact. A batch then
+costs one comparison per value and a ``np.bincount`` of the values at or above the floor only, instead
+of a bincount of every value (the bincount is most of an observer's time: some 1.1 ns of the 2.3 ns per
+float32 value on ocr-rec's activations). Merging 2^k bins keeps the property, the floor becoming
+ceil(floor / 2^k). The base class and the KL/MSE searches resolve every bin (floor 0); the percentile
+needs only the tail above its bin (``PercentileObserver``).
+
 Subclasses choose the threshold T (``amax()``); ``bounds()`` is (-T, T), or for an asymmetric target
 grid (max(min x, -T), min(max x, T)). ``PercentileObserver`` here; KL, MSE and FP8 searches in
 ``quantcore.clipping``.
@@ -41,6 +49,12 @@ class HistogramObserver:
         self.lo_seen = math.inf  # signed extremes, for asymmetric grids
         self.hi_seen = -math.inf
         self.nonfinite = 0
+        self.floor = 0  # bins below it unresolved, their count in bin floor - 1 (see module)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the statistics determine ``amax()``: always, when every bin is resolved."""
+        return self.floor == 0
 
     @property
     def total(self) -> int:
@@ -57,8 +71,9 @@ class HistogramObserver:
     def observe(self, x: np.ndarray) -> None:
         """Fold one batch in. Cost: two reductions (min, max) that also detect NaN/inf, then one pass
         computing bin indices i = floor(|x| · bins / top) in x's float type (float32 at least) and one
-        ``np.bincount`` (i = bins, i.e. |x| = top, counts in the last bin); a batch holding NaN/inf
-        takes a slower path that drops them first."""
+        ``np.bincount`` (i = bins, i.e. |x| = top, counts in the last bin) of the indices >= ``floor``
+        (all of them at floor 0, see module); a batch holding NaN/inf takes a slower path that drops
+        them first."""
         values = np.asarray(x).ravel()  # a view for the contiguous arrays ONNX Runtime returns; 0-d → (1,)
         if values.size == 0:
             return
@@ -83,9 +98,25 @@ class HistogramObserver:
             values = values.astype(np.float32)
         scaled = np.multiply(values, bins / self.top)  # one temporary of x's size, reused in place
         np.abs(scaled, out=scaled)
-        counts = np.bincount(scaled.astype(np.intp), minlength=bins + 1)
+        self._raise_floor(self.choose_floor(scaled))
+        resolved = scaled if self.floor == 0 else scaled[scaled >= self.floor]  # trunc(i) >= floor <=> i >= floor
+        counts = np.bincount(resolved.astype(np.intp), minlength=bins + 1)
         counts[bins - 1] += counts[bins]  # |x| = top lands on index bins: the last bin is closed
+        if self.floor:
+            counts[self.floor - 1] += scaled.size - resolved.size
         self.counts += counts[:bins]
+
+    def choose_floor(self, scaled: np.ndarray) -> int:
+        """The floor wanted before binning ``scaled`` (|x| · bins / top): 0, every bin resolved."""
+        return 0
+
+    def _raise_floor(self, floor: int) -> None:
+        """Leave bins below ``floor`` unresolved from now on (a lower floor is kept: lost bins stay lost)."""
+        if floor <= max(self.floor, 1):  # floor 1: bin 0 holds only its own count
+            return
+        self.counts[floor - 1] = self.counts[:floor].sum()
+        self.counts[: floor - 1] = 0
+        self.floor = floor
 
     def _grow(self, new_max: float) -> None:
         if self.top == 0.0:
@@ -103,6 +134,8 @@ class HistogramObserver:
             merged[: bins // factor] = self.counts.reshape(bins // factor, factor).sum(axis=1)
         self.counts = merged
         self.top *= float(factor)
+        floor = -(-self.floor // factor)  # ceil: the merged bin holding floor - 1 holds all below it
+        self.floor = floor if floor > 1 else 0
 
     def used_bins(self) -> int:
         """Bins up to the one holding abs_max: candidate thresholds beyond it clip nothing."""
@@ -124,18 +157,74 @@ class HistogramObserver:
         return self.counts.nbytes + 5 * 8
 
 
+def _prime_at_least(n: int) -> int:
+    """The smallest prime >= n (n >= 2; trial division, n is at most a few thousand here)."""
+    while any(n % d == 0 for d in range(2, math.isqrt(n) + 1)):
+        n += 1
+    return n
+
+
 class PercentileObserver(HistogramObserver):
     """amax = the ``percentile``-th percentile of |x|, from the streamed histogram.
 
     The percentile is interpolated linearly inside its bin, so its error is at most one bin width,
     top / bins, and the result never exceeds the largest |x| seen.
+
+    Only the cumulative count below the percentile's bin and the counts from that bin up enter the
+    result, so the bins far below it are left unresolved (``floor``, see module), which makes
+    ``amax()`` bit-identical to a fully resolved histogram's at a fraction of the cost. The floor is
+    set once, on the first binned batch large enough to place it, at the bin of the (1 - f) quantile
+    of some ``FLOOR_SAMPLE`` values of that batch, f = ``TAIL_MARGIN`` · (1 - percentile / 100): 64
+    times more values resolved than the percentile needs (99.99: the top 0.64 %). The sample takes
+    every p-th value, p a prime of at least 11 (a stride sharing a factor with a row length samples
+    the same columns again and again: stride 20 on ocr-det's rows of 160 put the quantile 3.5 times
+    too high). ``complete`` tells whether the data kept the percentile above the floor; when it did
+    not (later batches far lighter-tailed than the first), ``amax()`` raises and the caller observes
+    again with ``resolve_all=True``.
     """
 
-    def __init__(self, percentile: float = 99.99, bins: int = 2048, *, tqc: TensorQuantConfig | None = None) -> None:
+    TAIL_MARGIN = 64
+    FLOOR_SAMPLE = 1 << 14
+    MIN_TAIL_SAMPLE = 64  # sampled values above the floor, at least: fewer leave the quantile too noisy
+
+    def __init__(
+        self,
+        percentile: float = 99.99,
+        bins: int = 2048,
+        *,
+        tqc: TensorQuantConfig | None = None,
+        resolve_all: bool = False,
+    ) -> None:
         if not 0.0 < percentile <= 100.0:
             raise ValueError(f"percentile must be in (0, 100], got {percentile}")
         super().__init__(bins=bins, tqc=tqc)
         self.percentile = float(percentile)
+        self.floor_chosen = resolve_all  # resolve_all: never a floor
+
+    def choose_floor(self, scaled: np.ndarray) -> int:
+        if self.floor_chosen:
+            return 0
+        tail = self.TAIL_MARGIN * (1.0 - self.percentile / 100.0)  # fraction of values resolved
+        stride = 1
+        if scaled.size > 4 * self.FLOOR_SAMPLE:
+            stride = _prime_at_least(max(11, scaled.size // self.FLOOR_SAMPLE))
+        sample = scaled[::stride]
+        kept = int(sample.size * tail)
+        if tail >= 1.0 or kept < self.MIN_TAIL_SAMPLE:
+            return 0  # nothing to save, or too few values to place the floor: resolve this batch fully
+        self.floor_chosen = True
+        bins = self.counts.size
+        # from_top[j]: sampled values in bins >= bins - j
+        from_top = np.cumsum(np.bincount(sample.astype(np.intp), minlength=bins + 1)[::-1])
+        floor = bins - int(np.searchsorted(from_top, kept))  # the bin of the kept-th largest sampled value
+        return min(floor, bins - 1)  # below the last bin, which also takes |x| = top
+
+    @property
+    def complete(self) -> bool:
+        if self.floor == 0 or self.percentile >= 100.0:
+            return True
+        unresolved = int(self.counts[: self.floor].sum())
+        return unresolved < self.percentile / 100.0 * self.total  # the percentile's bin is >= floor
 
     def amax(self) -> float:
         total = self.total
@@ -143,6 +232,8 @@ class PercentileObserver(HistogramObserver):
             return 0.0
         if self.percentile >= 100.0:
             return self.abs_max
+        if not self.complete:
+            raise ValueError("the percentile fell below the histogram's floor: observe again with resolve_all=True")
         target = self.percentile / 100.0 * total
         cumulative = np.cumsum(self.counts)
         i = int(np.searchsorted(cumulative, target, side="left"))

@@ -5,9 +5,9 @@ the range (lo, hi) the statistics support. Turning a range into scale and offset
 ``quantcore.scaling.scale_offset``, the single place where that happens. State never grows with the
 number of batches (``state_nbytes`` lets tests check it); no sample is ever buffered.
 
-Registry: ``OBSERVERS[name](axis=..., percentile=..., tqc=..., momentum=..., bins=...)`` builds an
-observer (every keyword optional, every factory takes them all); ``TensorQuantConfig.observer`` holds
-one of these names:
+Registry: ``OBSERVERS[name](axis=..., percentile=..., tqc=..., momentum=..., bins=..., resolve_all=...)``
+builds an observer (every keyword optional, every factory takes them all); ``TensorQuantConfig.observer``
+holds one of these names:
 
     minmax       running min / max
     ema_minmax   exponential moving average of each batch's min / max: m ← μ·m + (1-μ)·m_batch
@@ -19,6 +19,11 @@ one of these names:
 
 ``axis`` (not None) makes a per-channel observer: one range per slice along ``axis``; histogram
 observers then keep one histogram per channel (C x bins counters).
+
+``complete`` says whether the statistics determine ``bounds()``. Only ``percentile`` can be incomplete:
+it resolves just the histogram's tail (``quantcore.histogram``), and data whose later batches are far
+lighter-tailed than the first can leave its percentile below the resolved bins; the data must then be
+observed again by an observer built with ``resolve_all=True``, which is always complete.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ __all__ = [
 
 class Observer(Protocol):
     nonfinite: int  # count of NaN/inf values seen (ignored by the statistics)
+
+    @property
+    def complete(self) -> bool: ...
 
     def observe(self, x: np.ndarray) -> None: ...
 
@@ -93,6 +101,8 @@ class MinMaxObserver:
     Per-tensor (``axis=None``): scalars. Per-channel: vectors of length C = x.shape[axis], each
     reduced over every other axis.
     """
+
+    complete = True
 
     def __init__(self, axis: int | None = None) -> None:
         self.axis = axis
@@ -158,6 +168,8 @@ class ConstantObserver:
     """Reports the given range (lo, hi) whatever it sees (per channel: the same range for each of the
     C channels, C learnt from the first batch). Non-finite values are still counted."""
 
+    complete = True
+
     def __init__(self, lo: float, hi: float, axis: int | None = None) -> None:
         if not lo <= hi:
             raise ValueError(f"constant range needs lo <= hi, got ({lo}, {hi})")
@@ -196,6 +208,10 @@ class PerChannelObserver:
     def nonfinite(self) -> int:
         return sum(o.nonfinite for o in self.channels)
 
+    @property
+    def complete(self) -> bool:
+        return all(o.complete for o in self.channels)
+
     def observe(self, x: np.ndarray) -> None:
         x = np.asarray(x)
         if x.size == 0:
@@ -226,31 +242,33 @@ def _per_channel_or_tensor(axis: int | None, make: Callable[[], Observer]) -> Ob
     return make() if axis is None else PerChannelObserver(axis, make)
 
 
-def _minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+def _minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
     return MinMaxObserver(axis=axis)
 
 
-def _ema_minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+def _ema_minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
     return EMAMinMaxObserver(axis=axis, momentum=momentum)
 
 
-def _percentile(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
-    return _per_channel_or_tensor(axis, lambda: PercentileObserver(percentile=percentile, bins=bins, tqc=tqc))
+def _percentile(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
+    return _per_channel_or_tensor(
+        axis, lambda: PercentileObserver(percentile=percentile, bins=bins, tqc=tqc, resolve_all=resolve_all)
+    )
 
 
-def _kl(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+def _kl(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
     return _per_channel_or_tensor(axis, lambda: KLObserver(bins=bins, tqc=tqc))
 
 
-def _mse(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+def _mse(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
     return _per_channel_or_tensor(axis, lambda: MSEObserver(bins=bins, tqc=tqc))
 
 
-def _floating(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+def _floating(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
     return _per_channel_or_tensor(axis, lambda: FloatingObserver(bins=bins, tqc=tqc))
 
 
-def _constant(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048) -> Observer:
+def _constant(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
     if tqc is None or tqc.constant_range is None:
         raise ValueError("the constant observer needs tqc=TensorQuantConfig(observer='constant', constant_range=...)")
     return ConstantObserver(*tqc.constant_range, axis=axis)
@@ -269,8 +287,12 @@ OBSERVERS: dict[str, ObserverFactory] = {
 ACTIVATION_OBSERVERS = ("minmax", "ema_minmax", "percentile", "kl", "mse", "floating")
 
 
-def make_observer(tqc: TensorQuantConfig, *, percentile: float = 99.99, momentum: float = 0.9) -> Observer:
+def make_observer(
+    tqc: TensorQuantConfig, *, percentile: float = 99.99, momentum: float = 0.9, resolve_all: bool = False
+) -> Observer:
     """The observer ``tqc.observer`` names, per-channel along ``tqc.channel_axis`` when per-channel,
-    aiming at ``tqc``'s grid."""
+    aiming at ``tqc``'s grid; ``resolve_all``: one that is ``complete`` whatever the data (see module)."""
     axis = tqc.channel_axis if tqc.per_channel else None
-    return OBSERVERS[tqc.observer](axis=axis, percentile=percentile, tqc=tqc, momentum=momentum)
+    return OBSERVERS[tqc.observer](
+        axis=axis, percentile=percentile, tqc=tqc, momentum=momentum, resolve_all=resolve_all
+    )

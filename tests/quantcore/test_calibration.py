@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, calibration, prepare, quantize
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import ActivationFetcher
+from quantcore.scaling import scale_offset
 from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual, save
 
@@ -190,3 +191,29 @@ def test_threaded_and_inline_observation_give_the_same_scales(setup, monkeypatch
     for name, tqc in results[0].items():
         # each observer sees the same batches in the same order either way: bit-identical scales
         assert np.array_equal(tqc.scale, results[1][name].scale) and tqc.state is results[1][name].state, name
+
+
+def test_a_percentile_left_below_its_floor_is_observed_again_fully(setup) -> None:
+    prepared, _ = setup
+    rng = np.random.default_rng(5)
+    # a first batch of 64 samples (12288 values per tensor: the percentile observers set their floor),
+    # then 80 batches 100 times smaller in magnitude: the 99.99th percentile falls below the floor
+    x = rng.normal(size=(81 * 64, 3, 8, 8)).astype(np.float32)
+    x[64:] *= 0.01
+    config = QuantizeConfig(observer="percentile", batch_size=64)
+    annotation = annotate(prepared, config)
+    names = annotation.activations
+    fast = {name: calibration.make_observer(annotation.configs[name], config) for name in names}
+    full = {name: calibration.make_observer(annotation.configs[name], config, resolve_all=True) for name in names}
+    for start in range(0, len(x), 64):  # the batches calibrate sees, computed by a plain session
+        batch = x[start : start + 64]
+        values = fp32_tensors(prepared.model, [n for n in names if n != "input"], batch)
+        values["input"] = batch
+        for name in names:
+            fast[name].observe(values[name])
+            full[name].observe(values[name])
+    assert not fast["input"].complete  # the case under test: the first pass alone cannot answer
+    calibrated = calibrate(prepared, annotation, {"input": x}, config).configs
+    for name in names:
+        scale, _ = scale_offset(annotation.configs[name], *full[name].bounds())
+        assert np.array_equal(calibrated[name].scale, scale), name  # the fully resolved histogram's scale

@@ -299,3 +299,53 @@ def test_histogram_observers_count_everything_and_stay_within_the_data(scales: l
     assert observer.top >= data.max()
     lo, hi = observer.bounds()
     assert 0.0 < float(hi) <= data.max() and float(lo) == -float(hi)
+
+
+# ---- the percentile's tail-only histogram -----------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    scales=st.lists(st.floats(1e-2, 1e2), min_size=1, max_size=5),
+    percentile=st.sampled_from([99.0, 99.9, 99.99, 99.999]),
+    seed=st.integers(0, 2**16),
+)
+def test_tail_resolved_percentile_is_bit_identical_to_the_fully_resolved_one(
+    scales: list[float], percentile: float, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    fast = PercentileObserver(percentile=percentile)
+    full = PercentileObserver(percentile=percentile, resolve_all=True)
+    for s in scales:  # 20000 values a batch: a floor at every percentile (99.0: the top 64 %)
+        batch = s * heavy_tailed(rng, 20000)
+        fast.observe(batch)
+        full.observe(batch)
+    assert full.floor == 0 and fast.total == full.total
+    # above the floor every bin is the fully resolved histogram's; below it only their sum is kept
+    np.testing.assert_array_equal(fast.counts[fast.floor :], full.counts[fast.floor :])
+    assert fast.counts[: fast.floor].sum() == full.counts[: fast.floor].sum()
+    if fast.complete:
+        assert fast.amax() == full.amax()  # the same integers enter the same arithmetic: exact equality
+    else:
+        with pytest.raises(ValueError, match="resolve_all"):
+            fast.amax()
+
+
+def test_the_floor_is_set_on_a_large_batch_and_lighter_batches_can_leave_the_percentile_below_it() -> None:
+    rng = np.random.default_rng(13)
+    observer = PercentileObserver()  # 99.99: the floor keeps the top 0.64 % of the first batch resolved
+    observer.observe(heavy_tailed(rng, 50000))
+    resolved = observer.counts[observer.floor :].sum()
+    # about 0.64 % of 50000 = 320 values binned (the floor comes from a 16384-value sample), vs 5 needed
+    assert observer.floor > 1 and observer.complete and 160 < resolved < 640
+    observer.observe(heavy_tailed(rng, 50000))  # the same distribution: the percentile stays far above
+    assert observer.complete
+    for _ in range(80):  # 80x the values, all tiny: some 640 of 8.1 million (< 0.01 %) above the floor
+        observer.observe(0.001 * heavy_tailed(rng, 100000))
+    assert not observer.complete
+
+
+def test_a_small_first_batch_is_resolved_fully() -> None:
+    observer = PercentileObserver()
+    observer.observe(heavy_tailed(np.random.default_rng(14), 5000))  # 32 values in the margin: too few
+    assert observer.floor == 0 and observer.complete
