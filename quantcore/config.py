@@ -38,9 +38,13 @@ class ReconstructionConfig:
     """Learned rounding after calibration (stage ``reconstruct``, ``quantcore.reconstruction``).
 
     method: ``adaround`` (layer by layer, Nagel et al. 2020), ``brecq`` (block by block, Li et al. 2021,
-    activation step sizes learned jointly), ``qdrop`` (BRECQ with activation quantization dropped
-    element-wise with probability ``drop_prob``, Wei et al. 2022). iters: optimizer steps per block;
-    batch_size: samples per step, drawn from the first ``num_samples`` calibration samples.
+    activation step sizes learned jointly as in MQBench's benchmark, not in a second pass as in
+    BRECQ's own code), ``qdrop`` (BRECQ with activation quantization dropped
+    element-wise with probability ``drop_prob``, Wei et al. 2022). iters: optimizer steps per block
+    (per layer for AdaRound), so every learned weight gets ``iters`` updates whatever the method, the
+    budget rule of MQBench's benchmark (its ``max_count``); a block of 2-3 layers costs fewer steps in
+    all than its layers one by one. batch_size: samples per step, drawn from the first
+    ``num_samples`` calibration samples.
     weight_lr: Adam step on the rounding variables V (None: ``rounding_lr``'s default); activation_lr:
     Adam step on log s of the learned activation scales. rounding_loss_weight λ, warmup (fraction of
     iters without the rounding loss), beta_start → beta_end (β annealed linearly after the warm-up).

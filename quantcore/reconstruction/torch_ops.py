@@ -3,7 +3,7 @@
 ``OPS[op_type](inputs, attrs)`` → list of outputs, where ``inputs`` are torch tensors (None for an
 omitted optional input) and ``attrs`` the node's attributes as plain Python values. Only ops that
 reconstruction blocks hold are here: compute ops with a weight (Conv incl. grouped and depthwise, Gemm,
-MatMul), elementwise arithmetic and activations, pooling, and the shape ops between them. A node whose
+MatMul, ConvTranspose), elementwise arithmetic and activations, pooling, and the shape ops between them. A node whose
 op is not in the table makes its block unconvertible; the block then stays at round-to-nearest
 (``quantcore.reconstruction.blocks``), never failing the run. Semantics follow the ONNX operator
 specification (opset 13 and later): explicit ``pads`` as [x1_begin, x2_begin, ..., x1_end, x2_end]
@@ -57,6 +57,44 @@ def conv(inputs, attrs):
     strides, dilations, pads = _spatial_args(x, attrs)
     function = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[x.ndim - 2]
     return [function(_pad(x, pads), w, bias, strides, 0, dilations, attrs.get("group", 1))]
+
+
+def conv_transpose(inputs, attrs):
+    """ONNX ConvTranspose: W (C_in, C_out/group, k...). Per spatial axis with input size n, the full
+    output has s·(n - 1) + output_padding + (k - 1)·d + 1 elements, from which ``pads`` [b..., e...]
+    are cropped; with ``output_shape`` or ``auto_pad`` SAME_* the pads come from the spec's
+    total = full - target (SAME: target n·s), the larger half at the end for SAME_UPPER, at the
+    beginning otherwise."""
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    dims = x.ndim - 2
+    strides = list(attrs.get("strides", [1] * dims))
+    dilations = list(attrs.get("dilations", [1] * dims))
+    output_padding = list(attrs.get("output_padding", [0] * dims))
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    pads = list(attrs.get("pads", [0] * (2 * dims)))
+    if "output_shape" in attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        sizes = x.shape[2:]
+        full = [
+            s * (n - 1) + p + (k - 1) * d + 1
+            for s, n, p, k, d in zip(strides, sizes, output_padding, w.shape[2:], dilations, strict=True)
+        ]
+        target = (
+            list(attrs["output_shape"])[-dims:]
+            if "output_shape" in attrs
+            else [n * s for n, s in zip(sizes, strides, strict=True)]
+        )
+        total = [f - t for f, t in zip(full, target, strict=True)]
+        if any(t < 0 for t in total):
+            raise NotImplementedError("ConvTranspose output_shape larger than the full output")
+        small = [t // 2 for t in total]
+        large = [t - t // 2 for t in total]
+        pads = [*small, *large] if auto_pad == "SAME_UPPER" else [*large, *small]
+    function = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[dims]
+    y = function(x, w, bias, strides, 0, output_padding, attrs.get("group", 1), dilations)
+    crop = [slice(None), slice(None)]
+    crop += [slice(pads[axis], y.shape[2 + axis] - pads[axis + dims]) for axis in range(dims)]
+    return [y[tuple(crop)]]
 
 
 def gemm(inputs, attrs):
@@ -144,6 +182,7 @@ def _binary(function: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> O
 
 OPS: dict[str, OpFn] = {
     "Conv": conv,
+    "ConvTranspose": conv_transpose,
     "Gemm": gemm,
     "MatMul": _binary(torch.matmul),
     "Add": _binary(torch.add),

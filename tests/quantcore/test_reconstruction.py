@@ -102,16 +102,17 @@ def tiny(tmp_path_factory):
 def test_partition_keeps_the_residual_block_together(tiny) -> None:
     prepared, annotation = tiny
     blocks = partition(prepared.model.graph, annotation, blockwise=True)
-    # the stem alone (a residual block follows it), the residual block with the weight-free ops after it,
-    # the head alone (nothing follows to group it with)
+    # the stem alone (a residual block follows it), the residual block ending at its activation, the
+    # head alone (nothing follows to group it with) with the pooling before it: a block's loss is on its
+    # last layer's output, not on pooled features
     assert [(b.kind, b.node_names) for b in blocks] == [
         ("layer", ["conv0", "relu0"]),
-        ("residual", ["conv1", "middle", "conv2", "add", "relu2", "gap", "flatten"]),
-        ("layer", ["head"]),
+        ("residual", ["conv1", "middle", "conv2", "add", "relu2"]),
+        ("layer", ["gap", "flatten", "head"]),
     ]
     residual = blocks[1]
     assert residual.inputs == ("t",)  # the multi-consumer tensor enters once, read twice inside
-    assert residual.outputs == ("f",) and residual.weights == ("w1", "w2")
+    assert residual.outputs == ("r",) and residual.weights == ("w1", "w2")
     layers = partition(prepared.model.graph, annotation, blockwise=False)
     assert [b.node_names for b in layers] == [["conv0", "relu0"], ["conv1", "middle"], ["conv2"], ["head"]]
 
@@ -126,8 +127,8 @@ def test_partition_keeps_the_output_layer_alone(tmp_path) -> None:
     annotation = calibrate(prepared, annotate(prepared, CONFIG), calibration, CONFIG)
     blocks = partition(prepared.model.graph, annotation, blockwise=True)
     assert [(b.kind, b.node_names) for b in blocks] == [
-        ("layer", ["conv", "relu", "pool", "flatten"]),
-        ("layer", ["fc"]),
+        ("layer", ["conv", "relu"]),
+        ("layer", ["pool", "flatten", "fc"]),
     ]
 
 
