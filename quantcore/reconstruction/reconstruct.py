@@ -41,7 +41,7 @@ from quantcore.annotation import Annotation
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import dominator_root
 from quantcore.config import QuantizeConfig, ReconstructionConfig
-from quantcore.errors import InvalidDataError
+from quantcore.errors import InvalidDataError, UnsupportedModelError
 from quantcore.graph import GraphIndex
 from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
@@ -108,6 +108,12 @@ def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: Prepared
         if isinstance(calibration, Batches)
         else Batches(calibration, input_specs(prepared.model), batch, what="calibration")
     )
+    elsewhere = {spec.name: spec.batch_axis for spec in batches.specs if spec.batch_axis != 0}
+    if elsewhere:
+        raise UnsupportedModelError(
+            "reconstruction needs every model input to hold its samples on axis 0; these do not "
+            f"(input: batch axis, None = a constant input): {elsewhere}. Quantize without reconstruction."
+        )
     parts: dict[str, list[np.ndarray]] = {}
     count = 0
     for item in batches:

@@ -19,14 +19,14 @@ from quantcore import (
     quantize,
     reconstruct,
 )
-from quantcore.errors import Canceled
+from quantcore.errors import Canceled, UnsupportedModelError
 from quantcore.fake_quant import quantize_array
 from quantcore.graph import GraphIndex
 from quantcore.reconstruction import partition
 from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
 from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
-from tests.onnx_builders import tiny_conv_model
+from tests.onnx_builders import stateful_data, stateful_model, tiny_conv_model
 
 C = 6  # channels of the tiny residual model
 
@@ -262,6 +262,15 @@ def test_a_fixed_batch_dimension_is_respected(tmp_path) -> None:
     result = reconstruct(prepared, annotation, DATA, recon("brecq", iters=10, num_samples=100))
     assert result.num_samples == 96  # whole batches of 8 only
     assert all(b.status in ("reconstructed", "kept_nearest") for b in result.blocks)
+
+
+def test_inputs_batched_off_axis_0_are_refused_by_name() -> None:
+    model = stateful_model()  # samples on axis 1 of `state`; `sr` is a constant input
+    prepared = prepare(model)
+    config = recon("brecq", iters=10)
+    annotation = calibrate(prepared, annotate(prepared, config), stateful_data(32, seed=0), config)
+    with pytest.raises(UnsupportedModelError, match=r"'state': 1.*'sr': None"):
+        reconstruct(prepared, annotation, stateful_data(32, seed=0), config)
 
 
 @pytest.mark.parametrize(
