@@ -1,7 +1,8 @@
 """Load on the whole service, on this machine, over loopback: request latency and no lost jobs.
 
     .venv/bin/python -m bench.load [--clients 16] [--rate 200] [--duration 60] [--jobs 1000]
-                                   [--api-workers 2] [--job-workers 1] [--drain-timeout 1800]
+                                   [--api-workers 2] [--job-workers 1] [--worker-nice 0]
+                                   [--drain-timeout 1800]
 
 Starts its own PostgreSQL cluster and Redis (throwaway, free ports; the shared servers are not
 touched), migrates, and starts the API (uvicorn with `--api-workers` processes), a job worker
@@ -278,6 +279,12 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000, help="jobs submitted, spread over the duration")
     parser.add_argument("--api-workers", type=int, default=2)
     parser.add_argument("--job-workers", type=int, default=1, help="Celery processes on the job queue")
+    parser.add_argument(
+        "--worker-nice",
+        type=int,
+        default=0,
+        help="start the job worker at this niceness: a job worker sharing the API's host yields the CPU to it",
+    )
     parser.add_argument("--drain-timeout", type=float, default=1800.0, help="seconds to wait for jobs to end")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # the table appears while the jobs drain
@@ -304,14 +311,14 @@ def main() -> int:
             stack = Stack(env=env, log_dir=Path(var_dir) / "logs")
             stack.migrate()
             stack.start_worker("default", "default", beat=True)
-            stack.start_worker("gpu", "gpu", concurrency=args.job_workers)
+            stack.start_worker("gpu", "gpu", concurrency=args.job_workers, niceness=args.worker_nice)
             url = stack.start_api(workers=args.api_workers)
             key = _create_key(env)
             body = upload_inputs(url, key)
             print(
                 f"load: {args.clients} clients, {args.rate:g} GET/s, {args.jobs} jobs over {args.duration:g} s; "
-                f"API {args.api_workers} uvicorn workers, {args.job_workers} job worker process(es); "
-                f"PostgreSQL {postgres.port}, Redis {broker.port}",
+                f"API {args.api_workers} uvicorn workers, {args.job_workers} job worker process(es) "
+                f"at nice {args.worker_nice}; PostgreSQL {postgres.port}, Redis {broker.port}",
                 file=sys.stderr,
             )
             api_pid = stack.processes["api"].pid

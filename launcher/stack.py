@@ -87,10 +87,19 @@ class Stack:
         return self.api_url
 
     def start_worker(
-        self, name: str, queues: str, *, concurrency: int = 1, beat: bool = False, env: dict[str, str] | None = None
+        self,
+        name: str,
+        queues: str,
+        *,
+        concurrency: int = 1,
+        beat: bool = False,
+        env: dict[str, str] | None = None,
+        niceness: int = 0,
     ) -> subprocess.Popen:
-        """A Celery worker node ``name@host`` consuming ``queues``; ``env`` adds to the stack's environment."""
+        """A Celery worker node ``name@host`` consuming ``queues``; ``env`` adds to the stack's environment;
+        ``niceness`` > 0 starts it (and so its pool processes) at that lower CPU priority."""
         argv = [
+            *(["nice", "-n", str(niceness)] if niceness else []),
             sys.executable,
             "-m",
             "celery",
