@@ -25,7 +25,6 @@ import os
 import pstats
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +34,7 @@ import anyio.to_thread
 
 from launcher.servers import PostgresCluster
 from launcher.stack import Stack
+from tests.rows import placeholder_job
 
 Call = Callable[[], Any]
 
@@ -51,37 +51,12 @@ def build(database_url: str, jobs: int) -> tuple[Any, str, str]:
     with session_scope(database_url) as session:
         project = queries.create_project(session=session, name="bench")
         _row, key = queries.create_api_key(session=session, project=project)
-        model_id, dataset_id = uuid.uuid4(), uuid.uuid4()
-        queries.create_model(
+        job_ids = placeholder_job(
             session=session,
             project_id=project.id,
-            model_id=model_id,
-            filename="m.onnx",
-            sha256="0" * 64,
-            size_bytes=1,
-            path="m.onnx",
+            recipe={"calibration": {"observer": "minmax", "num_samples": 24}},
+            count=max(jobs, 1),
         )
-        queries.create_dataset(
-            session=session,
-            project_id=project.id,
-            dataset_id=dataset_id,
-            filename="d.npz",
-            sha256="0" * 64,
-            size_bytes=1,
-            path="d.npz",
-            arrays=[{"name": "x", "dtype": "float32", "shape": [32, 3, 8, 8]}],
-            num_samples=32,
-        )
-        job_ids = [
-            queries.create_job(
-                session=session,
-                project_id=project.id,
-                model_id=model_id,
-                dataset_id=dataset_id,
-                recipe={"calibration": {"observer": "minmax", "num_samples": 24}},
-            ).id
-            for _ in range(max(jobs, 1))
-        ]
     configure_logging(settings)  # as the served app's lifespan does; the lines go to /dev/null
     handler = logging.getLogger().handlers[0]
     assert isinstance(handler, logging.StreamHandler)

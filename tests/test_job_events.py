@@ -21,6 +21,7 @@ from jobs import queries, timings
 from jobs.db import get_engine, session_scope
 from jobs.models import JobEvent
 from tests.conftest import make_database
+from tests.rows import placeholder_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,30 +39,8 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
 def _job(url: str) -> uuid.UUID:
     with session_scope(url) as session:
         project = queries.create_project(session=session, name=f"events-{uuid.uuid4().hex[:8]}")
-        model_id, dataset_id = uuid.uuid4(), uuid.uuid4()
-        queries.create_model(
-            session=session,
-            project_id=project.id,
-            model_id=model_id,
-            filename="m.onnx",
-            sha256="0" * 64,
-            size_bytes=1,
-            path="m.onnx",
-        )
-        queries.create_dataset(
-            session=session,
-            project_id=project.id,
-            dataset_id=dataset_id,
-            filename="d.npz",
-            sha256="0" * 64,
-            size_bytes=1,
-            path="d.npz",
-            arrays=[{"name": "x", "dtype": "float32", "shape": [4, 3]}],
-            num_samples=4,
-        )
-        return queries.create_job(
-            session=session, project_id=project.id, model_id=model_id, dataset_id=dataset_id, recipe={}
-        ).id
+        (job_id,) = placeholder_job(session=session, project_id=project.id, recipe={})
+        return job_id
 
 
 def _events(url: str, job_id: uuid.UUID) -> list[tuple[str, str | None, int | None, int | None]]:
