@@ -30,7 +30,7 @@ FROM ${PYTHON_IMAGE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY . .
-RUN pip wheel --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-deps --wheel-dir /wheels . && cp constraints.txt /wheels/
 
 # ------------------------------------------------------------------------------------------- frontend
 # The dashboard, when the repository has one (frontend/package.json); an empty dist otherwise.
@@ -62,7 +62,7 @@ WORKDIR /app
 # ------------------------------------------------------------------------------------------------ api
 FROM python-base AS api
 COPY --from=wheel /wheels /tmp/wheels
-RUN pip install "$(ls /tmp/wheels/*.whl)[api]" \
+RUN pip install -c /tmp/wheels/constraints.txt "$(ls /tmp/wheels/*.whl)[api]" \
     && rm -rf /tmp/wheels \
     && python -c "import importlib.util as u, sys; bad = [m for m in ('torch', 'onnx', 'onnxruntime', 'tensorrt') if u.find_spec(m)]; sys.exit(f'the api image must not contain {bad}' if bad else 0)"
 # Alembic reads alembic.ini (or [tool.alembic] in pyproject.toml) and the revisions from the working directory.
@@ -79,7 +79,7 @@ FROM python-base AS worker-cpu
 ARG TORCH_VERSION
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 COPY --from=wheel /wheels /tmp/wheels
-RUN pip install "$(ls /tmp/wheels/*.whl)[worker]" \
+RUN pip install -c /tmp/wheels/constraints.txt "$(ls /tmp/wheels/*.whl)[worker]" \
     && rm -rf /tmp/wheels \
     && python -c "import onnx, onnxruntime, torch; assert '+cpu' in torch.__version__, torch.__version__"
 USER quant
@@ -115,7 +115,7 @@ RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" "to
 COPY --from=wheel /wheels /tmp/wheels
 # `worker` brings onnxruntime (CPU) and `gpu` brings onnxruntime-gpu; both own the `onnxruntime` module,
 # so the CPU one is removed and the GPU one reinstalled over it, then the CUDA provider is checked.
-RUN pip install "$(ls /tmp/wheels/*.whl)[worker,gpu]" \
+RUN pip install -c /tmp/wheels/constraints.txt "$(ls /tmp/wheels/*.whl)[worker,gpu]" \
     && rm -rf /tmp/wheels \
     && if pip show --quiet onnxruntime 2>/dev/null; then \
         ort_gpu="$(pip show onnxruntime-gpu | sed -n 's/^Version: //p')" \

@@ -11,11 +11,12 @@ TORCH  ?= torch==2.13.0
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt: the dependency versions the suite last passed with (see its header).
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[worker,dev]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[worker,dev]"
 	touch $@
 
 run: venv frontend

@@ -69,6 +69,9 @@ class RunConfig(_Section):
     overrides: list[OverrideConfig]
     reduce_range: str
     device: str
+    disabled_optimizers: list[str] = Field(
+        default_factory=list, description="ONNX Runtime graph rewrites the deployed session skips (see parity)."
+    )
     cpu_latency: bool
     tensorrt_engine: bool
     analysis: AnalysisConfig | None = None
@@ -159,6 +162,10 @@ class DeployedResult(ModeResult):
     float_compute_kernels: int | None
     skipped: str | None
     fallback: str | None
+    disabled_optimizers: list[str] = Field(
+        default_factory=list,
+        description="ONNX Runtime graph rewrites skipped because they change this model's results (see parity).",
+    )
 
 
 class Evaluation(_Section):

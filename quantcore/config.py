@@ -161,6 +161,9 @@ class QuantizeConfig:
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels
     saturate, see ``quantcore.cpu_features``), ``on``, ``off``. device: ``cpu`` or ``cuda``.
+    disabled_optimizers: ONNX Runtime graph rewrites (``disabled_optimizers`` names) the deployed
+    session skips; set by the parity check when a rewrite of the installed ONNX Runtime changes the
+    model's results (``quantcore.parity``), and what users of the model must skip too.
     reconstruction: learned rounding after calibration (``ReconstructionConfig``), None for none.
     cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
     tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
@@ -179,6 +182,7 @@ class QuantizeConfig:
     overrides: tuple[NodeOverride, ...] = ()
     reduce_range: str = "auto"
     device: str = "cpu"
+    disabled_optimizers: tuple[str, ...] = ()
     cpu_latency: bool = True
     tensorrt_engine: bool = False
     analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
@@ -196,6 +200,7 @@ class QuantizeConfig:
             )
         require_choice("observer", self.observer, ACTIVATION_OBSERVERS)
         require_choice("device", self.device, DEVICES)
+        object.__setattr__(self, "disabled_optimizers", string_tuple("disabled_optimizers", self.disabled_optimizers))
         require_choice("reduce_range", self.reduce_range, REDUCE_RANGE_CHOICES)
         require_bool("cpu_latency", self.cpu_latency)
         require_bool("tensorrt_engine", self.tensorrt_engine)
@@ -244,6 +249,7 @@ class QuantizeConfig:
             "overrides": [o.to_dict() for o in self.overrides],
             "reduce_range": self.reduce_range,
             "device": self.device,
+            "disabled_optimizers": list(self.disabled_optimizers),
             "cpu_latency": self.cpu_latency,
             "tensorrt_engine": self.tensorrt_engine,
             "analysis": self.analysis.to_dict(),

@@ -44,9 +44,10 @@ from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.session import open_session
 
 STAGE = "evaluate"
-# Exact Q/DQ runs at basic optimization (constant folding, no layout or fusion passes): ONNX Runtime
-# 1.31's ENABLE_ALL layout passes mis-compute float8 DequantizeLinear (digits FP8 top-1 0.356 instead
-# of 0.994, measured), and exact arithmetic needs none of them.
+# Exact Q/DQ runs at basic optimization (constant folding, no layout or fusion passes): the higher
+# levels rewrite Q/DQ and the ops beside them (ONNX Runtime 1.32's ReluQuantRewrite drops the Relu
+# before a float8 QuantizeLinear: digits FP8 top-1 0.344 instead of 0.994, measured), and exact
+# arithmetic needs none of them.
 EXACT_OPTIMIZATION = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
 # Kernels in ONNX Runtime's optimized graph: integer ones (the Q/DQ fused) and float compute ones
 # (a Conv/Gemm/MatMul that still runs in float32, i.e. its Q/DQ were not fused).
@@ -171,7 +172,12 @@ def evaluate(
         skipped = fallback = None
         try:
             sessions["qdq_deployed"] = stack.enter_context(
-                open_session(qdq_model, device=config.device, optimized_model_path=deployed_graph)
+                open_session(
+                    qdq_model,
+                    device=config.device,
+                    optimized_model_path=deployed_graph,
+                    disabled_optimizers=config.disabled_optimizers,
+                )
             )
         except QuantcoreError as error:
             try:
@@ -181,6 +187,7 @@ def evaluate(
                         device=config.device,
                         optimization=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                         optimized_model_path=deployed_graph,
+                        disabled_optimizers=config.disabled_optimizers,
                     )
                 )
                 fallback = (
@@ -251,6 +258,7 @@ def evaluate(
     )
     report["qdq_deployed"]["skipped"] = skipped
     report["qdq_deployed"]["fallback"] = fallback
+    report["qdq_deployed"]["disabled_optimizers"] = list(config.disabled_optimizers)
     report["latency_ms_per_sample"] = {
         mode: 1000.0 * seconds[mode] / batches.num_samples if mode == "fp32" or mode in sessions else None
         for mode in seconds

@@ -12,21 +12,48 @@ rounding, accumulation order) must stay at most a quarter of the quantization er
 below it), and 30 dB suffices whatever the precision (int8 costs ~37 dB on the digits model);
 0.5 points of top-1 is the issue's accuracy budget.
 
-Known cause and remedy (``remedy``): on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit
-intermediate (``quantcore.cpu_features``); the onnxruntime platform then re-exports with 7-bit weights
-(``reduce_range="on"``). Other disagreements are reported, not hidden.
+Known causes and remedies:
+
+- ``remedy``: on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit intermediate
+  (``quantcore.cpu_features``); the onnxruntime platform then re-exports with 7-bit weights
+  (``reduce_range="on"``).
+- ``isolate_optimizer``: a graph rewrite of the installed ONNX Runtime that changes the model's
+  meaning. ONNX Runtime 1.32's ``ReluQuantRewrite`` removes a Relu before a float8 QuantizeLinear as if
+  the float8 grid started at zero like uint8's (it is signed: negative values survive, digits FP8 top-1
+  0.344 instead of 0.994). The suspects in ``SUSPECT_OPTIMIZERS`` are disabled one at a time in the
+  deployed session; the first whose absence restores agreement is named, and the deployed numbers are
+  those of a session without it (``QuantizeConfig.disabled_optimizers``), which is also how users must
+  run the model in that ONNX Runtime.
+
+Other disagreements are reported, not hidden.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+import onnxruntime as ort
 
 from quantcore.config import QuantizeConfig
 
 MIN_SQNR_DB = 30.0
 QUANTIZATION_MARGIN_DB = 6.0
 MAX_TOP1_GAP = 0.005
+# ONNX Runtime graph rewrites that move, fuse or drop Q/DQ and the ops beside them, most suspect first:
+# the names ``InferenceSession(disabled_optimizers=...)`` takes (rewrite rules and transformers).
+SUSPECT_OPTIMIZERS = (
+    "ReluQuantRewrite",
+    "ClipQuantRewrite",
+    "QDQPropagationTransformer",
+    "DoubleQDQPairsRemover",
+    "QDQSelectorActionTransformer",
+    "QDQFinalCleanupTransformer",
+    "ConvActivationFusion",
+    "NchwcTransformer",
+    "NhwcTransformer",
+)
 
 
 @dataclass(frozen=True)
@@ -84,4 +111,34 @@ def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:
             "re-exported with 7-bit weights [-64, 63] (reduce_range=on): u8s8 integer kernels without VNNI "
             "saturate their 16-bit intermediate with full-range int8 weights"
         )
+    return None
+
+
+@dataclass(frozen=True)
+class Isolated:
+    """A deployment that agrees with exact Q/DQ once ``config.disabled_optimizers`` are skipped."""
+
+    config: QuantizeConfig
+    evaluation: dict[str, Any]
+    reason: str
+
+
+def isolate_optimizer(
+    config: QuantizeConfig, evaluate_with: Callable[[QuantizeConfig], dict[str, Any]]
+) -> Isolated | None:
+    """The first of ``SUSPECT_OPTIMIZERS`` whose absence from the deployed session makes it agree with
+    exact Q/DQ (``evaluate_with(config)`` runs the evaluation with ``config``), or None when none does.
+    Costs one evaluation per suspect tried; runs only after a disagreement."""
+    for name in SUSPECT_OPTIMIZERS:
+        if name in config.disabled_optimizers:
+            continue
+        candidate = replace(config, disabled_optimizers=(*config.disabled_optimizers, name))
+        evaluation = evaluate_with(candidate)
+        if check_parity(evaluation).agree:
+            return Isolated(
+                candidate,
+                evaluation,
+                f"ONNX Runtime {ort.__version__}'s graph rewrite {name!r} changes this model's results; deployed "
+                f"measured without it: run the model with InferenceSession(..., disabled_optimizers=[{name!r}])",
+            )
     return None

@@ -20,8 +20,11 @@ Deployed accuracy equals reported accuracy: after evaluate, ``quantcore.parity``
 exported model run as exact Q/DQ with the same model on ONNX Runtime's integer kernels. When they
 disagree beyond its tolerance and the platform knows the cause (u8s8 saturation without VNNI on the
 onnxruntime platform), the model is re-annotated, re-calibrated, re-exported and re-evaluated with the
-remedy (7-bit weights), inside the evaluate stage; the report's ``parity`` section says what was
-measured, what was done and why, and ``config`` is the configuration of the files written.
+remedy (7-bit weights), inside the evaluate stage. When they still disagree, the ONNX Runtime graph
+rewrite that causes it is looked for (``quantcore.parity.isolate_optimizer``) and, when found, the
+deployed numbers are those of a session without it. The report's ``parity`` section says what was
+measured, what was done and why, and ``config`` is the configuration of the files written (its
+``disabled_optimizers``: what a user of the model in that ONNX Runtime must disable too).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
 from quantcore.evaluation import check_labels, evaluate
-from quantcore.parity import check_parity, remedy
+from quantcore.parity import check_parity, isolate_optimizer, remedy
 from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
@@ -205,18 +208,31 @@ def quantize(
     )
     verdict = check_parity(evaluation_report)
     parity: dict[str, Any] = {**verdict.to_dict(), "remedy": None, "before_remedy": None}
+    remedies = []
     fix = remedy(config) if verdict.agree is False else None
     if fix is not None:
         config, reason = fix
+        remedies.append(reason)
         annotation = annotate(prepared, config)
         calibrated = calibrate(prepared, annotation, calibration_batches, config, should_cancel=should_cancel)
         exported = export(prepared, calibrated, out_dir, platform=config.platform)
         evaluation_report = evaluate(
             model_path, exported.model_path, evaluation, config, labels=labels, should_cancel=should_cancel
         )
+    if check_parity(evaluation_report).agree is False:
+        isolated = isolate_optimizer(
+            config,
+            lambda candidate: evaluate(
+                model_path, exported.model_path, evaluation, candidate, labels=labels, should_cancel=should_cancel
+            ),
+        )
+        if isolated is not None:
+            config, evaluation_report = isolated.config, isolated.evaluation
+            remedies.append(isolated.reason)
+    if remedies:
         parity = {
             **check_parity(evaluation_report).to_dict(),
-            "remedy": reason,
+            "remedy": "; ".join(remedies),
             "before_remedy": verdict.to_dict(),
         }
     stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import onnx
@@ -39,6 +39,7 @@ def open_session(
     optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     optimized_model_path: str | Path | None = None,
     spinning: bool = True,
+    disabled_optimizers: Sequence[str] = (),
 ) -> Iterator[ort.InferenceSession]:
     """An inference session for ``model``.
 
@@ -47,6 +48,8 @@ def open_session(
     optimized_model_path: where ONNX Runtime saves the graph it actually runs (after fusions).
     spinning=False: the intra-op threads sleep between parallel sections instead of busy-waiting, for
     callers that do their own work between runs (calibration's observers) on the same cores.
+    disabled_optimizers: names of ONNX Runtime graph transformers or rewrite rules to skip (a deployment
+    that must avoid a defective rewrite, ``quantcore.parity``).
     """
     options = ort.SessionOptions()
     if optimized_model_path is not None:
@@ -74,7 +77,9 @@ def open_session(
         else:
             source = str(model)
         try:
-            session = ort.InferenceSession(source, sess_options=options, providers=providers)
+            session = ort.InferenceSession(
+                source, sess_options=options, providers=providers, disabled_optimizers=list(disabled_optimizers)
+            )
         except Exception as error:  # ONNX Runtime raises its own exception types
             raise QuantcoreError(f"ONNX Runtime cannot load the model: {str(error).strip()[:500]}") from error
         yield session
