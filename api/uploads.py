@@ -27,7 +27,7 @@ from api.metrics import UPLOAD_BYTES
 from api.problems import Problem
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Project
+from jobs.keys import KeyProject
 from jobs.quotas import QuotaExceeded, QuotaUse, storage_use
 
 # Multipart framing (boundaries, part headers) a Content-Length may carry beyond the file itself.
@@ -67,7 +67,7 @@ def _clean_filename(raw: str, fallback: str) -> str:
     return name or fallback
 
 
-async def storage_quota(settings: Settings, project: Project) -> QuotaUse:
+async def storage_quota(settings: Settings, project: KeyProject) -> QuotaUse:
     """The project's storage use now; pass it to `receive_upload` to cut uploads off at the quota."""
 
     def read() -> QuotaUse:

@@ -1,7 +1,7 @@
 """Load on the whole service, on this machine, over loopback: request latency and no lost jobs.
 
     .venv/bin/python -m bench.load [--clients 16] [--rate 200] [--duration 60] [--jobs 1000]
-                                   [--api-workers 2] [--job-workers 1] [--worker-nice 0]
+                                   [--api-workers 2] [--job-workers 1] [--worker-nice 10]
                                    [--drain-timeout 1800]
 
 Starts its own PostgreSQL cluster and Redis (throwaway, free ports; the shared servers are not
@@ -43,6 +43,7 @@ import httpx
 import numpy as np
 import uvloop
 
+from jobs.config import Settings
 from launcher.servers import PostgresCluster, RedisServer
 from launcher.stack import Stack
 from tests.onnx_builders import tiny_conv_bytes
@@ -282,8 +283,9 @@ def main() -> int:
     parser.add_argument(
         "--worker-nice",
         type=int,
-        default=0,
-        help="start the job worker at this niceness: a job worker sharing the API's host yields the CPU to it",
+        default=Settings.model_fields["worker_nice"].default,
+        help="QUANT_WORKER_NICE of the workers: the niceness they add to their own when they start, so that "
+        "jobs sharing the API's host yield the CPU to it (0: the API's priority)",
     )
     parser.add_argument("--drain-timeout", type=float, default=1800.0, help="seconds to wait for jobs to end")
     args = parser.parse_args()
@@ -307,18 +309,19 @@ def main() -> int:
                 QUANT_ENVIRONMENT="test",
                 # The benchmark measures throughput and loss, not the per-project quota: every job may queue.
                 QUANT_QUOTA_CONCURRENT_JOBS=str(max(args.jobs, 1)),
+                QUANT_WORKER_NICE=str(args.worker_nice),
             )
             stack = Stack(env=env, log_dir=Path(var_dir) / "logs")
             stack.migrate()
             stack.start_worker("default", "default", beat=True)
-            stack.start_worker("gpu", "gpu", concurrency=args.job_workers, niceness=args.worker_nice)
+            stack.start_worker("gpu", "gpu", concurrency=args.job_workers)
             url = stack.start_api(workers=args.api_workers)
             key = _create_key(env)
             body = upload_inputs(url, key)
             print(
                 f"load: {args.clients} clients, {args.rate:g} GET/s, {args.jobs} jobs over {args.duration:g} s; "
                 f"API {args.api_workers} uvicorn workers, {args.job_workers} job worker process(es) "
-                f"at nice {args.worker_nice}; PostgreSQL {postgres.port}, Redis {broker.port}",
+                f"(workers at nice +{args.worker_nice}); PostgreSQL {postgres.port}, Redis {broker.port}",
                 file=sys.stderr,
             )
             api_pid = stack.processes["api"].pid

@@ -42,7 +42,7 @@ Call = Callable[[], Any]
 def build(database_url: str, jobs: int) -> tuple[Any, str, str]:
     """The app, a key, and one job id of the key's project."""
     from api.main import create_app
-    from jobs import queries
+    from jobs import keys, queries
     from jobs.config import Settings
     from jobs.db import session_scope
     from jobs.logs import configure_logging
@@ -50,7 +50,7 @@ def build(database_url: str, jobs: int) -> tuple[Any, str, str]:
     settings = Settings(database_url=database_url, environment="test", broker_url="redis://127.0.0.1:1/0")
     with session_scope(database_url) as session:
         project = queries.create_project(session=session, name="bench")
-        _row, key = queries.create_api_key(session=session, project=project)
+        _row, key = keys.create_api_key(session=session, project_id=project.id)
         job_ids = placeholder_job(
             session=session,
             project_id=project.id,

@@ -38,7 +38,7 @@ def create_key(project_name: str, label: str) -> str:
         project = queries.get_project_by_name(session=session, name=project_name)
         if project is None:
             project = queries.create_project(session=session, name=project_name)
-        _row, key = queries.create_api_key(session=session, project=project, name=label)
+        _row, key = keys.create_api_key(session=session, project_id=project.id, name=label)
     return key
 
 

@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     lost_message_timeout: float = Field(default=300.0, gt=0.0)
     # How long (seconds) a worker keeps retrying a database write through an outage before giving up.
     db_retry_seconds: float = Field(default=60.0, ge=0.0)
+    # Celery workers add this to their niceness when they start (`worker.app`; relative, as `nice -n`,
+    # capped at 19), so that an API on the same host keeps the CPU it needs to answer while jobs
+    # quantize (on a 2-core machine, GET p99 222 ms with the job worker at the API's priority, 135 ms
+    # 10 below it: bench/README.md). It only matters when the CPU is contended; 0 leaves it alone.
+    worker_nice: int = Field(default=10, ge=0, le=19)
 
     # TensorRT engine stage (`worker.engine_routing`). A job whose worker has no GPU with TensorRT hands the
     # build to a worker on the `engine` queue and waits at most this long for one to take it; then (or at

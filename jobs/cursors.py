@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,8 +39,14 @@ def paginate(*, session: Session, query: Any, entity: Any, limit: int, cursor: s
         query = query.where(
             or_(entity.created_at < created_at, and_(entity.created_at == created_at, entity.id < row_id))
         )
-    rows = list(session.scalars(query.order_by(entity.created_at.desc(), entity.id.desc()).limit(limit + 1)))
+    rows = session.scalars(query.order_by(entity.created_at.desc(), entity.id.desc()).limit(limit + 1)).all()
+    return cut_page(rows, limit)
+
+
+def cut_page(rows: Sequence[Any], limit: int) -> tuple[list, str | None]:
+    """The first `limit` of up to `limit + 1` rows read newest first, and the cursor to the rest (None when
+    there is none). Rows are anything with `created_at` and `id`: ORM objects or SQL rows."""
     if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, encode_cursor(rows[-1].created_at, rows[-1].id)
+        return list(rows), None
+    page = list(rows[:limit])
+    return page, encode_cursor(page[-1].created_at, page[-1].id)

@@ -19,6 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from jobs.config import Settings
+from jobs.keys import KeyProject
 from jobs.models import Artifact, Dataset, Job, JobStatus, Model, Project
 
 STORAGE = "storage_bytes"
@@ -58,7 +59,7 @@ def lock_project(*, session: Session, project_id: uuid.UUID) -> None:
     )
 
 
-def storage_use(*, session: Session, project: Project, settings: Settings) -> QuotaUse:
+def storage_use(*, session: Session, project: Project | KeyProject, settings: Settings) -> QuotaUse:
     models = select(func.coalesce(func.sum(Model.size_bytes), 0)).where(Model.project_id == project.id)
     datasets = select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.project_id == project.id)
     artifacts = (
@@ -71,7 +72,7 @@ def storage_use(*, session: Session, project: Project, settings: Settings) -> Qu
     return QuotaUse(STORAGE, limit, used)
 
 
-def concurrent_jobs_use(*, session: Session, project: Project, settings: Settings) -> QuotaUse:
+def concurrent_jobs_use(*, session: Session, project: Project | KeyProject, settings: Settings) -> QuotaUse:
     used = session.scalar(
         select(func.count()).select_from(Job).where(Job.project_id == project.id, Job.status.in_(ACTIVE_STATUSES))
     )
@@ -79,7 +80,7 @@ def concurrent_jobs_use(*, session: Session, project: Project, settings: Setting
     return QuotaUse(CONCURRENT_JOBS, limit, int(used or 0))
 
 
-def reserve_storage(*, session: Session, project: Project, settings: Settings, size_bytes: int) -> None:
+def reserve_storage(*, session: Session, project: Project | KeyProject, settings: Settings, size_bytes: int) -> None:
     """Raise QuotaExceeded unless `size_bytes` more still fit; call before inserting the row."""
     lock_project(session=session, project_id=project.id)
     use = storage_use(session=session, project=project, settings=settings)
@@ -87,7 +88,7 @@ def reserve_storage(*, session: Session, project: Project, settings: Settings, s
         raise QuotaExceeded(use, size_bytes)
 
 
-def reserve_job_slot(*, session: Session, project: Project, settings: Settings) -> None:
+def reserve_job_slot(*, session: Session, project: Project | KeyProject, settings: Settings) -> None:
     """Raise QuotaExceeded when the project may not start one more job (slots or storage used up)."""
     lock_project(session=session, project_id=project.id)
     jobs = concurrent_jobs_use(session=session, project=project, settings=settings)

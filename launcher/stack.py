@@ -94,12 +94,10 @@ class Stack:
         concurrency: int = 1,
         beat: bool = False,
         env: dict[str, str] | None = None,
-        niceness: int = 0,
     ) -> subprocess.Popen:
-        """A Celery worker node ``name@host`` consuming ``queues``; ``env`` adds to the stack's environment;
-        ``niceness`` > 0 starts it (and so its pool processes) at that lower CPU priority."""
+        """A Celery worker node ``name@host`` consuming ``queues``; ``env`` adds to the stack's environment.
+        It lowers its own CPU priority by ``QUANT_WORKER_NICE`` (10 unless set) as it starts (`worker.app`)."""
         argv = [
-            *(["nice", "-n", str(niceness)] if niceness else []),
             sys.executable,
             "-m",
             "celery",

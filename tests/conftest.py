@@ -19,7 +19,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from jobs import queries
+from jobs import keys, queries
 from jobs.db import session_scope
 from launcher.stack import Stack
 
@@ -98,7 +98,7 @@ class Service:
             row = queries.get_project_by_name(session=session, name=name) or queries.create_project(
                 session=session, name=name
             )
-            _key, plaintext = queries.create_api_key(session=session, project=row)
+            _key, plaintext = keys.create_api_key(session=session, project_id=row.id)
         return plaintext
 
     def client(self, key: str | None = None, **kwargs) -> httpx.Client:

@@ -287,3 +287,37 @@ def _wait_terminal(client: httpx.Client, job_id: str, timeout: float = 120.0) ->
             return status
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not end within {timeout} s")
+
+
+def test_job_reads_answer_what_the_job_objects_would(service: Service) -> None:
+    # GET /jobs/{id} and GET /jobs serialize rows of the public columns in the route (jobs.job_reads,
+    # api.bodies); the bytes must be those FastAPI's response_model path makes of the Job objects.
+    from pydantic import TypeAdapter
+
+    from api.schemas import JobPublic, Page
+    from jobs import job_reads, queries
+    from jobs.db import session_scope
+
+    assert tuple(JobPublic.model_fields) == job_reads.PUBLIC_COLUMNS
+    key = service.new_key()
+    model, dataset = service.upload(key, tiny_conv_bytes(), tiny_dataset())
+    with service.client(key) as client:
+        created = [
+            client.post("/jobs", json={"model_id": model["id"], "dataset_id": dataset["id"], "recipe": {"seed": i}})
+            for i in range(2)
+        ]
+        for job in created:
+            assert client.post(f"/jobs/{job.json()['id']}/cancel").status_code in (202, 409)  # 409: it ended
+            _wait_terminal(client, job.json()["id"])  # a terminal job never changes: the reads below agree
+        one = client.get(f"/jobs/{created[0].json()['id']}")
+        listing = client.get("/jobs", params={"limit": 1})
+    assert one.headers["content-type"] == listing.headers["content-type"] == "application/json"
+    assert listing.json()["next_cursor"] is not None
+    with session_scope(service.database_url) as session:
+        job = queries.get_job_unscoped(session=session, job_id=uuid.UUID(created[0].json()["id"]))
+        jobs, cursor = queries.list_jobs(session=session, project_id=job.project_id, status=None, limit=1, cursor=None)
+        expected_one = TypeAdapter(JobPublic)
+        assert one.content == expected_one.dump_json(expected_one.validate_python(job, from_attributes=True))
+        expected_page = TypeAdapter(Page[JobPublic])
+        page = expected_page.validate_python({"items": jobs, "next_cursor": cursor}, from_attributes=True)
+        assert listing.content == expected_page.dump_json(page)

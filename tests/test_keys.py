@@ -5,9 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 
 import httpx
+from sqlalchemy import select, update
 
+from jobs import keys
+from jobs.db import session_scope
+from jobs.models import ApiKey, utcnow
 from tests.conftest import Service
 from tests.test_api import assert_problem
 
@@ -73,3 +78,36 @@ def test_quant_admin_lists_and_revokes_keys(service: Service) -> None:
     assert revoked.returncode == 0, revoked.stderr
     assert_problem(httpx.get(f"{service.url}/api/v1/jobs", headers={"X-API-Key": key}), 401, "revoked")
     assert "REVOKED" in _quant_admin(service, "list-keys", "--project", project).stdout
+
+
+def test_key_lookup_marks_use_at_most_once_per_resolution(service: Service) -> None:
+    # At the query level: `last_used_at` is written (and committed) on the first use and then only when
+    # it is LAST_USED_RESOLUTION old; the key is read on every call, so a revocation holds at once.
+    plaintext = service.new_key()
+    key_hash = keys.hash_key(plaintext)
+
+    def stored_last_used() -> datetime | None:
+        with session_scope(service.database_url) as session:
+            return session.scalar(select(ApiKey.last_used_at).where(ApiKey.key_hash == key_hash))
+
+    with session_scope(service.database_url) as session:
+        project = keys.project_for_key(session=session, key=plaintext)
+        assert project is not None and not session.in_transaction()  # the mark is committed already
+    first = stored_last_used()
+    assert first is not None
+    with session_scope(service.database_url) as session:
+        assert keys.project_for_key(session=session, key=plaintext) == project
+    assert stored_last_used() == first  # within the resolution: not written again
+
+    earlier = first - keys.LAST_USED_RESOLUTION - timedelta(seconds=1)
+    with session_scope(service.database_url) as session:
+        session.execute(update(ApiKey).where(ApiKey.key_hash == key_hash).values(last_used_at=earlier))
+    with session_scope(service.database_url) as session:
+        keys.project_for_key(session=session, key=plaintext)
+    assert stored_last_used() > first  # a resolution later: written again
+
+    with session_scope(service.database_url) as session:
+        session.execute(update(ApiKey).where(ApiKey.key_hash == key_hash).values(revoked_at=utcnow()))
+    with session_scope(service.database_url) as session:
+        assert keys.project_for_key(session=session, key=plaintext) is None
+        assert keys.project_for_key(session=session, key="qk_" + "x" * 43) is None

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from jobs import queries, webhooks
+from jobs import keys, queries, webhooks
 from jobs.db import session_scope
 from jobs.models import JobStatus, WebhookEndpoint, WebhookMessage, utcnow
 from tests.conftest import Service
@@ -216,7 +216,7 @@ def test_target_is_checked_again_at_delivery(service: Service, project: dict) ->
     # An endpoint saved while its name pointed somewhere public, now pointing at a private address
     # (DNS changed): written straight to the database, since the API would refuse it.
     with session_scope(service.database_url) as session:
-        project_id = queries.project_for_key(session=session, key=project["key"]).id
+        project_id = keys.project_for_key(session=session, key=project["key"]).id
         endpoint = webhooks.create_endpoint(
             session=session, project_id=project_id, url="http://10.255.255.1/hook", event_types=["job.failed"]
         )
@@ -426,7 +426,7 @@ def test_outbox_commits_with_the_terminal_state_or_not_at_all(
     with service.client(key) as client:
         endpoint = create_endpoint(client, receiver.path())
     with session_scope(service.database_url) as session:
-        project_id = queries.project_for_key(session=session, key=key).id
+        project_id = keys.project_for_key(session=session, key=key).id
         job_ids = [
             queries.create_job(
                 session=session,

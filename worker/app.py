@@ -2,14 +2,16 @@
 
 Configuration (queues, acks_late, prefetch 1, time limits) is shared with the API in `jobs.queue`.
 Importing this module imports no torch and touches no GPU: CUDA is initialised only inside the
-pool process that runs a job.
+pool process that runs a job. A worker lowers its CPU priority by `QUANT_WORKER_NICE` when it starts
+(before its pool processes are forked, so they and their threads inherit it).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
-from celery.signals import setup_logging, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import setup_logging, worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from jobs.config import settings
 from jobs.logs import configure_logging
@@ -25,6 +27,22 @@ _registration = None  # the process keeping this node's `workers` row (worker.re
 def _logging(**_kwargs) -> None:
     # Connected, so Celery leaves the root logger to us: JSON or text as the settings say, job ids included.
     configure_logging(settings)
+
+
+def yield_cpu(increment: int) -> int:
+    """Add `increment` to this process's niceness (Linux caps it at 19); returns the niceness now in
+    force. Relative, as `nice -n` is: a worker started beside the API, both under `nice -n 10`, still
+    runs below it. On Linux it applies to the calling thread and to the threads and processes it
+    starts from then on."""
+    return os.nice(increment) if increment > 0 else os.nice(0)
+
+
+@worker_init.connect
+def _yield_cpu_on_start(**_kwargs) -> None:
+    # In the worker's main process, before the pool forks: a job's quantization (every pool process and
+    # the torch / ONNX Runtime threads it starts) then runs below an API sharing this host's cores.
+    niceness = yield_cpu(settings.worker_nice)
+    log.info("worker running at niceness %d (QUANT_WORKER_NICE=%d)", niceness, settings.worker_nice)
 
 
 @worker_ready.connect

@@ -18,7 +18,8 @@ from jobs import queries, storage
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip, is_image_zip
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Dataset, DatasetKind, DatasetStatus, Project
+from jobs.keys import KeyProject
+from jobs.models import Dataset, DatasetKind, DatasetStatus
 from jobs.npz import InvalidArchive, inspect_npz
 from jobs.queue import enqueue_dataset_validation
 from jobs.quotas import reserve_storage
@@ -74,7 +75,7 @@ async def upload_dataset(
     return dataset
 
 
-def _store(settings: Settings, project: Project, upload: Upload) -> Dataset:
+def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
     """Check the archive's listing, move it into place and record it."""
     dataset_id = uuid.uuid4()
     project_id = project.id

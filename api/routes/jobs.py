@@ -7,16 +7,17 @@ import logging
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
+from api.bodies import JsonBody
 from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.events import stream_events
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.routes.webhooks import check_target
 from api.schemas import ArtifactPublic, JobCreate, JobCreated, JobPublic, Page
-from jobs import queries, storage
+from jobs import job_reads, queries, storage
 from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
 from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
@@ -25,12 +26,19 @@ from jobs.report import Report
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
+# The two reads a dashboard polls, serialized in the route (api.bodies) from rows (jobs.job_reads).
+_JOB_BODY = JsonBody(JobPublic)
+_JOB_PAGE_BODY = JsonBody(Page[JobPublic])
+
+
+def _job_not_found(job_id: uuid.UUID) -> Problem:
+    return Problem(404, f"job {job_id} not found", slug="job-not-found")
 
 
 def _job_or_404(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> Job:
     job = queries.get_job(session=session, project_id=project.id, job_id=job_id)
     if job is None:
-        raise Problem(404, f"job {job_id} not found", slug="job-not-found")
+        raise _job_not_found(job_id)
     return job
 
 
@@ -121,13 +129,19 @@ def list_jobs(
     status: JobStatus | None = None,
     limit: LimitQuery = 50,
     cursor: CursorQuery = None,
-) -> dict:
-    return page(queries.list_jobs, session=session, project_id=project.id, status=status, limit=limit, cursor=cursor)
+) -> Response:
+    jobs = page(
+        job_reads.list_public_jobs, session=session, project_id=project.id, status=status, limit=limit, cursor=cursor
+    )
+    return _JOB_PAGE_BODY(jobs)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="Read a job: status, stage, progress, error")
-def read_job(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> Job:
-    return _job_or_404(session, project, job_id)
+def read_job(session: SessionDep, project: ProjectDep, job_id: uuid.UUID) -> Response:
+    job = job_reads.get_public_job(session=session, project_id=project.id, job_id=job_id)
+    if job is None:
+        raise _job_not_found(job_id)
+    return _JOB_BODY(job)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, summary="Cancel a job")

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Response
 from api.deps import ProjectDep, SessionDep
 from api.problems import Problem
 from api.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic
-from jobs import keys, queries
+from jobs import keys
 from jobs.models import ApiKey
 
 router = APIRouter(prefix="/keys", tags=["keys"])
@@ -29,7 +29,7 @@ def list_keys(session: SessionDep, project: ProjectDep) -> list[ApiKey]:
 @router.post("", status_code=201, response_model=ApiKeyCreated, summary="Create an API key")
 def create_key(session: SessionDep, project: ProjectDep, body: ApiKeyCreate | None = None) -> ApiKeyCreated:
     """The response carries the key; only its SHA-256 is stored, so it cannot be shown again."""
-    row, plaintext = queries.create_api_key(session=session, project=project, name=(body or ApiKeyCreate()).name)
+    row, plaintext = keys.create_api_key(session=session, project_id=project.id, name=(body or ApiKeyCreate()).name)
     session.commit()
     return ApiKeyCreated.model_validate({**ApiKeyPublic.model_validate(row).model_dump(), "key": plaintext})
 

@@ -16,7 +16,8 @@ from api.verdicts import wait_for_verdict
 from jobs import queries, storage
 from jobs.config import Settings
 from jobs.db import session_scope
-from jobs.models import Model, ModelStatus, Project
+from jobs.keys import KeyProject
+from jobs.models import Model, ModelStatus
 from jobs.queue import enqueue_validation
 from jobs.quotas import reserve_storage
 
@@ -79,7 +80,7 @@ def read_model(session: SessionDep, project: ProjectDep, model_id: uuid.UUID) ->
     return model
 
 
-def _create(settings: Settings, project: Project, model_id: uuid.UUID, upload: Upload, relative: str) -> Model:
+def _create(settings: Settings, project: KeyProject, model_id: uuid.UUID, upload: Upload, relative: str) -> Model:
     with session_scope(settings.resolved_database_url) as session:
         reserve_storage(session=session, project=project, settings=settings, size_bytes=upload.size_bytes)
         return queries.create_model(
