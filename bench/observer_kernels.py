@@ -8,10 +8,6 @@ prints the process CPU time per value (median of ``--repeats``), summed over eve
 - ``percentile``: ``PercentileObserver.observe`` as calibration runs it on its first batch (bins above
   the floor only; the floor is chosen from a sample first, which later batches skip);
 - ``resolve_all``: the same observer with every bin resolved (what ``kl``/``mse``/``floating`` cost);
-- ``bin_abs``: ``x.min()``, ``x.max()`` and the compiled binning loop those observers call
-  (``quantcore.histogram.bin_abs``), every bin resolved, without the observer's Python around it;
-- ``numpy-bincount``: ``x.min()``, ``x.max()`` and the numpy passes ``bin_abs`` replaced (multiply,
-  abs, cast to intp, ``np.bincount``), every bin resolved, bit-identical counts;
 - ``torch-histc``: ``torch.histc(|x|, 2048, 0, top)``, one intra-op thread;
 - ``torch-bincount-1t`` / ``-2t``: ``torch.aminmax`` then ``torch.bincount`` of the int32 bin indices,
   the same arithmetic as numpy (bit-identical counts), with one and with two intra-op threads
@@ -39,7 +35,7 @@ from quantcore import QuantizeConfig
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.graph import GraphIndex
-from quantcore.histogram import PercentileObserver, bin_abs
+from quantcore.histogram import PercentileObserver
 from quantcore.preparation import prepare
 from quantcore.session import open_session
 
@@ -68,22 +64,6 @@ def observer_kernel(resolve_all: bool) -> Callable[[np.ndarray], object]:
     return kernel
 
 
-def top(x: np.ndarray) -> float:
-    return max(-float(x.min()), float(x.max())) or 1.0
-
-
-def compiled_binning(x: np.ndarray) -> object:
-    counts = np.zeros(BINS, np.int64)
-    bin_abs(x.ravel(), np.float32(BINS / top(x)), 0, counts)
-    return counts
-
-
-def numpy_bincount(x: np.ndarray) -> object:
-    scaled = np.multiply(x.ravel(), BINS / top(x))
-    np.abs(scaled, out=scaled)
-    return np.bincount(scaled.astype(np.intp), minlength=BINS + 1)
-
-
 def torch_bincount(x: np.ndarray) -> object:
     t = torch.from_numpy(x.ravel())
     lo, hi = torch.aminmax(t)
@@ -102,8 +82,6 @@ KERNELS: dict[str, tuple[int, Callable[[np.ndarray], object]]] = {
     "minmax": (1, lambda x: (x.min(), x.max())),
     "percentile": (1, observer_kernel(resolve_all=False)),
     "resolve_all": (1, observer_kernel(resolve_all=True)),
-    "bin_abs": (1, compiled_binning),
-    "numpy-bincount": (1, numpy_bincount),
     "torch-histc": (1, torch_histc),
     "torch-bincount-1t": (1, torch_bincount),
     "torch-bincount-2t": (2, torch_bincount),

@@ -12,8 +12,8 @@ rather than spin between runs, leaving the cores to the observers.
 The observers of one batch run on a thread pool (one thread per core; tensors sharing a scale feed
 their one observer from one thread, in annotation order, so the result does not depend on scheduling;
 a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
-Cost per batch and tensor: the histogram observers make two reductions and one compiled binning pass
-(``quantcore.histogram``; the percentile observer resolves only the tail its percentile lies in), so
+Cost per batch and tensor: the histogram observers make two reductions and one binning pass
+(``quantcore.histogram``; the percentile observer bins only the tail its percentile lies in), so
 calibration costs one inference plus a few passes over the activations. A percentile observer whose
 percentile the later batches pushed below the bins it resolved (``Observer.complete`` false, data far
 lighter-tailed than the first batch) is replaced by a fully resolved one, fed by a second pass over
@@ -99,9 +99,8 @@ PARALLEL_OBSERVE_BYTES = 1 << 20
 
 def observe_threads(groups: int) -> int:
     """Threads folding one batch into the observers: one per core (as many as ONNX Runtime's intra-op
-    pool), at most one per observer. NumPy releases the GIL in the reductions and the histogram kernel
-    (``quantcore.histogram.bin_abs``) runs without it, so observers of different tensors overlap; each
-    observer is fed by one thread only."""
+    pool), at most one per observer. NumPy releases the GIL in the reductions, the binning arithmetic
+    and the casts, so observers of different tensors overlap; each observer is fed by one thread only."""
     return max(1, min(groups, os.cpu_count() or 1))
 
 

@@ -117,7 +117,6 @@ import tracemalloc  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from quantcore.histogram import bin_abs  # noqa: E402
 from quantcore.observers import OBSERVERS, EMAMinMaxObserver, make_observer  # noqa: E402
 from quantcore.policy import QuantPolicy, make_policy  # noqa: E402
 from quantcore.tqc import QuantState  # noqa: E402
@@ -350,58 +349,3 @@ def test_a_small_first_batch_is_resolved_fully() -> None:
     observer = PercentileObserver()
     observer.observe(heavy_tailed(np.random.default_rng(14), 5000))  # 32 values in the margin: too few
     assert observer.floor == 0 and observer.complete
-
-
-# ---- the compiled binning kernel ---------------------------------------------------------------------
-
-
-def numpy_binning(values: np.ndarray, scale: np.floating, floor: int, bins: int) -> np.ndarray:
-    """The reference: numpy's passes (multiply, abs, compare, cast, bincount) that ``bin_abs`` fuses."""
-    scaled = np.abs(values * scale)
-    resolved = scaled if floor == 0 else scaled[scaled >= floor]
-    counts = np.bincount(resolved.astype(np.intp), minlength=bins + 1)
-    counts[bins - 1] += counts[bins]  # |x| = top: the last bin is closed
-    if floor:
-        counts[floor - 1] += scaled.size - resolved.size
-    return counts[:bins]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    dtype=st.sampled_from([np.float32, np.float64]),
-    bins=st.sampled_from([2, 256, 2048]),
-    floor_fraction=st.sampled_from([0.0, 0.001, 0.5, 0.999]),
-    magnitude=st.floats(1e-30, 1e30),
-    seed=st.integers(0, 2**16),
-)
-def test_bin_abs_counts_equal_numpy_bincount(
-    dtype: type, bins: int, floor_fraction: float, magnitude: float, seed: int
-) -> None:
-    rng = np.random.default_rng(seed)
-    values = (magnitude * heavy_tailed(rng, 3000)).astype(dtype)
-    top = float(np.abs(values).max())
-    # edge values: zeros, ±top itself (index = bins), and values one ulp around bin edges
-    edges = (np.arange(bins + 1) * (top / bins)).astype(dtype)
-    values = np.concatenate([values, [0.0, -0.0, top, -top], edges, np.nextafter(edges, 0), -edges]).astype(dtype)
-    scale = values.dtype.type(bins / top)  # as HistogramObserver.observe rounds it
-    floor = min(int(floor_fraction * bins), bins - 1)
-    counts = np.zeros(bins, np.int64)
-    bin_abs(values, scale, floor, counts)
-    # exact equality: the same float operations in the same type, then integer counts
-    np.testing.assert_array_equal(counts, numpy_binning(values, scale, floor, bins))
-    assert counts.sum() == values.size
-
-
-def test_observers_bin_float16_integer_and_tiny_float32_values() -> None:
-    for values in (np.array([0.0, 0.5, -1.0, 1.0], np.float16), np.arange(-50, 51, dtype=np.int64)):
-        observer = PercentileObserver(percentile=100.0, bins=64, resolve_all=True)
-        observer.observe(values)
-        # integers and float16 are binned in float32, as numpy's path did
-        expected = numpy_binning(values.astype(np.float32), np.float32(64 / observer.top), 0, 64)
-        np.testing.assert_array_equal(observer.counts, expected)
-    tiny = np.array([0.0, 1e-38, -3e-38, 2e-39], np.float32)  # 2048 / top overflows float32: bins in float64
-    observer = PercentileObserver(percentile=100.0, resolve_all=True)
-    observer.observe(tiny)
-    expected = numpy_binning(tiny.astype(np.float64), 2048 / observer.top, 0, 2048)
-    np.testing.assert_array_equal(observer.counts, expected)
-    assert observer.amax() == float(np.float32(3e-38))
