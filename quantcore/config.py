@@ -48,6 +48,12 @@ class ReconstructionConfig:
     weight_lr: Adam step on the rounding variables V (None: ``rounding_lr``'s default); activation_lr:
     Adam step on log s of the learned activation scales. rounding_loss_weight λ, warmup (fraction of
     iters without the rounding loss), beta_start → beta_end (β annealed linearly after the warm-up).
+    λ is 3, not the papers' 0.01: h(V) only ends at 0 or 1 where the regularizer's pull outweighs the
+    reconstruction loss's curvature in h, about 2·s²·E[x²] per weight (s the weight step, x its input),
+    against the regularizer's 8λ at β = 2. Small layers at 2 bit have curvatures of 0.1-1.3 (bench's
+    `narrow` ResNet), above the papers' 8·0.01, and then stay undecided however long they train (measured
+    there: 53 % of h(V) undecided after 300, 1000 and 3000 steps alike, and hardening tripling the block
+    loss); see bench/README.md.
     cache_bytes: block inputs/targets are held in memory up to this size and memory-mapped from a
     temporary file beyond it. seed: sampling, dropping and everything else random. threads: torch
     intra-op threads on CPU while reconstructing (0: torch's default; 1 is fastest for small blocks on
@@ -60,7 +66,7 @@ class ReconstructionConfig:
     num_samples: int = 1024
     weight_lr: float | None = None
     activation_lr: float = 1e-3
-    rounding_loss_weight: float = 0.01
+    rounding_loss_weight: float = 3.0
     warmup: float = 0.2
     beta_start: float = 20.0
     beta_end: float = 2.0

@@ -188,8 +188,9 @@ def _loss(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Ten
     """Σ over outputs of the squared error summed over axis 1 (channels of NCHW, features of (B, F)) and
     averaged over the batch and every other axis (positions): BRECQ's and QDrop's reconstruction loss
     (plain MSE, not BRECQ's Fisher-weighted variant). The normalisation matters: the rounding loss weight
-    λ (0.01 in the papers) is set against this scale; summing over positions too would weaken λ by the
-    number of positions (64 at 8x8) and leave h(V) undecided when it is hardened."""
+    λ (``ReconstructionConfig.rounding_loss_weight``) is set against this scale; summing over positions
+    too would weaken λ by the number of positions (64 at 8x8) and leave h(V) undecided when it is
+    hardened."""
     total = outputs[0].new_zeros(())
     for o, t in zip(outputs, targets, strict=True):
         error = (o - t) ** 2
