@@ -183,7 +183,12 @@ class ReconstructionSpec(_Spec):
     num_samples: int = Field(
         1024, ge=1, le=100_000, description="Calibration samples whose block inputs and outputs are cached."
     )
-    rounding_loss_weight: float = Field(0.01, ge=0.0, le=100.0, description="Weight λ of the rounding regularizer.")
+    rounding_loss_weight: float = Field(
+        3.0,
+        ge=0.0,
+        le=100.0,
+        description="Weight λ of the rounding regularizer (3, not the papers' 0.01: see ReconstructionConfig).",
+    )
     warmup: float = Field(0.2, ge=0.0, le=1.0, description="Fraction of the steps without the rounding regularizer.")
     drop_prob: float = Field(
         0.5, ge=0.0, le=1.0, description="qdrop: probability of dropping an activation's quantization."
