@@ -258,7 +258,9 @@ def quantize(
     if config.cpu_latency:
         started = stages.begin("latency")
         sample = next(iter(evaluation_batches), None)
-        latency = cpu_latency(model_path, exported.model_path, sample=sample)
+        latency = cpu_latency(
+            model_path, exported.model_path, sample=sample, disabled_optimizers=config.disabled_optimizers
+        )
         stages.end("latency", started, "FP32 vs quantized on the CPU EP")
 
     engine = None

@@ -132,28 +132,40 @@ def feeds_for(
 
 
 def _session(
-    path: str | Path, threads: int | None, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    path: str | Path,
+    threads: int | None,
+    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    disabled_optimizers: Sequence[str] = (),
 ) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
     if threads is not None:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(disabled_optimizers),
+    )
 
 
-def _deployed_session(path: str | Path, threads: int | None, notes: list[str]) -> ort.InferenceSession:
-    """The quantized model as the evaluate stage deploys it: full optimization (integer kernels), or
-    basic optimization where ONNX Runtime cannot build the fully optimized graph (FP8 on the CPU EP,
-    whose float8 Q/DQ it fuses into QLinearConv and then rejects); the fallback is noted."""
+def _deployed_session(
+    path: str | Path, threads: int | None, notes: list[str], disabled_optimizers: Sequence[str]
+) -> ort.InferenceSession:
+    """The quantized model as the evaluate stage deploys it: full optimization (integer kernels) without
+    ``disabled_optimizers`` (``quantcore.parity``), or basic optimization where ONNX Runtime cannot build
+    the fully optimized graph (float8 Q/DQ in some versions); the fallback is noted."""
+    if disabled_optimizers:
+        notes.append(f"quantized model measured with ONNX Runtime's {', '.join(disabled_optimizers)} disabled")
     try:
-        return _session(path, threads)
+        return _session(path, threads, disabled_optimizers=disabled_optimizers)
     except Exception as error:  # ONNX Runtime raises its own exception types
         notes.append(
             f"ONNX Runtime's full optimization cannot build the quantized model ({str(error)[:200]}); "
             "measured at basic optimization, Q/DQ run as float ops"
         )
-        return _session(path, threads, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+        return _session(path, threads, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, disabled_optimizers)
 
 
 def cpu_latency(
@@ -163,6 +175,7 @@ def cpu_latency(
     sample: Mapping[str, np.ndarray] | None = None,
     settings: LatencySettings | None = None,
     seed: int = 0,
+    disabled_optimizers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Plain-JSON latency of both models on ONNX Runtime's CPU EP::
 
@@ -171,6 +184,8 @@ def cpu_latency(
          "speedup_p50": {"batch_1": fp32 p50 / quantized p50, ...}, "notes": [...]}
 
     (a summary is ``summarize``'s dict). Fixed-batch models: ``batch_sizes`` is ``[their batch]``.
+    ``disabled_optimizers``: ONNX Runtime rewrites the quantized model's session skips, as the deployed
+    evaluation does (``QuantizeConfig.disabled_optimizers``).
     """
     settings = settings or LatencySettings()
     specs = input_specs(onnx.load(str(fp32_model_path), load_external_data=False))
@@ -196,7 +211,7 @@ def cpu_latency(
     }
     sessions = {
         "fp32": _session(fp32_model_path, settings.threads),
-        "quantized": _deployed_session(quantized_model_path, settings.threads, notes),
+        "quantized": _deployed_session(quantized_model_path, settings.threads, notes, disabled_optimizers),
     }
     for batch in batches:
         feeds = feeds_for(specs, batch, sample, seed=seed)
