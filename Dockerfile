@@ -72,7 +72,7 @@ COPY --from=frontend /frontend/dist ./frontend/dist
 USER quant
 EXPOSE 8000
 # Migrations run in their own one-shot container (`migrate` in docker-compose.yml): `alembic upgrade head`.
-CMD ["uvicorn", "api.main:app", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["python", "-m", "api.serve", "--host", "0.0.0.0", "--port", "8000"]
 
 # ----------------------------------------------------------------------------------------- worker-cpu
 FROM python-base AS worker-cpu

@@ -215,6 +215,53 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+ACCESS_LINE = re.compile(rb" api\.access \[(\d+)\] (GET|POST) /api/v1/jobs(/[0-9a-f-]+)? (\d{3}) ([\d.]+) ms")
+
+
+@dataclass
+class ServerLog:
+    """What the API's access log says of the job requests: seconds per operation, timed from the ASGI
+    app receiving the request to its last byte sent (no socket, no kernel queue, no client), and the
+    number each API process served."""
+
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    by_process: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    @classmethod
+    def read(cls, log: Path, offset: int) -> ServerLog:
+        """The lines from byte `offset` on."""
+        found = cls()
+        with log.open("rb") as lines:
+            lines.seek(offset)
+            for line in lines:
+                if match := ACCESS_LINE.search(line):
+                    pid, method, one, _status, ms = match.groups()
+                    found.latencies[f"{method.decode()} /jobs{'/{id}' if one else ''}"].append(float(ms) / 1000)
+                    found.by_process[int(pid)] += 1
+        return found
+
+    def print(self) -> None:
+        print("\nIn the API (access log):\n")
+        print("| operation | requests | p50 (ms) | p99 (ms) | max (ms) |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        every = [v for name, values in self.latencies.items() if name.startswith("GET") for v in values]
+        for name, values in [*sorted(self.latencies.items()), ("all GETs", every)]:
+            if values:
+                row = " | ".join(f"{percentile(values, q) * 1000:.1f}" for q in (0.5, 0.99, 1.0))
+                print(f"| {name} | {len(values)} | {row} |")
+        shares = ", ".join(f"{count}" for count in sorted(self.by_process.values(), reverse=True))
+        print(f"\njob requests served per API process: {shares}")
+
+
+def component_pids(stack: Stack, postgres: PostgresCluster, broker: RedisServer) -> dict[str, int]:
+    """The root process of each part of the stack; `cpu_seconds` adds its descendants."""
+    assert postgres.data is not None and broker.process is not None
+    pids = {name: process.pid for name, process in stack.processes.items()}
+    pids["postgresql"] = int((postgres.data / "db" / "postmaster.pid").read_text().split()[0])
+    pids["redis"] = broker.process.pid
+    return pids
+
+
 def upload_inputs(url: str, key: str) -> dict:
     rng = np.random.default_rng(0)
     buffer = io.BytesIO()
@@ -325,12 +372,22 @@ def main() -> int:
                 file=sys.stderr,
             )
             api_pid = stack.processes["api"].pid
+            api_log = Path(var_dir) / "logs" / "api.log"
+            log_offset = api_log.stat().st_size
+            pids = component_pids(stack, postgres, broker)
+            parts_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             cpu_before, own_before = cpu_seconds(api_pid), time.process_time()
             recorder, wall = uvloop.run(run_load(args, url, key, body))
             api_cpu, own_cpu = cpu_seconds(api_pid) - cpu_before, time.process_time() - own_before
+            parts = {name: cpu_seconds(pid) - parts_before[name] for name, pid in pids.items()}
             requests = sum(len(v) for v in recorder.latencies.values())
             print(f"\n{wall:.1f} s of load (scheduled: {args.duration:g} s); load average {os.getloadavg()[0]:.1f}\n")
             print_table(recorder, wall)
+            ServerLog.read(api_log, log_offset).print()
+            print("\nCPU during the load, by part of the stack (s, and cores' worth over the load's wall time):\n")
+            print("| " + " | ".join([*parts, "load generator"]) + " |")
+            print("| " + " | ".join("---:" for _ in range(len(parts) + 1)) + " |")
+            print("| " + " | ".join(f"{cpu:.1f} s ({cpu / wall:.2f})" for cpu in [*parts.values(), own_cpu]) + " |")
             print(
                 f"\nAPI CPU (uvicorn master + workers): {api_cpu:.1f} s, {1000 * api_cpu / max(requests, 1):.2f} ms "
                 f"per request: about {requests / api_cpu if api_cpu else 0:.0f} requests/s per free core"

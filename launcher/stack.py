@@ -55,7 +55,8 @@ class Stack:
         )
 
     def start_api(self, port: int | None = None, workers: int = 1, graceful_seconds: int = 30) -> str:
-        """uvicorn on `port`; on SIGTERM it stops accepting, lets requests finish for `graceful_seconds`
+        """The API on `port` (`api.serve`: `workers` uvicorn processes, each with its own listening socket);
+        on SIGTERM it stops accepting, lets requests finish for `graceful_seconds`
         (event streams included), then closes what is left. Its processes share one fresh
         PROMETHEUS_MULTIPROC_DIR so /metrics sums their upload counters."""
         port = port or free_port()
@@ -67,8 +68,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "uvicorn",
-                "api.main:app",
+                "api.serve",
                 "--host",
                 "127.0.0.1",
                 "--port",

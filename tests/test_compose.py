@@ -252,7 +252,7 @@ def test_runtime_images_run_unprivileged(stages: dict[str, dict[str, Any]], targ
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        ("api", "uvicorn api.main:app --host 0.0.0.0 --port 8000"),
+        ("api", "python -m api.serve --host 0.0.0.0 --port 8000"),
         ("worker-cpu", "-Q default,gpu --concurrency 1 --prefetch-multiplier 1"),
         ("worker-gpu", "-Q engine,gpu --concurrency 1 --prefetch-multiplier 1"),
     ],

@@ -116,10 +116,12 @@ def service_host_pid(pid: int) -> str:
     return f"{socket.gethostname()}:{pid}"
 
 
-def test_sigterm_to_the_api_lets_requests_in_flight_finish(service: Service) -> None:
-    """uvicorn's graceful shutdown: an upload still streaming when SIGTERM arrives is completed."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_to_the_api_lets_requests_in_flight_finish(service: Service, workers: int) -> None:
+    """uvicorn's graceful shutdown: an upload still streaming when SIGTERM arrives is completed, by the
+    one in-process server or by the `api.serve` worker that has it."""
     stack = Stack(env=service.stack.env, log_dir=ARTIFACTS / "logs" / f"api-shutdown-{uuid.uuid4().hex[:8]}")
-    url = stack.start_api(graceful_seconds=20)
+    url = stack.start_api(graceful_seconds=20, workers=workers)
     api = stack.processes["api"]
     body = tiny_dataset(n=200)  # 150 KB sent in 4 KiB pieces over ~2 s
 
