@@ -28,6 +28,7 @@ same signal, as uvicorn does. With one worker the server runs in this process.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import logging
 import multiprocessing
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from api.warmup import warm_up
 from jobs.config import settings
 from jobs.logs import configure_logging
 
@@ -73,13 +75,14 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
 
 
 def serve_on(options: Options, sock: socket.socket) -> None:
-    """One uvicorn server on `sock`, until SIGTERM/SIGINT (then graceful shutdown). The objects that
-    exist once the app is built live as long as the process and are frozen out of the cyclic
-    collector (see the module docstring)."""
+    """One uvicorn server on `sock`, until SIGTERM/SIGINT (then graceful shutdown). The app is built and
+    warmed up (`api.warmup`) before it accepts a connection; the objects that exist then live as long
+    as the process and are frozen out of the cyclic collector (see the module docstring)."""
     config = uvicorn.Config(
         options.app, log_level=options.log_level, timeout_graceful_shutdown=options.graceful_seconds
     )
     config.load()  # imports and builds the app
+    asyncio.run(warm_up(config.loaded_app))
     gc.collect()
     gc.freeze()
     uvicorn.Server(config).run(sockets=[sock])

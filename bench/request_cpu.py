@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from api.warmup import asgi_get
 from launcher.servers import PostgresCluster
 from launcher.stack import Stack
 from tests.rows import placeholder_job
@@ -65,37 +66,6 @@ def build(database_url: str, jobs: int) -> tuple[Any, str, str]:
     return create_app(settings), key, str(job_ids[0])
 
 
-async def get(app: Any, path: str, query: bytes, key: str) -> int:
-    """One GET through the ASGI app; returns the status after the whole body was sent."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": query,
-        "headers": [(b"host", b"127.0.0.1"), (b"x-api-key", key.encode()), (b"accept", b"*/*")],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8000),
-        "state": {},
-    }
-    status = 0
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-
-    await app(scope, receive, send)
-    return status
-
-
 async def run(app: Any, key: str, job_id: str, operation: str, count: int) -> None:
     path, query = {
         "GET /health": ("/api/v1/health", b""),
@@ -103,7 +73,7 @@ async def run(app: Any, key: str, job_id: str, operation: str, count: int) -> No
         "GET /jobs/{id}": (f"/api/v1/jobs/{job_id}", b""),
     }[operation]
     for _ in range(count):
-        status = await get(app, path, query, key)
+        status = await asgi_get(app, path, query, [(b"x-api-key", key.encode())])
         if status != 200:
             raise RuntimeError(f"{operation} answered {status}")
 

@@ -1,8 +1,10 @@
 """`api.serve`: API workers with a listening socket each, so that connections spread over them; a dead
-worker is replaced; a worker that cannot start stops the server instead of restarting forever."""
+worker is replaced; a worker that cannot start stops the server instead of restarting forever; the
+warm-up a worker runs before serving."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from api.serve import Options, Supervisor, listening_sockets
+from api.warmup import warm_up
 from launcher.stack import Stack
 
 CONNECTIONS = 32
@@ -123,3 +126,14 @@ def test_a_worker_failing_at_start_up_stops_the_server(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60  # it stopped, it did not restart the workers forever
     with pytest.raises(OSError):
         sockets[0].getsockname()  # closed
+
+
+def test_warm_up_runs_the_request_path_without_a_key_or_data(tmp_path: Path) -> None:
+    """What a worker sends itself before serving: liveness answers, the job listing refuses the missing
+    key (after routing and dependency solving), and nothing reaches the database (which is not there)."""
+    from api.main import create_app
+    from jobs.config import Settings
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'absent' / 'db.sqlite'}", environment="test"))
+    assert asyncio.run(warm_up(app)) == [200, 401]
+    assert not (tmp_path / "absent" / "db.sqlite").exists()  # never connected
