@@ -36,6 +36,20 @@ def finite_values(x: np.ndarray) -> tuple[np.ndarray, int]:
     return x[finite], int(x.size - finite.sum())
 
 
+def bin_multiplier(values: np.ndarray, bins: int, top: float) -> tuple[np.ndarray, float]:
+    """(values', m) with values' · m = x · bins / top in x's float type (float32 or float64).
+
+    m = bins / top, values' = x, unless m overflows that type (top below bins / its largest finite
+    value: about 6e-36 in float32, 1e-305 in float64; subnormals included): then values' = x · 2^k
+    (exact: scaling up by a power of two loses no bit) and m = bins / (top · 2^k), top · 2^k in
+    [0.5, 1). The product is then x · bins / top rounded once, as it would be with no overflow."""
+    multiplier = bins / top  # Python float: inf when it overflows float64 too
+    if multiplier <= float(np.finfo(values.dtype).max):
+        return values, multiplier
+    mantissa, exponent = math.frexp(top)  # top = mantissa · 2^exponent
+    return np.ldexp(values, -exponent), bins / mantissa
+
+
 class HistogramObserver:
     """Streamed histogram of |x| (see module). Base of the threshold observers; ``amax()`` = max|x|."""
 
@@ -96,7 +110,8 @@ class HistogramObserver:
             return
         if values.dtype.kind != "f" or values.itemsize < 4:  # float16 indices would round past bins
             values = values.astype(np.float32)
-        scaled = np.multiply(values, bins / self.top)  # one temporary of x's size, reused in place
+        values, multiplier = bin_multiplier(values, bins, self.top)
+        scaled = np.multiply(values, multiplier)  # one temporary of x's size, reused in place
         np.abs(scaled, out=scaled)
         self._raise_floor(self.choose_floor(scaled))
         resolved = scaled if self.floor == 0 else scaled[scaled >= self.floor]  # trunc(i) >= floor <=> i >= floor
@@ -123,9 +138,9 @@ class HistogramObserver:
             self.top = new_max  # zeros counted so far sit in bin 0 for any range
             return
         bins = self.counts.size
-        k = math.ceil(math.log2(new_max / self.top))
-        while self.top * 2.0**k < new_max:  # guard float rounding in log2
-            k += 1
+        mantissa, exponent = math.frexp(self.top)  # exact, with no overflow of new_max / top
+        new_mantissa, new_exponent = math.frexp(new_max)
+        k = new_exponent - exponent + (new_mantissa > mantissa)  # the smallest k with top · 2^k >= new_max
         factor = 2**k
         merged = np.zeros_like(self.counts)
         if factor >= bins:
@@ -133,7 +148,7 @@ class HistogramObserver:
         else:
             merged[: bins // factor] = self.counts.reshape(bins // factor, factor).sum(axis=1)
         self.counts = merged
-        self.top *= float(factor)
+        self.top = math.ldexp(self.top, k)
         floor = -(-self.floor // factor)  # ceil: the merged bin holding floor - 1 holds all below it
         self.floor = floor if floor > 1 else 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from quantcore.histogram import HistogramObserver
 from quantcore.observers import MinMaxObserver, PercentileObserver
 from quantcore.scaling import scale_offset
 from quantcore.tqc import TensorQuantConfig
@@ -61,6 +62,29 @@ def test_percentile_100_is_the_maximum_and_zeros_are_handled() -> None:
     observer.observe(np.array([0.5, -3.0, 1.0]))
     assert observer.amax() == 3.0
     assert observer.counts[0] >= 10  # the zeros seen before the range existed stay counted
+
+
+@pytest.mark.filterwarnings("error")  # an overflowing bins/top shows as a RuntimeWarning first
+@pytest.mark.parametrize(
+    ("dtype", "unit"),
+    [(np.float32, 2.0**-134), (np.float32, 2.0**-149), (np.float64, 2.0**-1074)],
+    ids=["float32-1e-37", "float32-subnormal", "float64-subnormal"],
+)
+def test_tiny_ranges_are_binned_exactly(dtype: type, unit: float) -> None:
+    # |x| = k · unit, k = 0..4096, so top = 4096 · unit and bins / top = 2^-1 / unit overflows the
+    # dtype (float32: above 2^128); exact binning puts k in bin floor(k / 2), k = 4096 in the last bin
+    k = np.arange(4097)
+    values = (k * unit).astype(dtype) * np.where(k % 3, 1, -1).astype(dtype)
+    assert np.all(np.abs(values) == k * unit)  # every value representable, subnormals included
+    expected = np.bincount(np.minimum(k // 2, 2047), minlength=2048)
+    for observer in (PercentileObserver(), PercentileObserver(percentile=100.0), HistogramObserver()):
+        observer.observe(values)
+        np.testing.assert_array_equal(observer.counts, expected)
+        assert observer.top == observer.abs_max == 4096 * unit
+        assert 0.0 < observer.amax() <= 4096 * unit
+        observer.observe(np.ones(10, dtype=dtype))  # the range grows from a tiny top: nothing lost
+        assert observer.total == 4097 + 10 and observer.counts[-1] == 10 and observer.amax() <= 1.0
+    assert PercentileObserver(percentile=99.0).amax() == 0.0
 
 
 def test_observer_state_does_not_grow_with_the_number_of_batches() -> None:
