@@ -51,7 +51,7 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # binned in their own typ
 
 def column_extremes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(min, max) of each column of ``values`` (size a multiple of ROWS) read as (ROWS, size / ROWS), in
-    ROWS - 1 elementwise passes (numpy's reduce over axis 0 makes the same passes, about 1.7x slower)."""
+    ROWS - 1 elementwise passes each (numpy's reduce over axis 0 makes the same passes, 1.7x slower)."""
     rows = values.reshape(ROWS, -1)
     lo, hi = np.minimum(rows[0], rows[1]), np.maximum(rows[0], rows[1])
     for row in rows[2:]:
