@@ -7,6 +7,8 @@ prints the process CPU time per value (median of ``--repeats``), summed over eve
 - ``minmax``: the two reductions every batch starts with (``x.min()``, ``x.max()``);
 - ``percentile``: ``PercentileObserver.observe`` as calibration runs it on its first batch (bins above
   the floor only; the floor is chosen from a sample first, which later batches skip);
+- ``percentile-later``: the same observer fed the same batch again, its floor in force: what every
+  later batch costs (per-column extremes, then binning only the columns that reach the floor);
 - ``resolve_all``: the same observer with every bin resolved (what ``kl``/``mse``/``floating`` cost);
 - ``torch-histc``: ``torch.histc(|x|, 2048, 0, top)``, one intra-op thread;
 - ``torch-bincount-1t`` / ``-2t``: ``torch.aminmax`` then ``torch.bincount`` of the int32 bin indices,
@@ -64,6 +66,17 @@ def observer_kernel(resolve_all: bool) -> Callable[[np.ndarray], object]:
     return kernel
 
 
+def later_batch_kernel() -> Callable[[np.ndarray], object]:
+    observers: dict[int, PercentileObserver] = {}  # one per tensor; the untimed warm-up call sets its floor
+
+    def kernel(x: np.ndarray) -> object:
+        observer = observers.setdefault(id(x), PercentileObserver())
+        observer.observe(x)
+        return observer.counts
+
+    return kernel
+
+
 def torch_bincount(x: np.ndarray) -> object:
     t = torch.from_numpy(x.ravel())
     lo, hi = torch.aminmax(t)
@@ -81,6 +94,7 @@ def torch_histc(x: np.ndarray) -> object:
 KERNELS: dict[str, tuple[int, Callable[[np.ndarray], object]]] = {
     "minmax": (1, lambda x: (x.min(), x.max())),
     "percentile": (1, observer_kernel(resolve_all=False)),
+    "percentile-later": (1, later_batch_kernel()),
     "resolve_all": (1, observer_kernel(resolve_all=True)),
     "torch-histc": (1, torch_histc),
     "torch-bincount-1t": (1, torch_bincount),

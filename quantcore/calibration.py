@@ -13,7 +13,8 @@ The observers of one batch run on a thread pool (one thread per core; tensors sh
 their one observer from one thread, in annotation order, so the result does not depend on scheduling;
 a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
 Cost per batch and tensor: the histogram observers make two reductions and one binning pass
-(``quantcore.histogram``; the percentile observer bins only the tail its percentile lies in), so
+(``quantcore.histogram``; the percentile observer bins only the tail its percentile lies in, and
+after the first batch only the columns of the batch, read as 8 rows, that reach that tail), so
 calibration costs one inference plus a few passes over the activations. A percentile observer whose
 percentile the later batches pushed below the bins it resolved (``Observer.complete`` false, data far
 lighter-tailed than the first batch) is replaced by a fully resolved one, fed by a second pass over

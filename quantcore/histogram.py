@@ -14,6 +14,14 @@ float32 value on ocr-rec's activations). Merging 2^k bins keeps the property, th
 ceil(floor / 2^k). The base class and the KL/MSE searches resolve every bin (floor 0); the percentile
 needs only the tail above its bin (``PercentileObserver``).
 
+Once a floor is in force, a float batch of ``SKIP_MIN_VALUES`` values or more (a multiple of ``ROWS``)
+is read as ``ROWS`` rows, column j holding one position of each sample of a batch of 8: the min and
+max of every column replace the two global reductions, and only the columns whose extremes reach the
+floor are binned; the others hold no value at or above it and go to bin ``floor - 1`` uncounted.
+Large activations tend to sit at the same positions in every sample: on ocr-rec's first batch 1.2 %
+of the values are at or above the floor, in 5.3 % of the columns (in contiguous blocks of 1024 values
+they would be spread over 37 % of the blocks). Counts are the same as binning every value.
+
 Subclasses choose the threshold T (``amax()``); ``bounds()`` is (-T, T), or for an asymmetric target
 grid (max(min x, -T), min(max x, T)). ``PercentileObserver`` here; KL, MSE and FP8 searches in
 ``quantcore.clipping``.
@@ -34,6 +42,36 @@ def finite_values(x: np.ndarray) -> tuple[np.ndarray, int]:
     if finite.all():
         return x, 0
     return x[finite], int(x.size - finite.sum())
+
+
+ROWS = 8  # a batch of 8 (16, 32...) samples read as 8 rows: column j is one position in each sample
+SKIP_MIN_VALUES = 1 << 16  # smaller batches bin every value: the per-row passes would cost more in calls
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # binned in their own type (others: float32 copies)
+
+
+def column_extremes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(min, max) of each column of ``values`` (size a multiple of ROWS) read as (ROWS, size / ROWS), in
+    ROWS - 1 elementwise passes each (numpy's reduce over axis 0 makes the same passes, 1.7x slower)."""
+    rows = values.reshape(ROWS, -1)
+    lo, hi = np.minimum(rows[0], rows[1]), np.maximum(rows[0], rows[1])
+    for row in rows[2:]:
+        np.minimum(lo, row, out=lo)
+        np.maximum(hi, row, out=hi)
+    return lo, hi
+
+
+def bin_multiplier(values: np.ndarray, bins: int, top: float) -> tuple[np.ndarray, float]:
+    """(values', m) with values' · m = x · bins / top in x's float type (float32 or float64).
+
+    m = bins / top, values' = x, unless m overflows that type (top below bins / its largest finite
+    value: about 6e-36 in float32, 1e-305 in float64; subnormals included): then values' = x · 2^k
+    (exact: scaling up by a power of two loses no bit) and m = bins / (top · 2^k), top · 2^k in
+    [0.5, 1). The product is then x · bins / top rounded once, as it would be with no overflow."""
+    multiplier = bins / top  # Python float: inf when it overflows float64 too
+    if multiplier <= float(np.finfo(values.dtype).max):
+        return values, multiplier
+    mantissa, exponent = math.frexp(top)  # top = mantissa · 2^exponent
+    return np.ldexp(values, -exponent), bins / mantissa
 
 
 class HistogramObserver:
@@ -73,17 +111,24 @@ class HistogramObserver:
         computing bin indices i = floor(|x| · bins / top) in x's float type (float32 at least) and one
         ``np.bincount`` (i = bins, i.e. |x| = top, counts in the last bin) of the indices >= ``floor``
         (all of them at floor 0, see module); a batch holding NaN/inf takes a slower path that drops
-        them first."""
+        them first. Once a floor is in force, a large float batch is read as ``ROWS`` rows: the two
+        reductions run per column, and only the columns whose extremes reach the floor are binned."""
         values = np.asarray(x).ravel()  # a view for the contiguous arrays ONNX Runtime returns; 0-d → (1,)
         if values.size == 0:
             return
-        lo, hi = float(values.min()), float(values.max())
+        columns = None
+        if self.floor and values.size >= SKIP_MIN_VALUES and values.size % ROWS == 0 and values.dtype in FLOATS:
+            columns = column_extremes(values)  # (n / ROWS,) min and max per column
+            lo, hi = float(columns[0].min()), float(columns[1].max())
+        else:
+            lo, hi = float(values.min()), float(values.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min/max, ±inf shows
             values, bad = finite_values(values)
             self.nonfinite += bad
             if values.size == 0:
                 return
             lo, hi = float(values.min()), float(values.max())
+            columns = None
         self.lo_seen = min(self.lo_seen, lo)
         self.hi_seen = max(self.hi_seen, hi)
         batch_max = max(-lo, hi)
@@ -96,18 +141,39 @@ class HistogramObserver:
             return
         if values.dtype.kind != "f" or values.itemsize < 4:  # float16 indices would round past bins
             values = values.astype(np.float32)
-        scaled = np.multiply(values, bins / self.top)  # one temporary of x's size, reused in place
+        size = values.size
+        values, multiplier = bin_multiplier(values, bins, self.top)
+        if columns is not None and self.floor:  # (growing top may have merged the floor away)
+            values = self._reaching_columns(values, columns, multiplier)
+        scaled = np.multiply(values, multiplier)  # one temporary of x's size, reused in place
         np.abs(scaled, out=scaled)
-        self._raise_floor(self.choose_floor(scaled))
+        if not self.floor:
+            self._raise_floor(self.choose_floor(scaled))
         resolved = scaled if self.floor == 0 else scaled[scaled >= self.floor]  # trunc(i) >= floor <=> i >= floor
         counts = np.bincount(resolved.astype(np.intp), minlength=bins + 1)
         counts[bins - 1] += counts[bins]  # |x| = top lands on index bins: the last bin is closed
         if self.floor:
-            counts[self.floor - 1] += scaled.size - resolved.size
+            counts[self.floor - 1] += size - resolved.size
         self.counts += counts[:bins]
 
+    def _reaching_columns(
+        self, values: np.ndarray, columns: tuple[np.ndarray, np.ndarray], multiplier: float
+    ) -> np.ndarray:
+        """The (ROWS, k) columns of ``values`` (already through ``bin_multiplier``) where some |x| reaches
+        the floor, or all of ``values`` when that is more than half of them (the copy would cost more
+        than it saves). Exact: |x| · bins / top rounds monotonically in |x|, so a column whose extremes
+        stay below the floor holds no value at or above it (and rounding to nearest is symmetric, so
+        lo · m <= -floor tests |lo| · m >= floor); bin_multiplier scales the extremes as it scaled the
+        values."""
+        lo, hi = (bin_multiplier(extremes, self.counts.size, self.top)[0] for extremes in columns)
+        reach = (np.multiply(lo, multiplier) <= -self.floor) | (np.multiply(hi, multiplier) >= self.floor)
+        if 2 * np.count_nonzero(reach) > reach.size:
+            return values
+        return np.compress(reach, values.reshape(ROWS, -1), axis=1)
+
     def choose_floor(self, scaled: np.ndarray) -> int:
-        """The floor wanted before binning ``scaled`` (|x| · bins / top): 0, every bin resolved."""
+        """The floor wanted before binning ``scaled`` (|x| · bins / top), asked while none is in force:
+        0, every bin resolved."""
         return 0
 
     def _raise_floor(self, floor: int) -> None:
@@ -123,9 +189,9 @@ class HistogramObserver:
             self.top = new_max  # zeros counted so far sit in bin 0 for any range
             return
         bins = self.counts.size
-        k = math.ceil(math.log2(new_max / self.top))
-        while self.top * 2.0**k < new_max:  # guard float rounding in log2
-            k += 1
+        mantissa, exponent = math.frexp(self.top)  # exact, with no overflow of new_max / top
+        new_mantissa, new_exponent = math.frexp(new_max)
+        k = new_exponent - exponent + (new_mantissa > mantissa)  # the smallest k with top · 2^k >= new_max
         factor = 2**k
         merged = np.zeros_like(self.counts)
         if factor >= bins:
@@ -133,7 +199,7 @@ class HistogramObserver:
         else:
             merged[: bins // factor] = self.counts.reshape(bins // factor, factor).sum(axis=1)
         self.counts = merged
-        self.top *= float(factor)
+        self.top = math.ldexp(self.top, k)
         floor = -(-self.floor // factor)  # ceil: the merged bin holding floor - 1 holds all below it
         self.floor = floor if floor > 1 else 0
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 
+from quantcore import histogram
+from quantcore.histogram import ROWS, HistogramObserver
 from quantcore.observers import MinMaxObserver, PercentileObserver
 from quantcore.scaling import scale_offset
 from quantcore.tqc import TensorQuantConfig
@@ -61,6 +66,29 @@ def test_percentile_100_is_the_maximum_and_zeros_are_handled() -> None:
     observer.observe(np.array([0.5, -3.0, 1.0]))
     assert observer.amax() == 3.0
     assert observer.counts[0] >= 10  # the zeros seen before the range existed stay counted
+
+
+@pytest.mark.filterwarnings("error")  # an overflowing bins/top shows as a RuntimeWarning first
+@pytest.mark.parametrize(
+    ("dtype", "unit"),
+    [(np.float32, 2.0**-134), (np.float32, 2.0**-149), (np.float64, 2.0**-1074)],
+    ids=["float32-1e-37", "float32-subnormal", "float64-subnormal"],
+)
+def test_tiny_ranges_are_binned_exactly(dtype: type, unit: float) -> None:
+    # |x| = k · unit, k = 0..4096, so top = 4096 · unit and bins / top = 2^-1 / unit overflows the
+    # dtype (float32: above 2^128); exact binning puts k in bin floor(k / 2), k = 4096 in the last bin
+    k = np.arange(4097)
+    values = (k * unit).astype(dtype) * np.where(k % 3, 1, -1).astype(dtype)
+    assert np.all(np.abs(values) == k * unit)  # every value representable, subnormals included
+    expected = np.bincount(np.minimum(k // 2, 2047), minlength=2048)
+    for observer in (PercentileObserver(), PercentileObserver(percentile=100.0), HistogramObserver()):
+        observer.observe(values)
+        np.testing.assert_array_equal(observer.counts, expected)
+        assert observer.top == observer.abs_max == 4096 * unit
+        assert 0.0 < observer.amax() <= 4096 * unit
+        observer.observe(np.ones(10, dtype=dtype))  # the range grows from a tiny top: nothing lost
+        assert observer.total == 4097 + 10 and observer.counts[-1] == 10 and observer.amax() <= 1.0
+    assert PercentileObserver(percentile=99.0).amax() == 0.0
 
 
 def test_observer_state_does_not_grow_with_the_number_of_batches() -> None:
@@ -349,3 +377,61 @@ def test_a_small_first_batch_is_resolved_fully() -> None:
     observer = PercentileObserver()
     observer.observe(heavy_tailed(np.random.default_rng(14), 5000))  # 32 values in the margin: too few
     assert observer.floor == 0 and observer.complete
+
+
+def lowest_in_bin(observer: PercentileObserver, i: int) -> np.float32:
+    """The smallest float32 x ≥ 0 that the observer bins at i or above: float32(x · bins / top) ≥ i."""
+    multiplier = np.float32(observer.counts.size / observer.top)
+    x = np.float32(i / multiplier)
+    while x > 0 and x * multiplier >= i:
+        x = np.nextafter(x, np.float32(0))
+    while x * multiplier < i:
+        x = np.nextafter(x, np.float32(np.inf))
+    return x
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    percentile=st.sampled_from([99.0, 99.9, 99.99]),  # 99.0 resolves 64 %: most columns, the whole batch is binned
+    sizes=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from([0, 0, 0, 5])), min_size=1, max_size=4),
+    scales=st.lists(st.floats(0.1, 4.0), min_size=4, max_size=4),
+    specials=st.lists(st.sampled_from(["edges", "zeros", "top", "nonfinite", "columns"]), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_skipping_columns_below_the_floor_gives_the_counts_of_binning_every_value(
+    percentile: float, sizes: list[tuple[int, int]], scales: list[float], specials: list[str], seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    first = heavy_tailed(rng, 20000)  # large enough to place the floor at every percentile here
+    if "edges" in specials:  # top a power of two: bin edges k · top / bins are float32 values binned at k exactly
+        first[0] = 2.0 ** math.ceil(math.log2(np.abs(first).max()))
+    fast, full = PercentileObserver(percentile=percentile), PercentileObserver(percentile=percentile)
+    for i, size in enumerate([first.size, *(ROWS * n + extra for n, extra in sizes)]):  # extra: not whole rows
+        batch = first if i == 0 else scales[i - 1] * heavy_tailed(rng, size)
+        if i and "columns" in specials and size % ROWS == 0:  # outliers in a few positions of every row
+            batch.reshape(ROWS, -1)[:, : max(1, size // 400)] *= 30.0
+        spots = rng.integers(0, size, size=min(size, 64))
+        if "edges" in specials and i:  # on bin edges of the current range, and one ulp either side; half at the floor
+            edges = (rng.integers(0, fast.counts.size + 1, size=spots.size) * fast.bin_width).astype(np.float32)
+            edges[::2] = lowest_in_bin(fast, fast.floor) * rng.choice([-1, 1])
+            toward = edges * rng.choice([0.0, 1.0, 2.0], size=spots.size).astype(np.float32)  # down, stay, up
+            batch[spots] = np.nextafter(edges, toward)
+        if "zeros" in specials:
+            batch[spots[::2]] = 0.0
+        if "top" in specials:
+            batch[spots[:2]] = [fast.top, -fast.top]
+        if "nonfinite" in specials and i == len(sizes):
+            batch[spots[:3]] = [np.nan, np.inf, -np.inf][: spots[:3].size]
+        with patch.object(histogram, "SKIP_MIN_VALUES", ROWS):  # columns skipped in batches of any size
+            fast.observe(batch)
+        with patch.object(histogram, "SKIP_MIN_VALUES", math.inf):  # every value binned, as before
+            full.observe(batch)
+    np.testing.assert_array_equal(fast.counts, full.counts)
+    assert (fast.floor, fast.top, fast.abs_max, fast.lo_seen, fast.hi_seen, fast.nonfinite) == (
+        full.floor,
+        full.top,
+        full.abs_max,
+        full.lo_seen,
+        full.hi_seen,
+        full.nonfinite,
+    )
