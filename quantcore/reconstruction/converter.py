@@ -9,10 +9,12 @@ quantization the exported QDQ model will have, at the same places:
   DequantizeLinear output, with t's scale: the dominator root's, learned as s = s₀·exp(u) when the root
   is in ``learned`` (LSQ gradient through ``fake_quantize_tensor``; the log keeps s > 0 and makes the
   Adam step relative);
-- QDrop (``drop_prob`` p > 0, training only): each fake-quantized element is replaced by its
-  unquantized value with probability p: x ← where(r < p, x_ref, x̂) with r ~ U[0, 1) element-wise,
-  x_ref the FP32 model's value for the block's inputs (as the QDrop/MQBench recipe mixes FP and
-  quantized block inputs) and the value itself inside the block.
+- QDrop (``drop_prob`` p > 0, training only): each fake-quantized element is replaced by a float
+  value with probability p: x ← where(r < p, x_ref, x̂) with r ~ U[0, 1) element-wise, drawn anew at
+  every forward. x_ref is the FP32 model's value for a tensor the block computes from its inputs
+  through weight-free ops alone (a block input itself; the pooled input of a classifier, ReduceMean →
+  Q → Gemm; a MaxPool before a conv), as QDrop's code mixes each block's cached quantized and FP32
+  inputs; it is the tensor's own unquantized value for every other quantized tensor of the block.
 
 Each quantized tensor is quantized once per forward, shared by all its consumers, as one Q/DQ pair is
 shared in the exported model.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import onnx
 import torch
 from onnx import numpy_helper
 from torch import nn
@@ -158,10 +161,27 @@ class BlockModule(nn.Module):
             quantized = torch.where(keep_float, value if reference is None else reference, quantized)
         return quantized
 
+    def _fp_arguments(
+        self, position: int, node: onnx.NodeProto, args: list, fp: Mapping[str, torch.Tensor]
+    ) -> list | None:
+        """The node's arguments with FP32 values, when it reads only tensors ``fp`` holds (unquantized) and
+        constants: no weight, no quantized input; else None."""
+        references = []
+        for i, (name, arg) in enumerate(zip(node.input, args, strict=True)):
+            if not name or name in self.constants:
+                references.append(arg)
+            elif (position, i) not in self.points and name in fp:
+                references.append(fp[name])
+            else:
+                return None
+        return references
+
     def forward(
         self, inputs: Mapping[str, torch.Tensor], fp_inputs: Mapping[str, torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
         env: dict[str, torch.Tensor] = dict(inputs)
+        # the FP32 model's values of the block inputs, and of what weight-free ops compute from them alone
+        fp = {} if fp_inputs is None or not self.training else {n: v for n, v in fp_inputs.items() if n in env}
         quantized: dict[str, torch.Tensor] = {}
         weights = {name: self.adaround[key]() for name, key in self.weight_keys.items()}
         for position, node in enumerate(self.block.nodes):
@@ -171,8 +191,7 @@ class BlockModule(nn.Module):
                     args.append(None)
                 elif (position, i) in self.points:
                     if name not in quantized:
-                        reference = None if fp_inputs is None else fp_inputs.get(name)
-                        quantized[name] = self._quantized(name, env[name], reference)
+                        quantized[name] = self._quantized(name, env[name], fp.get(name))
                     args.append(quantized[name])
                 elif name in weights:
                     args.append(weights[name])
@@ -184,4 +203,7 @@ class BlockModule(nn.Module):
                     args.append(env[name])
             outputs = OPS[node.op_type](args, self.attrs[position])
             env.update(zip(node.output, outputs, strict=False))
+            references = self._fp_arguments(position, node, args, fp) if fp else None
+            if references is not None:
+                fp.update(zip(node.output, OPS[node.op_type](references, self.attrs[position]), strict=False))
         return [env[name] for name in self.block.outputs]

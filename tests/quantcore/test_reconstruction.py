@@ -24,6 +24,7 @@ from quantcore.fake_quant import quantize_array
 from quantcore.graph import GraphIndex
 from quantcore.reconstruction import partition
 from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
+from quantcore.reconstruction.converter import BlockModule
 from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
 from tests.onnx_builders import stateful_data, stateful_model, tiny_conv_model
@@ -215,6 +216,55 @@ def test_qdrop_without_dropping_equals_brecq_and_runs_are_deterministic(tiny) ->
             np.testing.assert_array_equal(a[1][name], b[1][name])
     assert [b.loss_after for b in brecq.blocks] == [b.loss_after for b in qdrop0.blocks]
     assert [b.loss_after for b in qdrop.blocks] != [b.loss_after for b in brecq.blocks]  # p = 0.5 does differ
+
+
+def test_qdrop_drops_a_block_input_to_fp32_even_when_its_quantizer_is_inside_the_block(tmp_path) -> None:
+    # x → Conv → Relu = r → ReduceMean → g → Gemm: the head block's input r is read unquantized (its
+    # Q/DQ is on the pooled g), yet g's dropped elements are the FP32 model's pooled values, as QDrop's
+    # code mixes each block's FP32 and quantized inputs, not g's own unquantized value. At p = 1 every
+    # element is dropped, so the block's output depends on the FP32 input only, not on the quantized one.
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("ReduceMean", ["r"], ["g"], name="mean", axes=[2, 3], keepdims=0),
+        helper.make_node("Gemm", ["g", "wh", "bh"], ["logits"], name="head", transB=1),
+    ]
+    shapes = {"w": (C, 3, 3, 3), "b": (C,), "wh": (4, C), "bh": (4,)}
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+        for name, shape in shapes.items()
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pooled_head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])],
+        initializers,
+    )
+    path = tmp_path / "pooled.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+    prepared = prepare(path)
+    annotation = calibrate(prepared, annotate(prepared, CONFIG), DATA, CONFIG)
+    head = partition(prepared.model.graph, annotation, blockwise=True)[-1]
+    assert head.node_names == ["mean", "head"] and head.inputs == ("r",)
+    assert "r" not in annotation.configs and "g" in annotation.configs  # quantized after the pooling only
+    index = GraphIndex(prepared.model.graph)
+    weights = {name: index.array(name).astype(np.float32) for name in head.weights}
+    module = BlockModule(
+        head, index, annotation, annotation.configs, weights, learn=set(head.weights), learned=set(),
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    module.train()
+    module.drop_prob = 1.0
+    fp = torch.from_numpy(rng.uniform(0, 1, (8, C, 6, 6)).astype(np.float32))
+    quantized = fp + 0.25  # the quantized model's input, off by an error the FP32 input does not have
+    [mixed] = module({"r": quantized}, {"r": fp})
+    [clean] = module({"r": fp}, {"r": fp})
+    torch.testing.assert_close(mixed, clean, rtol=0, atol=0)  # identical: no element of the error left
+    module.drop_prob = 0.0
+    [kept] = module({"r": quantized}, {"r": fp})
+    assert not torch.equal(kept, clean)  # without dropping the error does reach the output
 
 
 def test_unconvertible_block_stays_at_round_to_nearest_with_a_warning(tmp_path) -> None:
