@@ -19,10 +19,10 @@ the few thousand objects created since, well under a millisecond.
 The parent binds the sockets and keeps them open, so connections that arrive while a worker is being
 replaced wait in its socket's queue; it restarts a worker that dies, unless the worker failed to start
 (uvicorn's STARTUP_FAILURE status: the app does not import or its lifespan fails), which a restart
-would repeat: then it stops, status 1. On SIGTERM or
-SIGINT it passes SIGTERM to the workers, which stop accepting and let requests finish for
-`--timeout-graceful-shutdown` seconds (uvicorn's graceful shutdown), waits for them, and ends by the
-same signal, as uvicorn does. With one worker the server runs in this process.
+would repeat: then it stops, status 1. On SIGTERM or SIGINT it passes SIGTERM to the workers, which
+stop accepting and let requests finish for `--timeout-graceful-shutdown` seconds (uvicorn's graceful
+shutdown), waits for them, and ends by the same signal, as uvicorn does. With one worker the server
+runs in this process.
 """
 
 from __future__ import annotations
