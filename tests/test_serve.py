@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,17 @@ def health_on_new_connections(url: str, count: int) -> list[int]:
     return statuses
 
 
+def settled_size(log: Path, quiet: float = 0.5) -> int:
+    """The log's size once it has not grown for `quiet` seconds (an access line is written after its
+    response has gone)."""
+    size = log.stat().st_size
+    while True:
+        time.sleep(quiet)
+        if (now := log.stat().st_size) == size:
+            return size
+        size = now
+
+
 def health_lines_by_worker(log: Path, after: int) -> dict[int, int]:
     counts: dict[int, int] = {}
     for pid in re.findall(rb"api\.access \[(\d+)\] GET /api/v1/health 200", log.read_bytes()[after:]):
@@ -96,7 +108,7 @@ def wait_dead(pid: int, timeout: float = 10.0) -> None:
 def test_connections_spread_over_both_workers(api) -> None:
     stack, url = api
     log = stack.log_dir / "api.log"
-    offset = log.stat().st_size
+    offset = settled_size(log)  # after the start-up probes' access lines
     assert health_on_new_connections(url, CONNECTIONS) == [200] * CONNECTIONS
     time.sleep(0.5)  # the access lines are written after the response
     served = health_lines_by_worker(log, offset)
@@ -135,5 +147,8 @@ def test_warm_up_runs_the_request_path_without_a_key_or_data(tmp_path: Path) -> 
     from jobs.config import Settings
 
     app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'absent' / 'db.sqlite'}", environment="test"))
-    assert asyncio.run(warm_up(app)) == [200, 401]
+    # In a thread of its own, as in a fresh worker: an earlier test (Playwright's) may leave this one's
+    # event loop marked running.
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(asyncio.run, warm_up(app)).result() == [200, 401]
     assert not (tmp_path / "absent" / "db.sqlite").exists()  # never connected
