@@ -12,7 +12,7 @@ and the kernel spreads new connections over the sockets by a hash of their addre
 
 Each worker also freezes the objects it holds once the app is built (`gc.freeze()`): imported modules,
 the app, its routes and validators, some 160 000 objects that live as long as the process. Left to
-the cyclic garbage collector, every full collection scans them all, about 96 ms of CPU during which
+the cyclic garbage collector, every full collection scans them all, 88 to 131 ms of CPU during which
 the worker answers nothing (`bench.request_cpu` prints the figure); frozen, a full collection scans
 the few thousand objects created since, well under a millisecond.
 

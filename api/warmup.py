@@ -1,7 +1,7 @@
 """Requests through the app in process, before it serves: the first request of a fresh worker pays for
 lazy imports and first-use set-up (anyio's asyncio backend, route matching, dependency solving,
-problem+json rendering), about 150 ms of CPU, measured in process, during which the requests queued
-behind it wait. `warm_up` pays it before the worker accepts a connection."""
+problem+json rendering), about 120 ms of CPU (`bench.request_cpu`, its warm-up line), during which the
+requests queued behind it wait. `warm_up` pays it before the worker accepts a connection."""
 
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ no client. Every layer of the API runs as served (request id, access log to /dev
 format, body cap, key lookup with its `last_used_at` bookkeeping, session, query, serialization).
 
 Prints, per operation, the process CPU time (all threads) and the wall time per request, from the
-round (of `--rounds`) that took the least CPU: on a shared machine the others are slowed by neighbours. With
+round (of `--rounds`) that took the least CPU: on a shared machine the others are slowed by neighbours.
+Then the CPU of the app's warm-up (`api.warmup`) and of the first request after it, both measured
+before any other request, and what a full garbage collection costs before and after `gc.freeze()`. With
 `--profile` it also prints a cProfile of the same loop, with FastAPI's thread-pool hops run inline so
 that the profiler (which sees one thread) sees the sync dependencies and routes; the CPU figures
 are always taken without the profiler, with the real thread pool.
@@ -33,7 +35,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from api.warmup import asgi_get
+from api.warmup import asgi_get, warm_up
 from launcher.servers import PostgresCluster
 from launcher.stack import Stack
 from tests.rows import placeholder_job
@@ -103,6 +105,21 @@ def collection_cpu_ms() -> float:
     return 1000 * min(spent)
 
 
+def warm_up_cost(app: Any, key: str, job_id: str) -> str:
+    """On the app this process has just built, before any other request: the CPU of `api.warmup`'s
+    requests (what a cold app's first request would otherwise pay: lazy imports, first-use set-up), and
+    of the first GET /jobs after them (its first database connection and statements)."""
+    started = time.process_time()
+    statuses = asyncio.run(warm_up(app))
+    warmed = time.process_time()
+    asyncio.run(run(app, key, job_id, "GET /jobs", 1))
+    first = time.process_time()
+    return (
+        f"warm-up {statuses}: {1000 * (warmed - started):.1f} ms CPU; the first GET /jobs after it: "
+        f"{1000 * (first - warmed):.1f} ms CPU"
+    )
+
+
 def print_collection_cost(app: Any, key: str, job_id: str, operations: tuple[str, ...], requests: int) -> None:
     """What a full collection costs a worker that has served requests, before and after `gc.freeze()`
     (`api.serve` freezes once the app is built): after freezing, `requests` more of each operation, and
@@ -135,6 +152,7 @@ def main() -> int:
         postgres.start()
         Stack(env=dict(os.environ, DATABASE_URL=postgres.url), log_dir=Path("/tmp")).migrate()
         app, key, job_id = build(postgres.url, args.jobs)
+        first_requests = warm_up_cost(app, key, job_id)
         operations = ("GET /health", "GET /jobs", "GET /jobs/{id}")
         print("| operation | requests | CPU ms/request | wall ms/request |")
         print("| --- | ---: | ---: | ---: |")
@@ -150,6 +168,7 @@ def main() -> int:
                 f"| {operation} | {args.requests} | {1000 * cpu / args.requests:.3f} | "
                 f"{1000 * wall / args.requests:.3f} |"
             )
+        print(f"\n{first_requests}")
         print_collection_cost(app, key, job_id, operations, args.requests)
         if args.profile:
             for operation in operations:

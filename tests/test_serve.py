@@ -130,7 +130,7 @@ def test_a_killed_worker_is_replaced_and_no_connection_is_refused(api) -> None:
     assert len(after) == 2 and min(before) not in after and max(before) in after, (before, after)
 
 
-def test_a_worker_failing_at_start_up_stops_the_server(tmp_path: Path) -> None:
+def test_a_worker_failing_at_start_up_stops_the_server() -> None:
     sockets = listening_sockets("127.0.0.1", 0, 2)
     started = time.monotonic()
     status = Supervisor(Options(log_level="warning", app="tests.no_such_module:app"), sockets).run()
