@@ -26,8 +26,13 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_CUDA=cu128
 
 # ---------------------------------------------------------------------------------------------- wheel
+# gcc compiles quantcore's C extension (quantcore/_binning.c; the image already has Python's headers).
+# It uses no versioned glibc symbol, so the wheel also installs on worker-gpu's Ubuntu base.
 FROM ${PYTHON_IMAGE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN pip wheel --no-deps --wheel-dir /wheels . && cp constraints.txt /wheels/

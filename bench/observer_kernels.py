@@ -4,11 +4,11 @@ Not a test. Feeds the activations the default recipe observes (one calibration b
 each candidate way of building the 2048-bin histogram of |x| that ``quantcore.histogram`` keeps, and
 prints the process CPU time per value (median of ``--repeats``), summed over every tensor:
 
-- ``minmax``: the two reductions every batch starts with (``x.min()``, ``x.max()``);
-- ``percentile``: ``PercentileObserver.observe`` as calibration runs it on its first batch (bins above
-  the floor only; the floor is chosen from a sample first, which later batches skip);
-- ``percentile-later``: the same observer fed the same batch again, its floor in force: what every
-  later batch costs (per-column extremes, then binning only the columns that reach the floor);
+- ``minmax``: numpy's two reductions ``x.min()``, ``x.max()``, about the cost of reading the values;
+- ``percentile``: ``PercentileObserver.observe`` as calibration runs it on its first batch (the
+  extremes, the floor chosen from a sample, then the values above the floor binned: two scans);
+- ``percentile-later``: the same observer fed the same batch again, its range and floor in force:
+  what every later batch costs (one scan, ``quantcore._binning``);
 - ``resolve_all``: the same observer with every bin resolved (what ``kl``/``mse``/``floating`` cost);
 - ``torch-histc``: ``torch.histc(|x|, 2048, 0, top)``, one intra-op thread;
 - ``torch-bincount-1t`` / ``-2t``: ``torch.aminmax`` then ``torch.bincount`` of the int32 bin indices,

@@ -12,10 +12,9 @@ rather than spin between runs, leaving the cores to the observers.
 The observers of one batch run on a thread pool (one thread per core; tensors sharing a scale feed
 their one observer from one thread, in annotation order, so the result does not depend on scheduling;
 a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
-Cost per batch and tensor: the histogram observers make two reductions and one binning pass
-(``quantcore.histogram``; the percentile observer bins only the tail its percentile lies in, and
-after the first batch only the columns of the batch, read as 8 rows, that reach that tail), so
-calibration costs one inference plus a few passes over the activations. A percentile observer whose
+Cost per batch and tensor: once its range is settled, a histogram observer reads the tensor once
+(``quantcore.histogram``: one C scan that takes the extremes and counts the values in the tail the
+percentile lies in), so calibration costs one inference plus about one read of the activations. A percentile observer whose
 percentile the later batches pushed below the bins it resolved (``Observer.complete`` false, data far
 lighter-tailed than the first batch) is replaced by a fully resolved one, fed by a second pass over
 the batches that exposes only the tensors it observes.

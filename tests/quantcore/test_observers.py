@@ -8,8 +8,8 @@ from unittest.mock import patch
 import numpy as np
 import pytest
 
-from quantcore import histogram
-from quantcore.histogram import ROWS, HistogramObserver
+from quantcore import _binning
+from quantcore.histogram import HistogramObserver
 from quantcore.observers import MinMaxObserver, PercentileObserver
 from quantcore.scaling import scale_offset
 from quantcore.tqc import TensorQuantConfig
@@ -390,26 +390,85 @@ def lowest_in_bin(observer: PercentileObserver, i: int) -> np.float32:
     return x
 
 
-@settings(max_examples=60, deadline=None)
+def reference_scan(x: np.ndarray, multiplier: float, floor: float, bins: int) -> tuple:
+    """What ``_binning.scan`` must return, in numpy: extremes of the non-NaN values, whether any value is
+    NaN/inf, trunc(|x · multiplier|) (in x's type) counted from ``floor`` up to ``bins`` and the
+    number beyond."""
+    finite = x[~np.isnan(x)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (math.inf, -math.inf)
+    scaled = np.abs(np.multiply(x, x.dtype.type(multiplier)))
+    scaled = scaled[scaled >= floor]  # NaN compares false: never counted
+    beyond = scaled >= bins + 1
+    counts = np.bincount(scaled[~beyond].astype(np.intp), minlength=bins + 1)
+    return lo, hi, bool(np.isnan(x).any() or np.isinf(x).any()), int(beyond.sum()), counts
+
+
+@settings(max_examples=200, deadline=None)
 @given(
-    percentile=st.sampled_from([99.0, 99.9, 99.99]),  # 99.0 resolves 64 %: most columns, the whole batch is binned
-    sizes=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from([0, 0, 0, 5])), min_size=1, max_size=4),
-    scales=st.lists(st.floats(0.1, 4.0), min_size=4, max_size=4),
-    specials=st.lists(st.sampled_from(["edges", "zeros", "top", "nonfinite", "columns"]), max_size=3),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    size=st.integers(1, 700),  # below, at and across the 64-value blocks and the 8-value vectors
+    scale=st.floats(1e-3, 1e3),
+    floor=st.sampled_from([0.0, 1.0, 100.0, 2047.0, 2048.0, math.inf]),
+    specials=st.lists(st.sampled_from(["edges", "zeros", "nan", "inf", "beyond", "negative"]), max_size=3),
     seed=st.integers(0, 2**16),
 )
-def test_skipping_columns_below_the_floor_gives_the_counts_of_binning_every_value(
-    percentile: float, sizes: list[tuple[int, int]], scales: list[float], specials: list[str], seed: int
+def test_scan_matches_numpy(dtype: type, size: int, scale: float, floor: float, specials: list[str], seed: int) -> None:
+    bins = 2048
+    rng = np.random.default_rng(seed)
+    x = (heavy_tailed(rng, size).astype(np.float64) * scale).astype(dtype)
+    top = float(np.abs(x).max()) or 1.0
+    multiplier = bins / top
+    spots = rng.integers(0, size, size=min(size, 16))
+    if "edges" in specials:  # on bin edges, and one ulp either side
+        edges = (rng.integers(0, bins + 1, size=spots.size) / multiplier).astype(dtype)
+        x[spots] = np.nextafter(edges, edges * rng.choice([0.0, 1.0, 2.0], size=spots.size).astype(dtype))
+    if "zeros" in specials:
+        x[spots[::2]] = rng.choice([0.0, -0.0])
+    if "negative" in specials:
+        x = -np.abs(x)
+    if "beyond" in specials:  # past the range: not counted, reported
+        x[spots[:2]] = 2.5 * top
+    if "nan" in specials:
+        x[spots[-1]] = np.nan
+    if "inf" in specials:
+        x[spots[0]] = -np.inf
+    counts = np.zeros(bins + 1, np.int64)
+    lo, hi, nonfinite, beyond = _binning.scan(x, multiplier, floor, counts)
+    expected = reference_scan(x, multiplier, floor, bins)
+    assert (lo, hi, nonfinite, beyond) == expected[:4]
+    np.testing.assert_array_equal(counts, expected[4])
+
+
+def test_scan_refuses_what_it_cannot_read() -> None:
+    counts = np.zeros(9, np.int64)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        _binning.scan(np.zeros(4, np.float16), 1.0, 0.0, counts)
+    with pytest.raises(TypeError, match="int64"):
+        _binning.scan(np.zeros(4, np.float32), 1.0, 0.0, np.zeros(9, np.int32))
+    with pytest.raises(ValueError, match="not C-contiguous"):  # a strided view is not read in place
+        _binning.scan(np.zeros(8, np.float32)[::2], 1.0, 0.0, counts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    percentile=st.sampled_from([99.0, 99.9, 99.99]),
+    sizes=st.lists(st.integers(1, 30000), min_size=1, max_size=4),
+    scales=st.lists(st.floats(0.1, 4.0), min_size=4, max_size=4),
+    specials=st.lists(st.sampled_from(["edges", "zeros", "top", "nonfinite"]), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_one_pass_binning_gives_the_counts_of_the_careful_path(
+    percentile: float, sizes: list[int], scales: list[float], specials: list[str], seed: int
 ) -> None:
+    """A batch binned in one scan against the settled range (growing it afterwards when the batch goes
+    beyond) ends in the same histogram as extremes first, range grown, then binned."""
     rng = np.random.default_rng(seed)
     first = heavy_tailed(rng, 20000)  # large enough to place the floor at every percentile here
     if "edges" in specials:  # top a power of two: bin edges k · top / bins are float32 values binned at k exactly
         first[0] = 2.0 ** math.ceil(math.log2(np.abs(first).max()))
-    fast, full = PercentileObserver(percentile=percentile), PercentileObserver(percentile=percentile)
-    for i, size in enumerate([first.size, *(ROWS * n + extra for n, extra in sizes)]):  # extra: not whole rows
+    fast, careful = PercentileObserver(percentile=percentile), PercentileObserver(percentile=percentile)
+    for i, size in enumerate([first.size, *sizes]):
         batch = first if i == 0 else scales[i - 1] * heavy_tailed(rng, size)
-        if i and "columns" in specials and size % ROWS == 0:  # outliers in a few positions of every row
-            batch.reshape(ROWS, -1)[:, : max(1, size // 400)] *= 30.0
         spots = rng.integers(0, size, size=min(size, 64))
         if "edges" in specials and i:  # on bin edges of the current range, and one ulp either side; half at the floor
             edges = (rng.integers(0, fast.counts.size + 1, size=spots.size) * fast.bin_width).astype(np.float32)
@@ -422,16 +481,15 @@ def test_skipping_columns_below_the_floor_gives_the_counts_of_binning_every_valu
             batch[spots[:2]] = [fast.top, -fast.top]
         if "nonfinite" in specials and i == len(sizes):
             batch[spots[:3]] = [np.nan, np.inf, -np.inf][: spots[:3].size]
-        with patch.object(histogram, "SKIP_MIN_VALUES", ROWS):  # columns skipped in batches of any size
-            fast.observe(batch)
-        with patch.object(histogram, "SKIP_MIN_VALUES", math.inf):  # every value binned, as before
-            full.observe(batch)
-    np.testing.assert_array_equal(fast.counts, full.counts)
+        fast.observe(batch)
+        with patch.object(PercentileObserver, "floor_pending", True):  # the careful path for every batch
+            careful.observe(batch)
+    np.testing.assert_array_equal(fast.counts, careful.counts)
     assert (fast.floor, fast.top, fast.abs_max, fast.lo_seen, fast.hi_seen, fast.nonfinite) == (
-        full.floor,
-        full.top,
-        full.abs_max,
-        full.lo_seen,
-        full.hi_seen,
-        full.nonfinite,
+        careful.floor,
+        careful.top,
+        careful.abs_max,
+        careful.lo_seen,
+        careful.hi_seen,
+        careful.nonfinite,
     )
