@@ -15,7 +15,7 @@ A batch is read by ``quantcore._binning.scan`` (C, one pass, 8 values per vector
 extremes and the NaN/inf test, and the count of every value with trunc(|x| · bins / top) >= floor,
 computed in x's float type as numpy's multiply and abs would (the same counts as the numpy path it
 replaced, bit for bit). Once the range and the floor are settled, a batch costs that one pass
-(0.27-0.31 ns per float32 value on ocr-rec's and ocr-det's activations against 0.60-0.69 ns for the
+(0.24-0.30 ns per float32 value on ocr-rec's and ocr-det's activations against 0.67-0.78 ns for the
 numpy passes it replaced, ``bench.observer_kernels``); it is binned against the current range and
 read again only when it holds a value beyond it (the range grows) or NaN/inf. The first batch takes
 two passes: its extremes, then the binning.
