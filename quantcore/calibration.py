@@ -14,10 +14,10 @@ their one observer from one thread, in annotation order, so the result does not 
 a batch under ``PARALLEL_OBSERVE_BYTES`` is observed on the calling thread).
 Cost per batch and tensor: once its range is settled, a histogram observer reads the tensor once
 (``quantcore.histogram``: one C scan that takes the extremes and counts the values in the tail the
-percentile lies in), so calibration costs one inference plus about one read of the activations. A percentile observer whose
-percentile the later batches pushed below the bins it resolved (``Observer.complete`` false, data far
-lighter-tailed than the first batch) is replaced by a fully resolved one, fed by a second pass over
-the batches that exposes only the tensors it observes.
+percentile lies in), so calibration costs one inference plus about one read of the activations.
+A percentile observer whose percentile the later batches pushed below the bins it resolved
+(``Observer.complete`` false, data far lighter-tailed than the first batch) is replaced by a fully
+resolved one, fed by a second pass over the batches that exposes only the tensors it observes.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
 chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
 ``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
