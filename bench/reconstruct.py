@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, export, prepare, reconstruct
-from quantcore.config import ACTIVATION_INITS
 from quantcore.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
 
@@ -136,7 +135,6 @@ def run_model(
     seeds: list[int],
     workdir: Path,
     calibration_samples: int = CALIBRATION_SAMPLES,
-    activation_init: str = "observer",
 ) -> list[dict]:
     """One row per precision; a method's top-1, SQNR and seconds are lists, one entry per seed. The first
     ``calibration_samples`` training samples serve both calibration and reconstruction."""
@@ -163,12 +161,7 @@ def run_model(
                     precision=precision,
                     cpu_latency=False,
                     reconstruction=ReconstructionConfig(
-                        method=method,
-                        iters=iters,
-                        num_samples=calibration_samples,
-                        threads=1,
-                        seed=seed,
-                        activation_init=activation_init,
+                        method=method, iters=iters, num_samples=calibration_samples, threads=1, seed=seed
                     ),
                 )
                 started = time.perf_counter()
@@ -237,12 +230,6 @@ def main(argv: list[str] | None = None) -> None:
         default=CALIBRATION_SAMPLES,
         help=f"first N training samples for calibration and reconstruction (1..{TRAIN_SAMPLES})",
     )
-    parser.add_argument(
-        "--activation-init",
-        default="observer",
-        choices=ACTIVATION_INITS,
-        help="where BRECQ's and QDrop's learned activation scales start (ReconstructionConfig.activation_init)",
-    )
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     if not 0 < args.calibration_samples <= TRAIN_SAMPLES:
@@ -269,12 +256,8 @@ def main(argv: list[str] | None = None) -> None:
                 seeds,
                 workdir,
                 args.calibration_samples,
-                args.activation_init,
             )
-    print(
-        f"{args.calibration_samples} calibration samples, {args.iters} steps, seeds {args.seeds}, "
-        f"activation_init {args.activation_init}"
-    )
+    print(f"{args.calibration_samples} calibration samples, {args.iters} steps, seeds {args.seeds}")
     print(table(rows, methods))
 
 

@@ -20,7 +20,6 @@ from quantcore.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
 PLATFORM_NAMES = tuple(PLATFORMS)
 DEVICES = ("cpu", "cuda")
 RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
-ACTIVATION_INITS = ("observer", "mse")
 MAX_RECONSTRUCTION_ITERS = 100_000
 
 
@@ -59,11 +58,6 @@ class ReconstructionConfig:
     temporary file beyond it. seed: sampling, dropping and everything else random. threads: torch
     intra-op threads on CPU while reconstructing (0: torch's default; 1 is fastest for small blocks on
     a shared machine).
-    activation_init: where the learned activation scales start (BRECQ, QDrop): ``observer``, the
-    calibrated scales (the configured observer on the FP32 model); ``mse``, each block's scales
-    searched again, before it trains, by an MSE threshold search on the values that reach them when
-    the block runs, round-to-nearest weights and its quantizers in graph order, on the first
-    256 cached quantized-model inputs, as QDrop's code does.
     """
 
     method: str = "qdrop"
@@ -80,7 +74,6 @@ class ReconstructionConfig:
     cache_bytes: int = 2**30
     seed: int = 0
     threads: int = 0
-    activation_init: str = "observer"
 
     def __post_init__(self) -> None:
         require_choice("reconstruction.method", self.method, RECONSTRUCTION_METHODS)
@@ -102,7 +95,6 @@ class ReconstructionConfig:
         _require_range("reconstruction.cache_bytes", self.cache_bytes, 0, 2**40, integer=True)
         _require_range("reconstruction.seed", self.seed, 0, 2**63 - 1, integer=True)
         _require_range("reconstruction.threads", self.threads, 0, 1024, integer=True)
-        require_choice("reconstruction.activation_init", self.activation_init, ACTIVATION_INITS)
 
     @property
     def rounding_lr(self) -> float:

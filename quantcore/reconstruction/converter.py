@@ -22,8 +22,7 @@ shared in the exported model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -35,15 +34,10 @@ from quantcore.annotation import Annotation
 from quantcore.calibration import dominator_root
 from quantcore.fake_quant import fake_quantize_tensor
 from quantcore.graph import GraphIndex
-from quantcore.observers import make_observer
 from quantcore.reconstruction.adaround import AdaRoundWeight
 from quantcore.reconstruction.blocks import Block
 from quantcore.reconstruction.torch_ops import OPS, node_attributes
-from quantcore.scaling import scale_offset
 from quantcore.tqc import TensorQuantConfig
-
-# (config of a quantized tensor, its values) → (scale, offset): how ``initialise_scales`` chooses them
-ScaleSearch = Callable[[TensorQuantConfig, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def learnable_weight(tqc: TensorQuantConfig) -> bool:
@@ -53,14 +47,6 @@ def learnable_weight(tqc: TensorQuantConfig) -> bool:
 
 def learnable_activation(tqc: TensorQuantConfig) -> bool:
     return not tqc.floating and not tqc.dynamic and not tqc.power_of_2 and tqc.scale is not None
-
-
-def mse_scale(tqc: TensorQuantConfig, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and offset of the threshold minimising the quantization MSE of ``values`` on ``tqc``'s grid
-    (the ``mse`` observer, ``quantcore.clipping``)."""
-    observer = make_observer(replace(tqc, observer="mse"))
-    observer.observe(values)
-    return scale_offset(tqc, *observer.bounds())
 
 
 def _constant(index: GraphIndex, name: str, device: torch.device) -> torch.Tensor:
@@ -103,13 +89,11 @@ class BlockModule(nn.Module):
     ) -> None:
         super().__init__()
         self.block = block
-        self.configs = dict(configs)  # a copy: ``initialise_scales`` may change learned roots' offsets
+        self.configs = configs
         self.device = device
         self.attrs = [node_attributes(node) for node in block.nodes]
         self.drop_prob = 0.0
         self.generator: torch.Generator | None = None
-        self._search: ScaleSearch | None = None  # set while ``initialise_scales`` runs
-        self._pending: set[str] = set()  # learned roots not yet re-initialised in that run
         names = {node.name for node in block.nodes}
         # (node position, input index) → quantized activation tensor read there
         self.points: dict[tuple[int, int], str] = {}
@@ -152,48 +136,16 @@ class BlockModule(nn.Module):
             for parameter in self.log_scales.values():
                 parameter.zero_()
 
-    def initialise_scales(self, inputs: Mapping[str, torch.Tensor], search: ScaleSearch = mse_scale) -> None:
-        """Set every learned root's initial scale and offset by ``search`` on the values that reach its
-        first quantization point when the block runs on ``inputs`` (eval mode, no dropping, the weights
-        in their current mode, round-to-nearest before training). Quantizers are set in graph order,
-        each on the values the ones before it leave, as QDrop's code initialises a block's quantizers
-        on its cached quantized inputs. Learned log-scales are reset to 0."""
-        self._search, self._pending = search, set(self.scale_keys)
-        self.eval()
-        try:
-            with torch.no_grad():
-                self(inputs)
-        finally:
-            self._search, self._pending = None, set()
-        self.reset_scales()
-
-    def _initialise(self, root: str, value: torch.Tensor) -> None:
-        assert self._search is not None
-        scale, offset = self._search(self.configs[root], value.detach().cpu().numpy())
-        for tensor in {root, *(t for t, r in self.roots.items() if r == root)}:  # the root and its members
-            tqc = self.configs[tensor]
-            self.configs[tensor] = replace(
-                tqc, scale=scale.reshape(np.shape(tqc.scale)), offset=offset.reshape(np.shape(tqc.offset))
-            )
-        self.initial_scales[root] = torch.tensor(np.asarray(scale, np.float32), device=self.device).reshape(
-            self.initial_scales[root].shape
-        )
-        self._pending.discard(root)
-
     def scale(self, root: str) -> torch.Tensor:
         key = self.scale_keys.get(root)
         if key is None:
             return self.initial_scales[root]
         return self.initial_scales[root] * torch.exp(self.log_scales[key])
 
-    def learned_scales(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Dominator root → its learned scale (float32, the config's shape) and its offset (the
-        calibrated one, or ``initialise_scales``'s)."""
+    def learned_scales(self) -> dict[str, np.ndarray]:
+        """Dominator root → its learned scale (float32, the config's shape)."""
         with torch.no_grad():
-            return {
-                root: (self.scale(root).cpu().numpy().astype(np.float32), np.asarray(self.configs[root].offset))
-                for root in self.scale_keys
-            }
+            return {root: self.scale(root).cpu().numpy().astype(np.float32) for root in self.scale_keys}
 
     def weight_values(self) -> dict[str, np.ndarray]:
         return {name: self.adaround[key].grid_values() for name, key in self.weight_keys.items()}
@@ -203,8 +155,6 @@ class BlockModule(nn.Module):
 
     def _quantized(self, tensor: str, value: torch.Tensor, reference: torch.Tensor | None) -> torch.Tensor:
         root = self.roots[tensor]
-        if root in self._pending:
-            self._initialise(root, value)
         quantized = fake_quantize_tensor(value, self.configs[tensor], scale=self.scale(root))
         if self.training and self.drop_prob > 0:
             keep_float = torch.rand(value.shape, generator=self.generator, device=value.device) < self.drop_prob

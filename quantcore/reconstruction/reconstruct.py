@@ -57,7 +57,6 @@ STAGE = "reconstruct"
 CANCEL_EVERY = 10  # steps between should_cancel polls
 REPORTS_PER_BLOCK = 20  # progress events per block at most
 EVAL_BATCH = 256  # samples per no-grad forward when measuring a block's loss
-ACTIVATION_INIT_SAMPLES = 256  # cached samples the ``mse`` activation_init searches on (QDrop's code: 256)
 
 
 @dataclass(frozen=True)
@@ -304,9 +303,6 @@ class _Run:
                 self.monitor.report(STAGE, (k + step / rc.iters) / total, message)
 
         try:
-            if rc.activation_init == "mse" and module.scale_keys:
-                index = np.arange(min(self.count, ACTIVATION_INIT_SAMPLES))
-                module.initialise_scales(_tensors(cache, "q", block.inputs, index, self.device))
             before = _block_loss(module, cache, self.count, self.device, self.eval_batch)
             _train(module, cache, self.count, self.train_batch, rc, rc.seed + k, self.device, tick)
             after = _block_loss(module, cache, self.count, self.device, self.eval_batch)
@@ -316,8 +312,8 @@ class _Run:
         if improved:
             self.changed.update(module.weight_values())
             self.weights.update(module.weight_values())
-            for root, (scale, offset) in module.learned_scales().items():
-                _set_scale(self.configs, root, scale, offset)
+            for root, scale in module.learned_scales().items():
+                _set_scale(self.configs, root, scale)
         self.done |= learn
         self.scaled |= roots
         return BlockReport(
@@ -391,13 +387,10 @@ def _read_activations(block: Block, annotation: Annotation) -> list[str]:
     return [t for t in annotation.activations if any(use.node in names for use in annotation.consumers[t])]
 
 
-def _set_scale(configs: dict, root: str, scale: np.ndarray, offset: np.ndarray) -> None:
-    """Give ``root`` and every tensor sharing its scale (dominator chain) the learned ``scale`` and
-    ``offset``."""
+def _set_scale(configs: dict, root: str, scale: np.ndarray) -> None:
+    """Give ``root`` and every tensor sharing its scale (dominator chain) the learned ``scale``."""
     members = [name for name in configs if dominator_root(name, configs) == root]
     for name in members:
         tqc = configs[name]
         state = QuantState.ACTIVATED if name == root else QuantState.PASSIVE
-        configs[name] = tqc.with_scale(
-            scale.reshape(np.shape(tqc.scale)), offset.reshape(np.shape(tqc.offset)), state=state
-        )
+        configs[name] = tqc.with_scale(scale.reshape(np.shape(tqc.scale)), tqc.offset, state=state)

@@ -24,7 +24,7 @@ from quantcore.fake_quant import quantize_array
 from quantcore.graph import GraphIndex
 from quantcore.reconstruction import partition
 from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
-from quantcore.reconstruction.converter import BlockModule, mse_scale
+from quantcore.reconstruction.converter import BlockModule
 from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
 from tests.onnx_builders import stateful_data, stateful_model, tiny_conv_model
@@ -267,61 +267,6 @@ def test_qdrop_drops_a_block_input_to_fp32_even_when_its_quantizer_is_inside_the
     assert not torch.equal(kept, clean)  # without dropping the error does reach the output
 
 
-def test_mse_activation_init_searches_each_scale_on_the_values_reaching_it_in_graph_order(tiny) -> None:
-    # QDrop's code re-initialises a block's activation quantizers on its cached quantized inputs, each on
-    # what the quantizers before it leave: t (the block input) on the inputs themselves, the next one on
-    # conv1's output computed from t quantized at t's new scale
-    prepared, annotation = tiny
-    residual = partition(prepared.model.graph, annotation, blockwise=True)[1]
-    index = GraphIndex(prepared.model.graph)
-    weights = {name: index.array(name).astype(np.float32) for name in residual.weights}
-    module = BlockModule(
-        residual, index, annotation, annotation.configs, weights, learn=set(residual.weights),
-        learned=set(annotation.activations), device=torch.device("cpu"),
-    )  # fmt: skip
-    assert len(module.scale_keys) >= 2 and "t" in module.scale_keys
-    x = torch.from_numpy(np.random.default_rng(2).uniform(0, 3, (64, C, 6, 6)).astype(np.float32))
-    runs: list[list[np.ndarray]] = [[], []]
-    for seen in runs:
-
-        def search(tqc, values, seen=seen):
-            seen.append(values)
-            return mse_scale(tqc, values)
-
-        module.initialise_scales({"t": x}, search)
-    first, second = runs
-    assert len(first) == len(module.scale_keys)  # each learned root searched once
-    np.testing.assert_array_equal(first[0], x.numpy())  # t: the cached inputs themselves
-    scale, offset = mse_scale(annotation.configs["t"], x.numpy())
-    learned_scale, learned_offset = module.learned_scales()["t"]
-    np.testing.assert_array_equal(learned_scale, scale)  # the log-scale reset to 0: s = s₀
-    np.testing.assert_array_equal(learned_offset, offset)
-    assert not np.allclose(scale, annotation.configs["t"].scale)  # the calibrated scale was replaced
-    # the second run sees what the first saw: the later quantizers were searched with t's new scale
-    # already applied, not the calibrated one (which the first run would otherwise have used)
-    for a, b in zip(first, second, strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_mse_activation_init_replaces_a_bad_calibrated_scale_deterministically(tiny) -> None:
-    # t's calibrated scale made 8x too coarse: the observer start keeps it (40 Adam steps of 1e-3 on log s
-    # move it by 4 % at most), the mse start replaces it before training, lowering the block's starting loss
-    prepared, annotation = tiny
-    bad = annotation.configs["t"]
-    bad = bad.with_scale(np.asarray(bad.scale) * 8, bad.offset, state=bad.state)
-    coarse = annotation.with_configs({**annotation.configs, "t": bad})
-    observer = reconstruct(prepared, coarse, DATA, recon("qdrop", iters=40))
-    mse = reconstruct(prepared, coarse, DATA, recon("qdrop", iters=40, activation_init="mse"))
-    again = reconstruct(prepared, coarse, DATA, recon("qdrop", iters=40, activation_init="mse"))
-    ratio = float(np.asarray(observer.annotation.configs["t"].scale) / np.asarray(bad.scale))
-    assert ratio == pytest.approx(1, abs=0.05)
-    assert float(np.asarray(mse.annotation.configs["t"].scale) / np.asarray(bad.scale)) < 0.25
-    residual = [next(b for b in r.blocks if "add" in b.nodes) for r in (observer, mse, again)]
-    assert residual[1].loss_before < residual[0].loss_before / 2
-    assert [b.loss_after for b in mse.blocks] == [b.loss_after for b in again.blocks]  # deterministic
-    np.testing.assert_array_equal(mse.annotation.configs["t"].scale, again.annotation.configs["t"].scale)
-
-
 def test_unconvertible_block_stays_at_round_to_nearest_with_a_warning(tmp_path) -> None:
     path = tmp_path / "softplus.onnx"
     residual_model(path, middle="Softplus")  # no torch converter for Softplus
@@ -380,15 +325,7 @@ def test_inputs_batched_off_axis_0_are_refused_by_name() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [
-        ("method", "sgd"),
-        ("iters", 0),
-        ("iters", 100_001),
-        ("drop_prob", 1.5),
-        ("batch_size", 0),
-        ("beta_end", 30.0),
-        ("activation_init", "minmax"),
-    ],
+    [("method", "sgd"), ("iters", 0), ("iters", 100_001), ("drop_prob", 1.5), ("batch_size", 0), ("beta_end", 30.0)],
 )
 def test_config_refuses_bad_values(field, value) -> None:
     with pytest.raises(ValueError, match=f"reconstruction.{field}"):
