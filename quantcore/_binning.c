@@ -7,12 +7,12 @@
  * x's type, as numpy's multiply and abs would) at or above `floor` is counted: counts[trunc(s)] += 1.
  * With floor = +inf it only takes the extremes.
  *
- * The loop reads 8 values at a time as one vector (GCC vector extensions: AVX2 where the CPU has it,
- * chosen at load time on x86-64; SSE2 or NEON otherwise): min, max, the NaN test and the floor test
- * without a branch. A block of 64 values where some reach the floor is read again, and those values
- * are counted, found by their bit in the block's mask. Most values of a calibration batch lie below
- * the percentile observer's floor, so a batch costs about one read of its memory. The GIL is released
- * during the loop.
+ * The loop reads one vector of values at a time (GCC vector extensions: 32 bytes with AVX2 where the
+ * x86-64 CPU has it, chosen when the module loads; 16 bytes otherwise, SSE2 or NEON): min, max, the
+ * NaN test and the floor test without a branch. A block of 64 values where some reach the floor is
+ * read again, and those values are counted, found by their bit in the block's mask. Most values of a
+ * calibration batch lie below the percentile observer's floor, so a batch costs about one read of its
+ * memory. The GIL is released during the loop.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,13 +20,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 8
-#define BLOCK (8 * LANES) /* values tested before the branch that looks for values to count */
+#define BLOCK 64 /* values tested before the branch that looks for values to count: one uint64_t mask */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+/* BINNING_NO_AVX2: the baseline build only, which the tests compile to check that code too */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(BINNING_NO_AVX2)
+#define HAVE_AVX2_BUILD 1
 #else
-#define VECTOR_CLONES
+#define HAVE_AVX2_BUILD 0
 #endif
 
 typedef struct {
@@ -35,34 +35,34 @@ typedef struct {
     Py_ssize_t overflow;
 } Scan;
 
-/* SCAN_KERNEL(name, T, I, ABS_MASK): the scan over T values, I the integer type of T's width. */
-#define SCAN_KERNEL(name, T, I, ABS_MASK)                                                              \
-    typedef T name##_v __attribute__((vector_size(LANES * sizeof(T))));                                 \
-    typedef I name##_i __attribute__((vector_size(LANES * sizeof(T))));                                 \
+/* SCAN_KERNEL(name, T, I, ABS_MASK, BYTES, TARGET): the scan over T values in vectors of BYTES bytes,
+ * I the integer type of T's width, TARGET the function's instruction-set attribute (or nothing). */
+#define SCAN_KERNEL(name, T, I, ABS_MASK, BYTES, TARGET)                                                              \
+    enum { name##_lanes = BYTES / sizeof(T) };                                                          \
+    typedef T name##_v __attribute__((vector_size(BYTES)));                                             \
+    typedef I name##_i __attribute__((vector_size(BYTES)));                                             \
     static inline void name##_count(T s, T limit, int64_t *counts, Py_ssize_t *overflow) {              \
         if (s < limit)                                                                                  \
             counts[(int64_t)s] += 1;                                                                    \
         else                                                                                            \
             *overflow += 1;                                                                             \
     }                                                                                                   \
-    VECTOR_CLONES static Scan name(const T *x, Py_ssize_t n, T m, T floor_, int64_t *counts,            \
-                                   Py_ssize_t bins) {                                                   \
+    TARGET static Scan name(const T *x, Py_ssize_t n, T m, T floor_, int64_t *counts, Py_ssize_t bins) { \
         name##_v lo, hi, mv, fv;                                                                        \
-        name##_i nan, any, abs_mask;                                                                    \
-        for (int k = 0; k < LANES; k++) {                                                               \
+        name##_i nan = {0}, any = {0}, abs_mask;                                                        \
+        for (int k = 0; k < name##_lanes; k++) {                                                        \
             lo[k] = INFINITY;                                                                           \
             hi[k] = -INFINITY;                                                                          \
             mv[k] = m;                                                                                  \
             fv[k] = floor_;                                                                             \
-            nan[k] = 0;                                                                                 \
             abs_mask[k] = ABS_MASK;                                                                     \
         }                                                                                               \
         T limit = (T)(bins + 1); /* counted: trunc(s) <= bins */                                        \
         Py_ssize_t overflow = 0, i = 0;                                                                 \
         for (; i + BLOCK <= n; i += BLOCK) {                                                            \
-            for (int k = 0; k < LANES; k++)                                                             \
+            for (int k = 0; k < name##_lanes; k++)                                                      \
                 any[k] = 0;                                                                             \
-            for (int j = 0; j < BLOCK; j += LANES) {                                                    \
+            for (int j = 0; j < BLOCK; j += name##_lanes) {                                             \
                 name##_v v;                                                                             \
                 memcpy(&v, x + i + j, sizeof v);                                                        \
                 name##_i below = v < lo, above = v > hi; /* false for NaN: extremes skip it */          \
@@ -72,16 +72,16 @@ typedef struct {
                 any |= (name##_v)((name##_i)(v * mv) & abs_mask) >= fv;                                 \
             }                                                                                           \
             I hit = 0;                                                                                  \
-            for (int k = 0; k < LANES; k++)                                                             \
+            for (int k = 0; k < name##_lanes; k++)                                                      \
                 hit |= any[k];                                                                          \
             if (!hit)                                                                                   \
                 continue;                                                                               \
             uint64_t reach = 0; /* bit j: value i + j at or above the floor */                          \
-            for (int j = 0; j < BLOCK; j += LANES) {                                                    \
+            for (int j = 0; j < BLOCK; j += name##_lanes) {                                             \
                 name##_v v;                                                                             \
                 memcpy(&v, x + i + j, sizeof v);                                                        \
                 name##_i ge = (name##_v)((name##_i)(v * mv) & abs_mask) >= fv;                          \
-                for (int k = 0; k < LANES; k++)                                                         \
+                for (int k = 0; k < name##_lanes; k++)                                                  \
                     reach |= (uint64_t)(ge[k] & 1) << (j + k);                                          \
             }                                                                                           \
             while (reach) { /* one loop over the block's set bits: one mispredicted exit */             \
@@ -92,7 +92,7 @@ typedef struct {
         }                                                                                               \
         T l = INFINITY, h = -INFINITY;                                                                  \
         int nonfinite = 0;                                                                              \
-        for (int k = 0; k < LANES; k++) {                                                               \
+        for (int k = 0; k < name##_lanes; k++) {                                                        \
             l = lo[k] < l ? lo[k] : l;                                                                  \
             h = hi[k] > h ? hi[k] : h;                                                                  \
             nonfinite |= nan[k] != 0;                                                                   \
@@ -110,8 +110,13 @@ typedef struct {
         return result;                                                                                  \
     }
 
-SCAN_KERNEL(scan_float, float, int32_t, 0x7fffffff)
-SCAN_KERNEL(scan_double, double, int64_t, 0x7fffffffffffffffLL)
+SCAN_KERNEL(scan_float, float, int32_t, 0x7fffffff, 16, )
+SCAN_KERNEL(scan_double, double, int64_t, 0x7fffffffffffffffLL, 16, )
+#if HAVE_AVX2_BUILD
+SCAN_KERNEL(scan_float_avx2, float, int32_t, 0x7fffffff, 32, __attribute__((target("avx2"))))
+SCAN_KERNEL(scan_double_avx2, double, int64_t, 0x7fffffffffffffffLL, 32, __attribute__((target("avx2"))))
+static int use_avx2 = 0; /* set when the module loads */
+#endif
 
 static int is_int64(const Py_buffer *b) {
     return b->itemsize == 8 && b->format && (strcmp(b->format, "l") == 0 || strcmp(b->format, "q") == 0);
@@ -139,10 +144,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_ssize_t n = x.len / x.itemsize, bins = counts.len / 8 - 1; /* counts[bins]: |x| = top */
         Scan r;
         Py_BEGIN_ALLOW_THREADS;
-        if (is_float)
-            r = scan_float((const float *)x.buf, n, (float)multiplier, (float)floor_, (int64_t *)counts.buf, bins);
+        const float *xf = (const float *)x.buf;
+        const double *xd = (const double *)x.buf;
+        int64_t *c = (int64_t *)counts.buf;
+#if HAVE_AVX2_BUILD
+        if (use_avx2)
+            r = is_float ? scan_float_avx2(xf, n, (float)multiplier, (float)floor_, c, bins)
+                         : scan_double_avx2(xd, n, multiplier, floor_, c, bins);
         else
-            r = scan_double((const double *)x.buf, n, multiplier, floor_, (int64_t *)counts.buf, bins);
+#endif
+            r = is_float ? scan_float(xf, n, (float)multiplier, (float)floor_, c, bins)
+                         : scan_double(xd, n, multiplier, floor_, c, bins);
         Py_END_ALLOW_THREADS;
         result = Py_BuildValue("ddNn", r.lo, r.hi, PyBool_FromLong(r.nonfinite), r.overflow);
     }
@@ -161,4 +173,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "quantcore._binning",
                                     "One-pass extremes and tail counts of a float batch (quantcore.histogram).",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__binning(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__binning(void) {
+#if HAVE_AVX2_BUILD
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
+    return PyModule_Create(&module);
+}

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import subprocess
+import sysconfig
+from pathlib import Path
+from types import ModuleType
 from unittest.mock import patch
 
 import numpy as np
@@ -403,6 +408,22 @@ def reference_scan(x: np.ndarray, multiplier: float, floor: float, bins: int) ->
     return lo, hi, bool(np.isnan(x).any() or np.isinf(x).any()), int(beyond.sum()), counts
 
 
+@pytest.fixture(scope="module")
+def scan_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
+    """The installed ``_binning`` (on x86-64 its AVX2 kernels where the CPU has AVX2, as here) and the
+    same source compiled without them (``BINNING_NO_AVX2``: 16-byte vectors, SSE2 on x86-64), the code
+    other CPUs run."""
+    source = Path(_binning.__file__).with_name("_binning.c")
+    baseline = tmp_path_factory.mktemp("binning") / f"_binning{sysconfig.get_config_var('EXT_SUFFIX')}"
+    include = sysconfig.get_paths()["include"]
+    command = ["gcc", "-O3", "-Wall", "-shared", "-fPIC", "-DBINNING_NO_AVX2", f"-I{include}", str(source)]
+    subprocess.run([*command, "-o", str(baseline)], check=True)
+    spec = importlib.util.spec_from_file_location("_binning", baseline)
+    assert spec is not None
+    return {"installed": _binning, "baseline": importlib.util.module_from_spec(spec)}
+
+
+@pytest.mark.parametrize("build", ["installed", "baseline"])
 @settings(max_examples=200, deadline=None)
 @given(
     dtype=st.sampled_from([np.float32, np.float64]),
@@ -412,7 +433,16 @@ def reference_scan(x: np.ndarray, multiplier: float, floor: float, bins: int) ->
     specials=st.lists(st.sampled_from(["edges", "zeros", "nan", "inf", "beyond", "negative"]), max_size=3),
     seed=st.integers(0, 2**16),
 )
-def test_scan_matches_numpy(dtype: type, size: int, scale: float, floor: float, specials: list[str], seed: int) -> None:
+def test_scan_matches_numpy(
+    scan_builds: dict[str, ModuleType],
+    build: str,
+    dtype: type,
+    size: int,
+    scale: float,
+    floor: float,
+    specials: list[str],
+    seed: int,
+) -> None:
     bins = 2048
     rng = np.random.default_rng(seed)
     x = (heavy_tailed(rng, size).astype(np.float64) * scale).astype(dtype)
@@ -433,7 +463,7 @@ def test_scan_matches_numpy(dtype: type, size: int, scale: float, floor: float, 
     if "inf" in specials:
         x[spots[0]] = -np.inf
     counts = np.zeros(bins + 1, np.int64)
-    lo, hi, nonfinite, beyond = _binning.scan(x, multiplier, floor, counts)
+    lo, hi, nonfinite, beyond = scan_builds[build].scan(x, multiplier, floor, counts)
     expected = reference_scan(x, multiplier, floor, bins)
     assert (lo, hi, nonfinite, beyond) == expected[:4]
     np.testing.assert_array_equal(counts, expected[4])
