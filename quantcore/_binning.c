@@ -37,7 +37,7 @@ typedef struct {
 
 /* SCAN_KERNEL(name, T, I, ABS_MASK, BYTES, TARGET): the scan over T values in vectors of BYTES bytes,
  * I the integer type of T's width, TARGET the function's instruction-set attribute (or nothing). */
-#define SCAN_KERNEL(name, T, I, ABS_MASK, BYTES, TARGET)                                                              \
+#define SCAN_KERNEL(name, T, I, ABS_MASK, BYTES, TARGET)                                                \
     enum { name##_lanes = BYTES / sizeof(T) };                                                          \
     typedef T name##_v __attribute__((vector_size(BYTES)));                                             \
     typedef I name##_i __attribute__((vector_size(BYTES)));                                             \
