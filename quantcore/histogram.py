@@ -106,9 +106,9 @@ class HistogramObserver:
 
     def observe(self, x: np.ndarray) -> None:
         """Fold one batch in (see module): with the range and floor settled, one ``scan`` that bins the
-        batch against the current range; a batch beyond that range, holding NaN/inf, or the first ones
-        take the careful path: extremes first (NaN/inf dropped and counted), the range grown, the
-        floor chosen, then the binning scan."""
+        batch against the current range; a batch beyond that range or holding NaN/inf (its extremes
+        from that scan), or the first ones (an extremes-only scan), then take the careful path: NaN/inf
+        dropped and counted, the range grown, the floor chosen, then the binning scan."""
         values = np.asarray(x).ravel()  # a view for the contiguous arrays ONNX Runtime returns; 0-d → (1,)
         if values.size == 0:
             return
@@ -123,8 +123,9 @@ class HistogramObserver:
             if not (nonfinite or beyond or max(-lo, hi) > self.top):
                 self._add(values.size, lo, hi, counts)
                 return
-            counts.fill(0)
-        lo, hi, nonfinite, _ = scan(values, 1.0, math.inf, counts)  # extremes only
+            counts.fill(0)  # its extremes stand: the range grows from them below
+        else:
+            lo, hi, nonfinite, _ = scan(values, 1.0, math.inf, counts)  # extremes only
         if nonfinite:
             values, bad = finite_values(values)
             self.nonfinite += bad
