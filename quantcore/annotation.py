@@ -66,6 +66,8 @@ class Annotation:
     biases: bias initializer → its int32 link (scale derived at export from the calibrated configs).
     decisions: node name → "quantized" | "pass_through" | "float" | "excluded"; reasons: why.
     notes: platform statements about this run (e.g. the weight range chosen for the target CPU).
+    unsigned_weights: export int8 weight codes as uint8 with zero point + 128, the same grid, for
+    kernels that read unsigned weights (``quantcore.cpu_features``).
     """
 
     configs: Mapping[str, TensorQuantConfig]
@@ -77,6 +79,7 @@ class Annotation:
     biases: Mapping[str, BiasLink] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default=())
     platform: str | None = None
+    unsigned_weights: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
@@ -309,4 +312,5 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
         biases=state.biases,
         notes=tuple(platform.notes(config)),
         platform=platform.name,
+        unsigned_weights=platform.unsigned_weights(config),
     )

@@ -166,7 +166,8 @@ class QuantizeConfig:
     batch dimension in the model wins). exclude_op_types / exclude_node_patterns: nodes kept in float,
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels
-    saturate, see ``quantcore.cpu_features``), ``on``, ``off``. device: ``cpu`` or ``cuda``.
+    saturate, see ``quantcore.cpu_features``), ``on`` (7-bit), ``off`` (the full int8 grid, stored as
+    uint8 where u8s8 kernels saturate). device: ``cpu`` or ``cuda``.
     disabled_optimizers: ONNX Runtime graph rewrites (``disabled_optimizers`` names) the deployed
     session skips; set by the parity check when a rewrite of the installed ONNX Runtime changes the
     model's results (``quantcore.parity``), and what users of the model must skip too.

@@ -16,7 +16,9 @@ Known causes and remedies:
 
 - ``remedy``: on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit intermediate
   (``quantcore.cpu_features``); the onnxruntime platform then re-exports with 7-bit weights
-  (``reduce_range="on"``).
+  (``reduce_range="on"``). On other platforms (tensorrt: int8 activations and weights, whose integer
+  kernels saturate the same way there) ``isolate_optimizer`` finds ``QDQSelectorActionTransformer``,
+  the rewrite that puts the integer kernels in, and the report names the cause.
 - ``isolate_optimizer``: a graph rewrite of the installed ONNX Runtime that changes the model's
   meaning. ONNX Runtime 1.32's ``ReluQuantRewrite`` removes a Relu before a float8 QuantizeLinear as if
   the float8 grid started at zero like uint8's (it is signed: negative values survive, digits FP8 top-1
@@ -37,10 +39,12 @@ from typing import Any
 import onnxruntime as ort
 
 from quantcore.config import QuantizeConfig
+from quantcore.cpu_features import this_cpu_saturates_u8s8
 
 MIN_SQNR_DB = 30.0
 QUANTIZATION_MARGIN_DB = 6.0
 MAX_TOP1_GAP = 0.005
+INTEGER_KERNEL_REWRITE = "QDQSelectorActionTransformer"  # DQ → op → Q groups into integer kernels
 # ONNX Runtime graph rewrites that move, fuse or drop Q/DQ and the ops beside them, most suspect first:
 # the names ``InferenceSession(disabled_optimizers=...)`` takes (rewrite rules and transformers).
 SUSPECT_OPTIMIZERS = (
@@ -48,7 +52,7 @@ SUSPECT_OPTIMIZERS = (
     "ClipQuantRewrite",
     "QDQPropagationTransformer",
     "DoubleQDQPairsRemover",
-    "QDQSelectorActionTransformer",
+    INTEGER_KERNEL_REWRITE,
     "QDQFinalCleanupTransformer",
     "ConvActivationFusion",
     "NchwcTransformer",
@@ -114,6 +118,16 @@ def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:
     return None
 
 
+def _cause(optimizer: str) -> str:
+    """What is known of why ``optimizer`` changes results on this machine ("" when nothing is)."""
+    if optimizer == INTEGER_KERNEL_REWRITE and this_cpu_saturates_u8s8():
+        return (
+            " (it puts in the integer kernels, and this x86 CPU lacks VNNI: they add pairs of products of full-range "
+            "int8 weights in a saturating 16-bit intermediate, where TensorRT and VNNI CPUs accumulate in 32 bits)"
+        )
+    return ""
+
+
 @dataclass(frozen=True)
 class Isolated:
     """A deployment that agrees with exact Q/DQ once ``config.disabled_optimizers`` are skipped."""
@@ -138,7 +152,8 @@ def isolate_optimizer(
             return Isolated(
                 candidate,
                 evaluation,
-                f"ONNX Runtime {ort.__version__}'s graph rewrite {name!r} changes this model's results; deployed "
-                f"measured without it: run the model with InferenceSession(..., disabled_optimizers=[{name!r}])",
+                f"ONNX Runtime {ort.__version__}'s graph rewrite {name!r} changes this model's results{_cause(name)}; "
+                f"deployed measured without it: run the model with "
+                f"InferenceSession(..., disabled_optimizers=[{name!r}])",
             )
     return None

@@ -12,6 +12,9 @@ grid) as an initializer of the storage type, followed by DequantizeLinear (``axi
 output-channel axis when per-channel). This is TensorRT's recommended form and ONNX Runtime's CPU EP
 runs it; the float initializer is removed once nothing else reads it. Their table state is BAKED.
 Biases linked in the annotation (onnxruntime): int32 codes round(b / (s_x · s_w)), offset 0.
+An annotation with ``unsigned_weights`` stores int8 weight codes as uint8, codes and zero point both
+shifted by 128 (the same values; ``quantcore.storage.unsigned_twin``); the table says so
+(``storage_shift``).
 
 Storage types and opsets (``quantcore.storage.storage_type``): int8/uint8 (13 per-channel),
 float8e4m3fn/float8e5m2 (19), int4/uint4/int16/uint16 (21). The model's default opset is raised to the
@@ -39,7 +42,7 @@ from quantcore.graph import GraphIndex, NameScope, default_opset
 from quantcore.opset import required_ir_version, upgrade_opset
 from quantcore.preparation import PreparedModel
 from quantcore.session import PROTOBUF_LIMIT
-from quantcore.storage import StorageType, storage_type
+from quantcore.storage import UNSIGNED_SHIFT, StorageType, storage_type, unsigned_twin
 from quantcore.tqc import QuantState, TensorQuantConfig
 
 MODEL_FILE = "model.qdq.onnx"
@@ -74,6 +77,15 @@ class ExportResult:
 def storage_of(tqc: TensorQuantConfig) -> StorageType:
     """The ONNX type storing ``tqc`` (widths without a type of their own go to the next wider one)."""
     return storage_type(tqc, widen=True)
+
+
+def stored_as(name: str, tqc: TensorQuantConfig, annotation: Annotation) -> tuple[StorageType, int]:
+    """The ONNX type storing tensor ``name`` and the shift added to its codes and zero point: int8
+    weights of an annotation with ``unsigned_weights`` go to uint8 shifted by ``UNSIGNED_SHIFT``."""
+    storage = storage_of(tqc)
+    if name in annotation.parameters and annotation.unsigned_weights and storage.name == "int8":
+        return unsigned_twin(storage), UNSIGNED_SHIFT
+    return storage, 0
 
 
 def typed_tensor(values: np.ndarray, storage: StorageType, name: str) -> onnx.TensorProto:
@@ -173,17 +185,20 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
 
     for name, tqc in annotation.configs.items():
         parameter = name in annotation.parameters
-        storage = storage_of(tqc)
+        storage, shift = stored_as(name, tqc, annotation)
         scale_name = scope.fresh(f"{name}_scale")
         zero_name = scope.fresh(f"{name}_zero_point")
         graph.initializer.append(numpy_helper.from_array(np.asarray(tqc.scale, dtype=np.float32), scale_name))
-        zero = np.zeros(np.shape(tqc.scale)) if tqc.floating else np.asarray(tqc.offset)
+        zero = np.zeros(np.shape(tqc.scale)) if tqc.floating else np.asarray(tqc.offset, np.int64) + shift
         graph.initializer.append(typed_tensor(zero, storage, zero_name))
         axis = {"axis": tqc.channel_axis} if tqc.per_channel else {}
         dq_out = scope.fresh(f"{name}_dequantized")
         if parameter:
             codes_name = scope.fresh(f"{name}_quantized")
-            graph.initializer.append(typed_tensor(quantize_array(index.array(name), tqc), storage, codes_name))
+            codes = quantize_array(index.array(name), tqc)
+            if shift:
+                codes = codes.astype(np.int64) + shift
+            graph.initializer.append(typed_tensor(codes, storage, codes_name))
             head.append(
                 helper.make_node(
                     "DequantizeLinear",
@@ -281,7 +296,10 @@ def tqc_table(annotation: Annotation, *, platform: str | None = None) -> dict[st
             tqc = tqc.with_state(QuantState.BAKED)
         entry = tqc.to_dict()
         entry["kind"] = "weight" if parameter else "activation"
-        entry["storage"] = storage_of(tqc).name
+        storage, shift = stored_as(name, tqc, annotation)
+        entry["storage"] = storage.name
+        if shift:
+            entry["storage_shift"] = shift  # stored codes and zero point are the config's + shift
         entry["consumers"] = [{"node": use.node, "input": use.index} for use in annotation.consumers[name]]
         tensors[name] = entry
     biases = {

@@ -216,7 +216,8 @@ class Platform:
     precision names this platform accepts (None: any integer ``wXaY``). boundary_bits: bits of the first
     and last compute layer (weights and the activation they read), whatever the precision says.
     floating: the platform quantizes to FP8 (``tensorrt-fp8``). notes: statements for the report
-    about choices made for this run (e.g. a reduced weight range).
+    about choices made for this run (e.g. a reduced weight range). unsigned_weights: whether int8
+    weight codes are exported as uint8 with zero point + 128 (``Annotation.unsigned_weights``).
     """
 
     name: str
@@ -228,6 +229,7 @@ class Platform:
     boundary_bits: int | None = None
     floating: bool = False
     notes: Callable[[QuantizeConfig], list[str]] = field(default=lambda config: [])
+    unsigned_weights: Callable[[QuantizeConfig], bool] = field(default=lambda config: False)
 
     def rule_for(self, node: onnx.NodeProto) -> Rule:
         if node.domain not in ("", "ai.onnx"):

@@ -18,11 +18,14 @@ with ``allow_int4=False``). Weights baked as codes stay inside [-4, 3] exactly; 
 at run time by QuantizeLinear saturates at the *type's* range, so the exporter must bound it (a Clip
 to [-4·s, 3·s] before the Q node) when the restricted range matters. ``storage_type(tqc)`` refuses
 such widths unless ``widen=True``, so that widening is a decision of the caller.
+
+int8 codes may also be stored shifted into uint8 (q + 128, zero point + 128: the same dequantized
+values), for ONNX Runtime's u8u8 kernels on CPUs where its u8s8 ones saturate (``unsigned_twin``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -59,11 +62,20 @@ STORAGE_TYPES: dict[str, tuple[int, int, bool, int, int]] = {
     "float8e5m2": (onnx.TensorProto.FLOAT8E5M2, 8, True, 19, 19),
 }
 LINEAR_WIDTHS = (4, 8, 16)  # integer widths ONNX QuantizeLinear can produce
+UNSIGNED_SHIFT = 128  # int8 codes + 128 are the uint8 codes of the same grid (the zero point moves alike)
 
 
 def _make(name: str, per_channel: bool) -> StorageType:
     onnx_type, bits, signed, opset_tensor, opset_channel = STORAGE_TYPES[name]
     return StorageType(name, onnx_type, bits, signed, opset_channel if per_channel else opset_tensor)
+
+
+def unsigned_twin(storage: StorageType) -> StorageType:
+    """uint8 for ``storage`` int8: the type int8 codes are stored in once shifted by ``UNSIGNED_SHIFT``
+    (for kernels that read unsigned weights)."""
+    if storage.name != "int8":
+        raise ValueError(f"only int8 codes have an unsigned twin, not {storage.name}")
+    return replace(storage, name="uint8", onnx_type=onnx.TensorProto.UINT8, signed=False)
 
 
 def storage_type(tqc: TensorQuantConfig, *, widen: bool = False, allow_int4: bool = True) -> StorageType:

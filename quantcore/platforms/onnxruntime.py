@@ -9,8 +9,9 @@ to produce integers, so these rules quantize the op's inputs *and* its output:
 
 - activations: asymmetric uint8, q = clip(round(x / s) + o, 0, 255), s = (hi' - lo') / 255 with the
   range widened to contain 0 (the run's observer); weights: symmetric int8 per-channel on the
-  output-channel axis (minmax), 7-bit [-64, 63] where u8s8 kernels would saturate (see
-  ``quantcore.cpu_features``); biases: int32 (``BiasRequest``).
+  output-channel axis (minmax), 7-bit [-64, 63] where u8s8 kernels would saturate, or with
+  ``reduce_range="off"`` there the full int8 grid stored as uint8 (see ``quantcore.cpu_features``);
+  biases: int32 (``BiasRequest``).
 - a Conv/Gemm/MatMul whose only reader is a Relu/Clip leaves its output to that activation, whose
   output is quantized instead: the EP drops a Relu/Clip in front of a Q whose range starts at 0.
 - data-movement ops (MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze, Slice, Split, Resize,
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from quantcore.cpu_features import REDUCED_WEIGHT_BITS, reduced_weight_range
+from quantcore.cpu_features import REDUCED_WEIGHT_BITS, weight_range
 from quantcore.rules import (
     DATA_MOVEMENT_OPS,
     BiasRequest,
@@ -56,7 +57,7 @@ def activation(bits: int, observer: str, config: QuantizeConfig) -> TensorQuantC
 
 def weight(axis: int | None, bits: int, config: QuantizeConfig) -> TensorQuantConfig:
     """Symmetric signed, per-channel on ``axis``; 8-bit weights become 7-bit where u8s8 kernels saturate."""
-    if bits == 8 and reduced_weight_range(config.reduce_range)[0]:
+    if bits == 8 and weight_range(config.reduce_range).reduced:
         bits = REDUCED_WEIGHT_BITS
     if axis is None:
         return TensorQuantConfig(num_bits=bits, symmetric=True, observer="minmax")
@@ -188,7 +189,11 @@ RULES: dict[str, Rule] = {
 
 
 def _notes(config: QuantizeConfig) -> list[str]:
-    return [reduced_weight_range(config.reduce_range)[1]]
+    return [weight_range(config.reduce_range).reason]
+
+
+def _unsigned_weights(config: QuantizeConfig) -> bool:
+    return weight_range(config.reduce_range).unsigned_storage
 
 
 ONNXRUNTIME = Platform(
@@ -199,4 +204,5 @@ ONNXRUNTIME = Platform(
     description="ONNX Runtime CPU EP QDQ: uint8 asymmetric activations, int8 symmetric per-channel weights, "
     "int32 biases, Q/DQ around every op with an integer kernel",
     notes=_notes,
+    unsigned_weights=_unsigned_weights,
 )
