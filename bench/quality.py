@@ -410,11 +410,17 @@ def compare(reference: list[np.ndarray], quantized: list[np.ndarray], labels: np
 
 
 def speedup(case: Case, row: dict) -> str:
-    """FP32 p50 / quantized p50 latency on ONNX Runtime's CPU EP (``quantcore.cpu_latency``, random inputs),
-    per batch size, as "b1 / b32"; the quantized model run as the row's method says it must be."""
+    """FP32 p50 / quantized p50 latency on ONNX Runtime's CPU EP (``quantcore.cpu_latency``, batches drawn
+    from the held-out samples), per batch size, as "b1 / b32"; the quantized model run as the row's method
+    says it must be."""
     from quantcore import cpu_latency
 
-    measured = cpu_latency(case.model_path, row["output"], disabled_optimizers=row.get("disabled_optimizers", ()))
+    measured = cpu_latency(
+        case.model_path,
+        row["output"],
+        sample=case.evaluation,
+        disabled_optimizers=row.get("disabled_optimizers", ()),
+    )
     return " / ".join(f"{value:.2f}" for value in measured["speedup_p50"].values())
 
 
