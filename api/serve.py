@@ -16,8 +16,12 @@ the cyclic garbage collector, every full collection scans them all, 88 to 131 ms
 the worker answers nothing (`bench.request_cpu` prints the figure); frozen, a full collection scans
 the few thousand objects created since, well under a millisecond.
 
-The parent binds the sockets and keeps them open, so connections that arrive while a worker is being
-replaced wait in its socket's queue; it restarts a worker that dies, unless the worker failed to start
+The parent binds the sockets and keeps them open; a worker's server starts listening on its socket
+only once its app is built and warmed up. The kernel hands a port's connections only to sockets that
+listen, so none waits behind a worker that is still starting (and none is lost when that worker is
+stopped before it serves: a connection queued on a socket nobody accepts from is reset when the socket
+closes). Once listening, a socket stays so while its worker is replaced, and the connections that
+arrive meanwhile wait in its queue; it restarts a worker that dies, unless the worker failed to start
 (uvicorn's STARTUP_FAILURE status: the app does not import or its lifespan fails), which a restart
 would repeat: then it stops, status 1. On SIGTERM or SIGINT it passes SIGTERM to the workers, which
 stop accepting and let requests finish for `--timeout-graceful-shutdown` seconds (uvicorn's graceful
@@ -58,9 +62,10 @@ class Options:
     app: str = APP  # import string of the ASGI app
 
 
-def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` TCP sockets bound to (host, port) with SO_REUSEPORT and listening (port 0: a free port,
-    the same for all)."""
+def bound_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` TCP sockets bound to (host, port) with SO_REUSEPORT (port 0: a free port, the same for
+    all), not yet listening: uvicorn listens on each when its worker starts serving (asyncio's
+    ``create_server`` with ``sock=``)."""
     sockets: list[socket.socket] = []
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(count):
@@ -69,7 +74,6 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         port = sock.getsockname()[1]
-        sock.listen(2048)  # uvicorn's default backlog
         sockets.append(sock)
     return sockets
 
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be at least 1")
     configure_logging(settings)  # the supervisor's own lines, in the format the workers' app uses
     options = Options(args.log_level, args.graceful_seconds)
-    sockets = listening_sockets(args.host, args.port, args.workers)
+    sockets = bound_sockets(args.host, args.port, args.workers)
     if args.workers == 1:
         serve_on(options, sockets[0])
         return 0

@@ -18,6 +18,21 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def listeners(port: int) -> int | None:
+    """TCP sockets listening on `port` on this machine (/proc/net/tcp and tcp6; None where they cannot
+    be read). `api.serve` workers listen once they serve, each on a socket of its own."""
+    count = 0
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    count += 1
+    except OSError:
+        return None
+    return count
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -83,7 +98,7 @@ class Stack:
             env=dict(self.env, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir)),
         )
         self.api_url = f"http://127.0.0.1:{port}"
-        self.wait_ready()
+        self.wait_ready(workers=workers)
         return self.api_url
 
     def start_worker(
@@ -122,14 +137,18 @@ class Stack:
             argv += ["-B", "-s", str(schedule)]
         return self._spawn(name, argv, env)
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 60.0, workers: int = 1) -> None:
+        """Until the API answers /health and all its `workers` listen (each listens once it serves)."""
         deadline = time.monotonic() + timeout
+        port = int(str(self.api_url).rsplit(":", 1)[1])
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.api_url}/api/v1/health", timeout=2).status_code == 200:
-                    return
+                healthy = httpx.get(f"{self.api_url}/api/v1/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
+                healthy = False
+            listening = listeners(port) if healthy else None
+            if healthy and (listening is None or listening >= workers):
+                return
             if self.processes["api"].poll() is not None:
                 raise RuntimeError(f"the API exited; see {self.log_dir / 'api.log'}")
             time.sleep(0.2)

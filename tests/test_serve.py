@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from api.serve import Options, Supervisor, listening_sockets
+from api.serve import Options, Supervisor, bound_sockets
 from api.warmup import warm_up
 from launcher.stack import Stack
 
@@ -131,7 +131,7 @@ def test_a_killed_worker_is_replaced_and_no_connection_is_refused(api) -> None:
 
 
 def test_a_worker_failing_at_start_up_stops_the_server() -> None:
-    sockets = listening_sockets("127.0.0.1", 0, 2)
+    sockets = bound_sockets("127.0.0.1", 0, 2)
     started = time.monotonic()
     status = Supervisor(Options(log_level="warning", app="tests.no_such_module:app"), sockets).run()
     assert status == 1
@@ -152,3 +152,30 @@ def test_warm_up_runs_the_request_path_without_a_key_or_data(tmp_path: Path) -> 
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(asyncio.run, warm_up(app)).result() == [200, 401]
     assert not (tmp_path / "absent" / "db.sqlite").exists()  # never connected
+
+
+def test_connections_go_only_to_sockets_that_listen() -> None:
+    """Why a starting worker loses no connection: of two sockets bound to the port, the kernel hands
+    every connection to the one that listens (as `api.serve` workers do once they serve); before, a
+    connection hashed to a starting worker waited on its socket and was reset if that worker was
+    stopped before serving (test_shutdown's SIGTERM test failed so in one of this session's two CI runs)."""
+    from launcher.stack import listeners
+
+    ready, starting = bound_sockets("127.0.0.1", 0, 2)
+    port = ready.getsockname()[1]
+    try:
+        assert listeners(port) == 0
+        ready.listen(64)
+        assert listeners(port) == 1
+        clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(CONNECTIONS)]
+        ready.settimeout(5)
+        accepted = [ready.accept()[0] for _ in range(CONNECTIONS)]
+        starting.listen(64)  # only now may connections reach it: none is queued there
+        starting.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            starting.accept()
+        for connection in clients + accepted:
+            connection.close()
+    finally:
+        ready.close()
+        starting.close()
