@@ -75,7 +75,8 @@ def unsigned_twin(storage: StorageType) -> StorageType:
     (for kernels that read unsigned weights)."""
     if storage.name != "int8":
         raise ValueError(f"only int8 codes have an unsigned twin, not {storage.name}")
-    return replace(storage, name="uint8", onnx_type=onnx.TensorProto.UINT8, signed=False)
+    onnx_type, _, signed, _, _ = STORAGE_TYPES["uint8"]  # same opsets as int8: the rest carries over
+    return replace(storage, name="uint8", onnx_type=onnx_type, signed=signed)
 
 
 def storage_type(tqc: TensorQuantConfig, *, widen: bool = False, allow_int4: bool = True) -> StorageType:
