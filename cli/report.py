@@ -40,7 +40,7 @@ MODES = {
     "engine": "engine",
 }
 # Path components that only group things and add nothing to a label.
-NOISE = {"evaluation", "outputs", "metrics", "report", "results", "per_output", "model"}
+NOISE = {"evaluation", "outputs", "metrics", "task_metrics", "report", "results", "per_output", "model"}
 LAYER_HINTS = ("layer", "tensor", "node")
 SIZE_KEYS = {"size", "sizes"}
 # Subtrees whose numbers are settings, not measurements (`config.batch_size`).
@@ -136,12 +136,15 @@ def _task_metrics(blocks: list[Block], report: dict[str, Any]) -> str:
     evaluation = report.get("evaluation") if isinstance(report.get("evaluation"), dict) else {}
     output = evaluation.get("top1_output")
     for key in sorted(TASK_METRICS):
-        values = [
-            (_label(path), block[key]) for path, block in sorted(blocks, key=lambda b: _mode_rank(b[0])) if key in block
-        ]
+        values: dict[tuple[str, str], Any] = {}  # a figure stated twice under one label (`fp32.top1` and
+        for path, block in sorted(blocks, key=lambda b: _mode_rank(b[0])):  # `fp32.task_metrics.top1`) once
+            if key in block:
+                values.setdefault(_label(path), block[key])
         if values:
             title = METRICS[key] + (f" on {output}" if isinstance(output, str) else "")
-            joined = ", ".join(f"{mode or rest or 'all'} {_format_metric(value)}" for (mode, rest), value in values)
+            joined = ", ".join(
+                f"{mode or rest or 'all'} {_format_metric(value)}" for (mode, rest), value in values.items()
+            )
             lines.append(f"{title}: {joined}")
     return "\n".join(lines)
 

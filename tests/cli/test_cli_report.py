@@ -31,6 +31,20 @@ def test_report_by_mode_then_output(api) -> None:
     assert "block /layer4 left at round-to-nearest" in text
 
 
+def test_a_figure_the_report_states_twice_is_shown_once() -> None:
+    # the worker's layout: top-1 at the mode's top level and again among its task metrics
+    report = {
+        "evaluation": {
+            "top1_output": "logits",
+            "fp32": {"top1": 0.9, "task_metrics": {"top1": 0.9, "top5": 1.0}},
+            "qdq_exact": {"top1": 0.85, "task_metrics": {"top1": 0.85, "top5": 0.99}},
+        }
+    }
+    text = render_report(report)
+    assert "top-1 on logits: FP32 0.9, exact QDQ 0.85\n" in text
+    assert text.endswith("top-5 on logits: FP32 1, exact QDQ 0.99")
+
+
 def test_report_by_output_then_mode() -> None:
     report = {
         "outputs": {
