@@ -1,13 +1,12 @@
 """Layer-wise error analysis: where the quantization error comes from, tensor by tensor and layer by layer
 (PPQ's graphwise and layerwise analyses, ONNX Runtime's ``qdq_loss_debug``).
 
-One *switchable* model serves every measurement: the exported QDQ graph (``quantcore.qdq``) in which
-each input a quantized node reads through a DequantizeLinear is wrapped in ``Where(mask[k], x̂, x)``,
-with ``mask`` a boolean graph input of one flag per layer k (a layer = a node reading at least one
-quantized tensor). Every flag off is the FP32 (prepared) model, every flag on the exported model run
-as exact Q/DQ, one flag on is "only layer k quantized". One ONNX Runtime session, no model rebuilt per
-layer. Tensors to observe are extra graph outputs, fetched one batch at a time and reduced to sums at
-once: memory holds one batch of each observed tensor, never the dataset.
+The measurements switch quantization on and off per layer in two models of the exported graph
+(``quantcore.analysis_switch``): every flag off is the FP32 model, every flag on the exported model run
+as exact Q/DQ, one flag on is "only layer k quantized". The graph-wise runs fetch every quantized
+activation and its dequantized value, one batch at a time, reduced to sums at once: memory holds one
+batch of each observed tensor, never the dataset. The layer-wise runs fetch the model's outputs only,
+each at the cost of one FP32 inference.
 
 For every quantized tensor t (x = its FP32 value, x̂ = its dequantized value):
 
@@ -32,119 +31,26 @@ inputs); the report states both bounds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats, channel_range_ratio
+from quantcore.analysis_switch import MASK_INPUT, GatedModel, SwitchableModel, gated_model, switchable_model
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.evaluation import EXACT_OPTIMIZATION
 from quantcore.fake_quant import fake_quantize_numpy
-from quantcore.graph import GraphIndex, NameScope
+from quantcore.graph import GraphIndex
 from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
 from quantcore.progress import Monitor
-from quantcore.qdq import build_qdq_model
-from quantcore.session import PROTOBUF_LIMIT, open_session
+from quantcore.session import open_session
 
 STAGE = "analyze"
-MASK_INPUT = "quantcore_analysis_mask"
-
-
-@dataclass(frozen=True)
-class Layer:
-    """Node ``node`` reading the quantized tensors ``tensors`` (activations and weights)."""
-
-    node: str
-    op_type: str
-    tensors: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class SwitchableModel:
-    model: onnx.ModelProto
-    layers: tuple[Layer, ...]
-    dequantized: Mapping[str, str]  # quantized activation -> its DequantizeLinear output
-    outputs: tuple[str, ...]  # the model's own outputs
-
-
-def switchable_model(prepared: PreparedModel, annotation: Annotation) -> SwitchableModel:
-    """The exported graph with every rewired node input behind a ``Where`` on its layer's mask flag
-    (see module). Float initializers the export replaced by codes are put back for the float branch."""
-    model = build_qdq_model(prepared, annotation)
-    graph = model.graph
-    original_nodes = {node.name: node for node in prepared.model.graph.node}
-    original_initializers = {t.name: t for t in prepared.model.graph.initializer}
-    present = {t.name for t in graph.initializer}
-    scope = NameScope(GraphIndex(graph).used_names() | {MASK_INPUT})
-    layers: list[Layer] = []
-    ordered: list[onnx.NodeProto] = []
-    for node in graph.node:
-        source = original_nodes.get(node.name)
-        changed = [] if source is None else [i for i, name in enumerate(source.input) if node.input[i] != name]
-        if changed:
-            k = len(layers)
-            index_name, flag = scope.fresh(f"{node.name}_layer_index"), scope.fresh(f"{node.name}_quantized_flag")
-            graph.initializer.append(numpy_helper.from_array(np.array(k, np.int64), index_name))
-            ordered.append(helper.make_node("Gather", [MASK_INPUT, index_name], [flag], name=scope.fresh(flag)))
-            for i in changed:
-                float_input = source.input[i]
-                if float_input in original_initializers and float_input not in present:
-                    graph.initializer.append(original_initializers[float_input])
-                    present.add(float_input)
-                selected = scope.fresh(f"{node.name}_input{i}_selected")
-                ordered.append(
-                    helper.make_node(
-                        "Where", [flag, node.input[i], float_input], [selected], name=scope.fresh(selected)
-                    )
-                )
-                node.input[i] = selected
-            tensors = tuple(source.input[i] for i in changed if source.input[i] in annotation.configs)
-            layers.append(Layer(node.name, node.op_type, tensors))
-        ordered.append(node)
-    del graph.node[:]
-    graph.node.extend(ordered)
-    graph.input.append(helper.make_tensor_value_info(MASK_INPUT, TensorProto.BOOL, [len(layers)]))
-    dequantized = _dequantized_outputs(graph, set(annotation.activations))
-    outputs = tuple(o.name for o in prepared.model.graph.output)
-    existing = set(outputs) | set(GraphIndex(graph).graph_inputs)
-    typed = onnx.shape_inference.infer_shapes(model) if model.ByteSize() < PROTOBUF_LIMIT else model
-    known = {v.name: v for v in [*typed.graph.value_info, *typed.graph.input, *typed.graph.output]}
-    for tensor, dq_output in dequantized.items():  # typed as shape inference knew t (ONNX Runtime takes untyped)
-        for name in (tensor, dq_output):
-            if name not in existing:
-                output = onnx.ValueInfoProto(name=name)
-                if tensor in known:
-                    output.type.CopyFrom(known[tensor].type)
-                graph.output.append(output)
-                existing.add(name)
-    return SwitchableModel(model, tuple(layers), dequantized, outputs)
-
-
-def _dequantized_outputs(graph: onnx.GraphProto, activations: set[str]) -> dict[str, str]:
-    """activation t -> output of the DequantizeLinear after t's QuantizeLinear (a Clip may precede it)."""
-    produced_from: dict[str, str] = {}
-    for node in graph.node:
-        if node.op_type == "Clip" and node.input and node.input[0] in activations:
-            produced_from[node.output[0]] = node.input[0]
-    quantized: dict[str, str] = {}
-    for node in graph.node:
-        if node.op_type == "QuantizeLinear":
-            source = produced_from.get(node.input[0], node.input[0])
-            if source in activations:
-                quantized[node.output[0]] = source
-    return {
-        quantized[n.input[0]]: n.output[0]
-        for n in graph.node
-        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
-    }
 
 
 def _first_samples(
@@ -188,13 +94,15 @@ def analyze(
     options_of_session = {"device": config.device, "exact_qdq": True, "optimization": EXACT_OPTIMIZATION}
     with open_session(switchable.model, **options_of_session) as session:
         tensors = _graphwise(session, switchable, annotation, graphwise_batches, progress)
-        tensors += _weight_rows(prepared, annotation)
-        local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
-        local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in switchable.layers]
-        # the layers whose own quantization loses most at their inputs get the layer-wise runs
-        order = sorted(range(len(switchable.layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
-        chosen = sorted(order[: options.max_layers])
-        harm = _layerwise(session, switchable, chosen, layerwise_batches, progress)
+    tensors += _weight_rows(prepared, annotation)
+    local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
+    local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in switchable.layers]
+    # the layers whose own quantization loses most at their inputs get the layer-wise runs
+    order = sorted(range(len(switchable.layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
+    chosen = sorted(order[: options.max_layers])
+    gated = gated_model(prepared, annotation)
+    with open_session(gated.model, **options_of_session) as session:
+        harm = _layerwise(session, gated, chosen, layerwise_batches, progress)
 
     rows = []
     for k, layer in enumerate(switchable.layers):
@@ -290,12 +198,12 @@ def _graphwise(
 
 
 def _layerwise(
-    session: ort.InferenceSession, switchable: SwitchableModel, chosen: list[int], batches: Batches, progress: _Progress
+    session: ort.InferenceSession, gated: GatedModel, chosen: list[int], batches: Batches, progress: _Progress
 ) -> dict[int, dict[str, OutputAgreement]]:
     """Per chosen layer k, the float outputs with only k quantized against all flags off (1 + L runs per batch)."""
-    harm = {k: {name: OutputAgreement() for name in switchable.outputs} for k in chosen}
-    outputs = list(switchable.outputs)
-    all_off = np.zeros(len(switchable.layers), bool)
+    harm = {k: {name: OutputAgreement() for name in gated.outputs} for k in chosen}
+    outputs = list(gated.outputs)
+    all_off = np.zeros(len(gated.layers), bool)
     for i, batch in enumerate(batches):
         progress.check()
         reference = session.run(outputs, {**batch, MASK_INPUT: all_off})
