@@ -3,18 +3,19 @@
     nice -n 10 .venv/bin/python -m bench.reconstruct                    # three models, W8A8 W4A8 W4A4 W2A4
     nice -n 10 .venv/bin/python -m bench.reconstruct --iters 500 --models resnet --precisions w4a4,w2a4
 
-Models (trained here on scikit-learn's bundled digits, nothing downloaded; 1297 training samples,
-the 500 others held out): ``digits`` is the sample CNN (``samples.digits``); ``resnet`` a small
-ResNet (stem, two basic blocks at 8x8 with identity shortcuts, one at 4x4 with a strided 1x1
-projection shortcut, global pooling, linear head), 32 channels wide; ``narrow`` the same ResNet 4
-channels wide, where top-1 itself drops at W4A4 and W2A4 (on the wide models only the logit SQNR
-can show the methods apart). Protocol as the published tables (platform
-``academic``: asymmetric per-channel weights, first and last layer at 8 bit): calibration and
-reconstruction on 1024 training samples, accuracy of the *exported QDQ model run by ONNX Runtime*
-(exact Q/DQ arithmetic) on the 500 held-out samples, and the SQNR of its logits against
-FP32's (``--calibration-samples`` N: the first N training samples instead). Wall time is the
-reconstruct call alone (CPU, one torch thread). "recovered" is (acc - RTN) / (FP32 - RTN), the share
-of the RTN-to-FP32 gap closed.
+Models (trained here on scikit-learn's bundled digits, nothing downloaded; 1297 training samples, the
+500 others held out): ``digits`` is the sample CNN (``samples.digits``); ``resnet`` a small ResNet
+(``tests.quantcore.trained``: stem, two basic blocks at 8x8 with identity shortcuts, one at 4x4 with a
+strided 1x1 projection shortcut, global pooling, linear head), 32 channels wide; ``narrow`` the same
+ResNet 4 channels wide, where top-1 itself drops at W4A4 and W2A4 (on the wide models only the logit
+SQNR can show the methods apart); ``mobilenet``, MobileNetV2's inverted residuals (depthwise
+convolutions, ReLU6), the family where the QDrop paper reports its largest gains (not in the default
+list). Protocol as the published tables (platform ``academic``: asymmetric per-channel weights, first
+and last layer at 8 bit): calibration and reconstruction on 1024 training samples, accuracy of the
+*exported QDQ model run by ONNX Runtime* (exact Q/DQ arithmetic)
+on the 500 held-out samples, and the SQNR of its logits against FP32's (``--calibration-samples`` N: the
+first N training samples instead). Wall time is the reconstruct call alone (CPU, one torch thread).
+"recovered" is (acc - RTN) / (FP32 - RTN), the share of the RTN-to-FP32 gap closed.
 """
 
 from __future__ import annotations
@@ -23,94 +24,20 @@ import argparse
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, export, prepare, reconstruct
 from quantcore.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
+from tests.quantcore.trained import build_mobilenet, build_resnet
 
 PRECISIONS = ("w8a8", "w4a8", "w4a4", "w2a4")
 METHODS = ("adaround", "brecq", "qdrop")
 CALIBRATION_SAMPLES = 1024
 NARROW_WIDTH = 4  # channels of the narrow ResNet's stem (FP32 top-1 97.2 %, W4A4 RTN 94.6 %)
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
-        self.shortcut = (
-            nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
-            if stride != 1 or c_in != c_out
-            else nn.Identity()
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
-
-
-class DigitsResNet(nn.Module):
-    """(B, 1, 8, 8) → (B, 10)."""
-
-    def __init__(self, width: int = 32) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        self.layers = nn.Sequential(
-            BasicBlock(width, width, 1), BasicBlock(width, width, 1), BasicBlock(width, 2 * width, 2)
-        )
-        self.head = nn.Linear(2 * width, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.layers(self.stem(x)).mean(dim=(2, 3)))
-
-
-def build_resnet(out_dir: Path, *, width: int = 32, epochs: int = 15, seed: int = 0) -> Path:
-    """Train DigitsResNet(width) (SGD, momentum 0.9, cosine schedule, batch 64) and export it to ONNX
-    (BN kept) as ``resnet-<width>.onnx``."""
-    images, labels = load_dataset(seed)
-    torch.manual_seed(seed)
-    model = DigitsResNet(width)
-    x, y = torch.from_numpy(images[:TRAIN_SAMPLES]), torch.from_numpy(labels[:TRAIN_SAMPLES])
-    steps = epochs * -(-len(y) // 64)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
-    generator = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), 64):
-            index = order[start : start + 64]
-            loss = nn.functional.cross_entropy(model(x[index]), y[index])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-    model.eval()
-    path = Path(out_dir) / f"resnet-{width}.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (torch.zeros(1, 1, 8, 8),),
-            str(path),
-            input_names=["input"],
-            output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-            opset_version=17,
-            do_constant_folding=False,
-            training=torch.onnx.TrainingMode.EVAL,
-            dynamo=False,
-        )
-    return path
 
 
 def logits(model_path: Path, images: np.ndarray) -> np.ndarray:
@@ -244,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             "digits": lambda: build_digits(workdir / "digits")[0],
             "resnet": lambda: build_resnet(workdir),
             "narrow": lambda: build_resnet(workdir, width=NARROW_WIDTH),
+            "mobilenet": lambda: build_mobilenet(workdir),
         }
         rows = []
         for name in args.models.split(","):

@@ -42,7 +42,6 @@ from quantcore.analysis_switch import MASK_INPUT, GatedModel, SwitchableModel, g
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
-from quantcore.evaluation import EXACT_OPTIMIZATION
 from quantcore.fake_quant import fake_quantize_numpy
 from quantcore.graph import GraphIndex
 from quantcore.metrics import OutputAgreement
@@ -91,7 +90,7 @@ def analyze(
 
     graphwise_batches, layerwise_batches = batches(options.graphwise_samples), batches(options.layerwise_samples)
     progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
-    options_of_session = {"device": config.device, "exact_qdq": True, "optimization": EXACT_OPTIMIZATION}
+    options_of_session = {"device": config.device, "exact_qdq": True}
     with open_session(switchable.model, **options_of_session) as session:
         tensors = _graphwise(session, switchable, annotation, graphwise_batches, progress)
     tensors += _weight_rows(prepared, annotation)

@@ -44,11 +44,6 @@ from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.session import open_session
 
 STAGE = "evaluate"
-# Exact Q/DQ runs at basic optimization (constant folding, no layout or fusion passes): the higher
-# levels rewrite Q/DQ and the ops beside them (ONNX Runtime 1.32's ReluQuantRewrite drops the Relu
-# before a float8 QuantizeLinear: digits FP8 top-1 0.344 instead of 0.994, measured), and exact
-# arithmetic needs none of them.
-EXACT_OPTIMIZATION = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
 # Kernels in ONNX Runtime's optimized graph: integer ones (the Q/DQ fused) and float compute ones
 # (a Conv/Gemm/MatMul that still runs in float32, i.e. its Q/DQ were not fused).
 INTEGER_KERNELS = frozenset(
@@ -165,9 +160,7 @@ def evaluate(
     with contextlib.ExitStack() as stack:
         stack.enter_context(scratch)
         fp32 = stack.enter_context(open_session(fp32_model, device=config.device))
-        exact = stack.enter_context(
-            open_session(qdq_model, device=config.device, exact_qdq=True, optimization=EXACT_OPTIMIZATION)
-        )
+        exact = stack.enter_context(open_session(qdq_model, device=config.device, exact_qdq=True))
         sessions = {"qdq_exact": exact}
         skipped = fallback = None
         try:

@@ -22,7 +22,9 @@ disagree beyond its tolerance and the platform knows the cause (u8s8 saturation 
 onnxruntime platform), the model is re-annotated, re-calibrated, re-exported and re-evaluated with the
 remedy (7-bit weights), inside the evaluate stage. When they still disagree, the ONNX Runtime graph
 rewrite that causes it is looked for (``quantcore.parity.isolate_optimizer``) and, when found, the
-deployed numbers are those of a session without it. The report's ``parity`` section says what was
+deployed numbers are those of a session without it. Before all that, when ONNX Runtime could not build
+the exported model at full optimization, the rewrite that breaks the build is looked for the same way
+(``quantcore.parity.isolate_build_failure``) and left out from then on. The report's ``parity`` section says what was
 measured, what was done and why, and ``config`` is the configuration of the files written (its
 ``disabled_optimizers``: what a user of the model in that ONNX Runtime must disable too).
 """
@@ -48,7 +50,7 @@ from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
 from quantcore.evaluation import check_labels, evaluate
-from quantcore.parity import check_parity, isolate_optimizer, remedy
+from quantcore.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
 from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
@@ -209,7 +211,18 @@ def quantize(
     verdict = check_parity(evaluation_report)
     parity: dict[str, Any] = {**verdict.to_dict(), "remedy": None, "before_remedy": None}
     remedies = []
-    fix = remedy(config) if verdict.agree is False else None
+    current = verdict
+    deployed = evaluation_report["qdq_deployed"]
+    if deployed["fallback"] or deployed["skipped"]:  # full optimization could not build the exported model
+        rebuilt = isolate_build_failure(config, exported.model_path)
+        if rebuilt is not None:
+            config, reason = rebuilt
+            remedies.append(reason)
+            evaluation_report = evaluate(
+                model_path, exported.model_path, evaluation, config, labels=labels, should_cancel=should_cancel
+            )
+            current = check_parity(evaluation_report)
+    fix = remedy(config) if current.agree is False else None
     if fix is not None:
         config, reason = fix
         remedies.append(reason)

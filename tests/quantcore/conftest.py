@@ -37,3 +37,12 @@ def digits_sample(digits: tuple[Path, Path]) -> Digits:
     model_path, data_path = digits
     data = np.load(data_path)
     return Digits(model_path=model_path, images=data["input"], labels=data["labels"])
+
+
+@pytest.fixture(scope="session")
+def digits_mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tests.quantcore.trained.DigitsMobileNet`` trained on the digits (about 5 s), its ReLU6 exported as
+    Clip; its data is ``samples.digits.load_dataset(0)``."""
+    from tests.quantcore.trained import build_mobilenet
+
+    return build_mobilenet(tmp_path_factory.mktemp("digits-mobilenet"))

@@ -12,8 +12,7 @@ from quantcore.analysis import analyze
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats
 from quantcore.analysis_switch import MASK_INPUT, gated_model, switchable_model
-from quantcore.evaluation import EXACT_OPTIMIZATION
-from quantcore.session import open_session
+from quantcore.session import EXACT_OPTIMIZATION, open_session
 from quantcore.tqc import TensorQuantConfig
 from tests.quantcore import zoo
 from tests.quantcore.models import planted_outlier, save

@@ -1,5 +1,6 @@
 """Deployed accuracy equals reported accuracy: the digits model per platform, exact Q/DQ vs ONNX
-Runtime's integer kernels, the VNNI logic (forced both ways) and the pipeline's remedy."""
+Runtime's integer kernels, the VNNI logic (forced both ways), the pipeline's remedy, and the ONNX
+Runtime rewrites it must leave out for a low-bit MobileNet."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import pytest
 from onnx import numpy_helper
 
 import quantcore
-from quantcore import QuantizeConfig, annotate, cpu_features, prepare, quantize
+from quantcore import AnalysisOptions, QuantizeConfig, annotate, cpu_features, prepare, quantize
+from quantcore.errors import QuantcoreError
 from quantcore.parity import MAX_TOP1_GAP, MIN_SQNR_DB, ParityVerdict, check_parity
+from quantcore.session import open_session
+from samples.digits import TRAIN_SAMPLES, load_dataset
 from tests.quantcore.models import conv_bn_residual
 
 # The issue's accuracy budget: INT8 and FP8 within 0.5 points of FP32 top-1 on the digits model,
@@ -245,8 +249,7 @@ def test_fp8_exact_mode_matches_the_onnx_reference_evaluator(digits_sample, tmp_
     not (its layout passes mis-compute Conv on float8-dequantized weights), hence EXACT_OPTIMIZATION."""
     from onnx.reference import ReferenceEvaluator
 
-    from quantcore.evaluation import EXACT_OPTIMIZATION
-    from quantcore.session import open_session
+    from quantcore.session import EXACT_OPTIMIZATION, open_session
 
     x = digits_sample.evaluation["input"][:20]
     result = quantize(
@@ -304,3 +307,40 @@ def test_isolated_integer_kernels_name_the_missing_vnni(monkeypatch, flags) -> N
     )
     assert isolated is not None and isolated.config.disabled_optimizers == (INTEGER_KERNEL_REWRITE,)
     assert ("lacks VNNI" in isolated.reason) == ("avx512_vnni" not in flags)
+
+
+def test_low_bit_mobilenet_is_deployed_without_the_rewrites_that_break_or_change_it(digits_mobilenet, tmp_path) -> None:
+    """A MobileNetV2-style digits model (ReLU6 exported as Clip, BN folded into conv biases) at academic
+    W4A4. ONNX Runtime 1.32 cannot build the exported model at full optimization (its ClipQuantRewrite
+    raises on a Clip before a uint4 QuantizeLinear), and once built, its WeightBiasQuantization rounds
+    the float biases to int32 steps of s_x·s_w, coarse at 4 bits (measured 14.9 dB from exact Q/DQ).
+    The pipeline finds both, leaves them out, and says so."""
+    images, labels = load_dataset(0)
+    result = quantize(
+        digits_mobilenet,
+        {"input": images[:256]},
+        {"input": images[TRAIN_SAMPLES:]},
+        QuantizeConfig(platform="academic", precision="w4a4", cpu_latency=False, analysis=AnalysisOptions(False)),
+        tmp_path / "out",
+        labels=labels[TRAIN_SAMPLES:],
+    )
+    report = result.report
+    with pytest.raises(QuantcoreError, match="clip_quantizelinear"), open_session(result.model_path):
+        pass  # ONNX Runtime's defaults
+    disabled = report["config"]["disabled_optimizers"]
+    assert sorted(disabled) == ["ClipQuantRewrite", "WeightBiasQuantization"]
+    deployed = report["evaluation"]["qdq_deployed"]
+    assert deployed["fallback"] is None and deployed["skipped"] is None  # built at full optimization
+    parity = report["parity"]
+    assert parity["before_remedy"]["agree"] is False and parity["agree"] is True
+    assert "'ClipQuantRewrite' is the cause" in parity["remedy"]
+    assert "'WeightBiasQuantization' changes this model's results" in parity["remedy"]
+    # A user who runs the model as the report says gets exact Q/DQ's outputs: float32 rounding of the
+    # same arithmetic in other kernels, far inside parity's 30 dB.
+    x = {"input": images[TRAIN_SAMPLES:]}
+    with (
+        open_session(result.model_path, disabled_optimizers=disabled) as session,
+        open_session(result.model_path, exact_qdq=True) as exact,
+    ):
+        got, want = session.run(None, x)[0], exact.run(None, x)[0]
+    assert float(((got - want) ** 2).sum()) <= 1e-6 * float((want**2).sum())

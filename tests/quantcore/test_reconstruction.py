@@ -27,6 +27,7 @@ from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
 from quantcore.reconstruction.converter import BlockModule
 from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
+from samples.digits import load_dataset
 from tests.onnx_builders import stateful_data, stateful_model, tiny_conv_model
 
 C = 6  # channels of the tiny residual model
@@ -346,3 +347,20 @@ def test_quantize_runs_the_reconstruct_stage_and_reports_it(tmp_path) -> None:
     assert [b["nodes"] for b in section["blocks"]] == [["conv0", "relu0"], ["conv1", "middle"], ["conv2"], ["head"]]
     assert all(b["status"] in ("reconstructed", "kept_nearest") for b in section["blocks"])
     assert result.report["config"]["reconstruction"]["iters"] == 20
+
+
+def test_reconstruction_reads_its_block_inputs_from_a_relu6_model_at_4_bits(digits_mobilenet) -> None:
+    """MobileNet's ReLU6 (a Clip) before 4-bit quantizers: ONNX Runtime 1.32 refuses to build such a QDQ
+    model at full optimization (its ClipQuantRewrite), so the block inputs come from exact Q/DQ sessions
+    at basic optimization, which also keep every rewrite away from exact arithmetic."""
+    images = load_dataset(0)[0][:64]
+    config = QuantizeConfig(
+        platform="academic",
+        precision="w4a4",
+        cpu_latency=False,
+        reconstruction=ReconstructionConfig(method="brecq", iters=5, num_samples=64, threads=1),
+    )
+    prepared = prepare(digits_mobilenet)
+    annotation = calibrate(prepared, annotate(prepared, config), {"input": images}, config)
+    result = reconstruct(prepared, annotation, {"input": images}, config)
+    assert any(block.status == "reconstructed" for block in result.blocks)

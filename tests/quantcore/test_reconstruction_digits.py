@@ -64,8 +64,10 @@ def test_order_rtn_adaround_brecq_qdrop(results) -> None:
     assert sqnr["brecq"] >= sqnr["adaround"] - SQNR_NOISE
     assert sqnr["qdrop"] >= sqnr["brecq"] - SQNR_NOISE
     assert sqnr["qdrop"] > sqnr["rtn"] + 1.0  # a real gain: a quarter of the logit error removed
-    # top-1: the W4A4 gap on this easy task is a few samples of 500, so the order holds within NOISE
-    assert acc["rtn"] < acc["fp32"]
+    # top-1: the W4A4 gap on this easy task is 0-2 samples of 500 (0 where the model was trained on a
+    # Xeon with AVX-512: FP32 and RTN both 0.996; RTN below FP32 on an EPYC), so the order holds within
+    # NOISE; the logits' SQNR above is what separates the methods
+    assert acc["rtn"] <= acc["fp32"]
     assert acc["adaround"] >= acc["rtn"] - NOISE
     assert acc["brecq"] >= acc["adaround"] - NOISE
     assert acc["qdrop"] >= acc["brecq"] - NOISE
