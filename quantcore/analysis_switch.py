@@ -50,7 +50,7 @@ class SwitchableModel:
     outputs: tuple[str, ...]  # the model's own outputs
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Site:
     """One layer being gated: ``node`` (already rewired by the export) and its ``source`` in the prepared
     graph differ at the inputs ``changed``; ``made`` maps every tensor the export's own nodes produce
