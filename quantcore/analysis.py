@@ -93,18 +93,20 @@ def analyze(
     options_of_session = {"device": config.device, "exact_qdq": True}
     with open_session(switchable.model, **options_of_session) as session:
         tensors = _graphwise(session, switchable, annotation, graphwise_batches, progress)
+    layers = switchable.layers
+    del switchable  # its graph, as big as the model, before the gated one is built
     tensors += _weight_rows(prepared, annotation)
     local_of = {row["tensor"]: row["local_sqnr_db"] for row in tensors}
-    local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in switchable.layers]
+    local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in layers]
     # the layers whose own quantization loses most at their inputs get the layer-wise runs
-    order = sorted(range(len(switchable.layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
+    order = sorted(range(len(layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
     chosen = sorted(order[: options.max_layers])
     gated = gated_model(prepared, annotation)
     with open_session(gated.model, **options_of_session) as session:
         harm = _layerwise(session, gated, chosen, layerwise_batches, progress)
 
     rows = []
-    for k, layer in enumerate(switchable.layers):
+    for k, layer in enumerate(layers):
         results = [a.result() for a in harm[k].values() if a.elements] if k in harm else []
         nonfinite = any(r["nonfinite"] for r in results)
         rows.append(
@@ -122,7 +124,7 @@ def analyze(
     rows.sort(key=lambda r: _harm_key(r["sqnr_db"], r["nonfinite"], analyzed=r["analyzed"], exact=_exact(r)))
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
-    total, measured, samples = len(switchable.layers), len(chosen), layerwise_batches.num_samples
+    total, measured, samples = len(layers), len(chosen), layerwise_batches.num_samples
     return {
         "graphwise": {"samples": graphwise_batches.num_samples, "runs_per_batch": 2},
         "layerwise": {
