@@ -12,10 +12,10 @@ SQNR can show the methods apart); ``mobilenet``, MobileNetV2's inverted residual
 convolutions, ReLU6), the family where the QDrop paper reports its largest gains (not in the default
 list). Protocol as the published tables (platform ``academic``: asymmetric per-channel weights, first
 and last layer at 8 bit): calibration and reconstruction on 1024 training samples, accuracy of the
-*exported QDQ model run by ONNX Runtime* (exact Q/DQ arithmetic)
-on the 500 held-out samples, and the SQNR of its logits against FP32's (``--calibration-samples`` N: the
-first N training samples instead). Wall time is the reconstruct call alone (CPU, one torch thread).
-"recovered" is (acc - RTN) / (FP32 - RTN), the share of the RTN-to-FP32 gap closed.
+*exported QDQ model run by ONNX Runtime* (exact Q/DQ arithmetic) on the 500 held-out samples, and the
+SQNR of its logits against FP32's (``--calibration-samples`` N: the first N training samples instead).
+Wall time is the reconstruct call alone (CPU, one torch thread). "recovered" is (acc - RTN) / (FP32 -
+RTN), the share of the RTN-to-FP32 gap closed.
 """
 
 from __future__ import annotations
