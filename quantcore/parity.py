@@ -116,7 +116,9 @@ def check_parity(evaluation: dict[str, Any]) -> ParityVerdict:
         problems.append(f"top-1 differs by {100 * gap:.2f} points > {100 * MAX_TOP1_GAP:.1f}")
     if problems:
         return ParityVerdict(False, worst, gap, "; ".join(problems))
-    return ParityVerdict(True, worst, gap, "deployed integer kernels agree with exact Q/DQ within tolerance")
+    kernels = deployed.get("integer_kernels")
+    what = "the deployed model" if kernels is None else f"the deployed model ({kernels} integer kernels)"
+    return ParityVerdict(True, worst, gap, f"{what} agrees with exact Q/DQ within tolerance")
 
 
 def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:

@@ -188,16 +188,21 @@ def test_auto_gives_7_bit_weights_on_a_cpu_without_vnni(monkeypatch) -> None:
     assert {tensorrt.configs[name].num_bits for name in tensorrt.parameters} == {8}  # onnxruntime only
 
 
-def _evaluation(exact_top1: float, deployed_top1: float, sqnr: float | None, exact_sqnr: float = 37.0) -> dict:
+def _evaluation(
+    exact_top1: float, deployed_top1: float, sqnr: float | None, exact_sqnr: float = 37.0, integer_kernels=None
+) -> dict:
     return {
         "qdq_exact": {"top1": exact_top1, "outputs": {"y": {"sqnr_db": exact_sqnr}}},
-        "qdq_deployed": {"top1": deployed_top1, "skipped": None},
+        "qdq_deployed": {"top1": deployed_top1, "skipped": None, "integer_kernels": integer_kernels},
         "deployed_vs_exact": {"y": {"sqnr_db": sqnr, "nonfinite": 0}},
     }
 
 
 def test_parity_verdicts() -> None:
     assert check_parity(_evaluation(0.99, 0.99, None)).agree  # bit-identical outputs
+    # the reason counts the integer kernels where the evaluation did (a 4-bit model on a CPU has none)
+    assert "(0 integer kernels) agrees" in check_parity(_evaluation(0.99, 0.99, None, integer_kernels=0)).reason
+    assert check_parity(_evaluation(0.99, 0.99, None)).reason.startswith("the deployed model agrees")
     assert check_parity(_evaluation(0.99, 0.99, 45.0)).agree
     low = check_parity(_evaluation(0.99, 0.99, 20.0))
     assert low.agree is False and "SQNR 20.0 dB" in low.reason
