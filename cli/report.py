@@ -136,8 +136,9 @@ def _task_metrics(blocks: list[Block], report: dict[str, Any]) -> str:
     evaluation = report.get("evaluation") if isinstance(report.get("evaluation"), dict) else {}
     output = evaluation.get("top1_output")
     for key in sorted(TASK_METRICS):
-        values: dict[tuple[str, str], Any] = {}  # a figure stated twice under one label (`fp32.top1` and
-        for path, block in sorted(blocks, key=lambda b: _mode_rank(b[0])):  # `fp32.task_metrics.top1`) once
+        # a figure stated twice under one label (`fp32.top1` and `fp32.task_metrics.top1`) is shown once
+        values: dict[tuple[str, str], Any] = {}
+        for path, block in sorted(blocks, key=lambda b: _mode_rank(b[0])):
             if key in block:
                 values.setdefault(_label(path), block[key])
         if values:

@@ -40,7 +40,7 @@ Other disagreements are reported, not hidden.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -157,10 +157,7 @@ def isolate_build_failure(config: QuantizeConfig, model_path: str | Path) -> tup
             return None
     except QuantcoreError as error:
         failure = str(error)
-    for name in SUSPECT_OPTIMIZERS:
-        if name in config.disabled_optimizers:
-            continue
-        candidate = replace(config, disabled_optimizers=(*config.disabled_optimizers, name))
+    for name, candidate in _without_each_suspect(config):
         try:
             with open_session(model_path, device=config.device, disabled_optimizers=candidate.disabled_optimizers):
                 pass
@@ -168,10 +165,20 @@ def isolate_build_failure(config: QuantizeConfig, model_path: str | Path) -> tup
             continue
         return candidate, (
             f"ONNX Runtime {ort.__version__} cannot build this model at full optimization ({failure[:300]}); "
-            f"its graph rewrite {name!r} is the cause: deployed without it, run the model with "
-            f"InferenceSession(..., disabled_optimizers={list(candidate.disabled_optimizers)!r})"
+            f"its graph rewrite {name!r} is the cause: deployed without it, {_how_to_run(candidate)}"
         )
     return None
+
+
+def _without_each_suspect(config: QuantizeConfig) -> Iterator[tuple[str, QuantizeConfig]]:
+    """(suspect, ``config`` with it also disabled), in ``SUSPECT_OPTIMIZERS`` order, skipping those already off."""
+    for name in SUSPECT_OPTIMIZERS:
+        if name not in config.disabled_optimizers:
+            yield name, replace(config, disabled_optimizers=(*config.disabled_optimizers, name))
+
+
+def _how_to_run(config: QuantizeConfig) -> str:
+    return f"run the model with InferenceSession(..., disabled_optimizers={list(config.disabled_optimizers)!r})"
 
 
 @dataclass(frozen=True)
@@ -189,17 +196,13 @@ def isolate_optimizer(
     """The first of ``SUSPECT_OPTIMIZERS`` whose absence from the deployed session makes it agree with
     exact Q/DQ (``evaluate_with(config)`` runs the evaluation with ``config``), or None when none does.
     Costs one evaluation per suspect tried; runs only after a disagreement."""
-    for name in SUSPECT_OPTIMIZERS:
-        if name in config.disabled_optimizers:
-            continue
-        candidate = replace(config, disabled_optimizers=(*config.disabled_optimizers, name))
+    for name, candidate in _without_each_suspect(config):
         evaluation = evaluate_with(candidate)
         if check_parity(evaluation).agree:
             return Isolated(
                 candidate,
                 evaluation,
                 f"ONNX Runtime {ort.__version__}'s graph rewrite {name!r} changes this model's results{_cause(name)}; "
-                f"deployed measured without it: run the model with "
-                f"InferenceSession(..., disabled_optimizers={list(candidate.disabled_optimizers)!r})",
+                f"deployed measured without it: {_how_to_run(candidate)}",
             )
     return None
