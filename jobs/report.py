@@ -337,6 +337,7 @@ class CpuLatency(_Section):
     cpu_count: int | None
     warmup: int
     runs: int
+    budget_s: float | None = Field(None, description="Seconds of timed runs after which a measurement stops (runs is then a maximum).")
     batch_sizes: list[int]
     fp32: dict[str, LatencyStats]
     quantized: dict[str, LatencyStats]

@@ -272,7 +272,11 @@ def quantize(
         started = stages.begin("latency")
         sample = next(iter(evaluation_batches), None)
         latency = cpu_latency(
-            model_path, exported.model_path, sample=sample, disabled_optimizers=config.disabled_optimizers
+            model_path,
+            exported.model_path,
+            sample=sample,
+            disabled_optimizers=config.disabled_optimizers,
+            monitor=monitor,
         )
         stages.end("latency", started, "FP32 vs quantized on the CPU EP")
 

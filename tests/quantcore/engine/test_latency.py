@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
 import quantcore
 from quantcore.batching import InputSpec
-from quantcore.engine.latency import LatencySettings, cpu_latency, feeds_for, summarize
-from quantcore.errors import InvalidDataError
+from quantcore.engine.latency import MIN_RUNS, LatencySettings, cpu_latency, feeds_for, summarize, time_calls
+from quantcore.errors import Canceled, InvalidDataError
+from quantcore.progress import Monitor
 from tests.quantcore.models import conv_bn_residual, save
 
-FAST = LatencySettings(warmup=2, runs=12)  # enough for percentiles; the numbers are not asserted on
+FAST = LatencySettings(warmup=2, runs=12, budget_s=None)  # enough for percentiles; the numbers are not asserted on
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,34 @@ def test_cpu_latency_fixed_batch_model_measured_at_its_batch(models) -> None:
     assert any("fixes batch 4" in note for note in result["notes"])
 
 
+def test_budget_stops_warmup_and_timing_of_slow_calls_but_not_fast_ones() -> None:
+    calls = []
+
+    def slow() -> None:  # 20 ms a call: the budget's fifth (10 ms) ends the warm-up after one call
+        calls.append(1)
+        time.sleep(0.02)
+
+    times = time_calls(slow, warmup=5, runs=50, budget_s=0.05)
+    assert len(times) == MIN_RUNS and len(calls) == 1 + MIN_RUNS  # 0.05 s is reached at 3 runs; MIN_RUNS still run
+    assert min(times) >= 20.0
+    calls.clear()
+    assert len(time_calls(slow, warmup=2, runs=3, budget_s=None)) == 3 and len(calls) == 5
+    assert len(time_calls(lambda: None, warmup=5, runs=50, budget_s=5.0)) == 50
+
+
+def test_latency_reports_runs_cut_by_the_budget(models) -> None:
+    fp32, quantized, data, _ = models
+    settings = LatencySettings(warmup=1, runs=10_000, budget_s=0.01, batch_sizes=(32,))
+    progress = []
+    result = cpu_latency(fp32, quantized, sample=data, settings=settings, monitor=Monitor(lambda *a: progress.append(a)))
+    assert result["budget_s"] == 0.01
+    assert MIN_RUNS <= result["fp32"]["batch_32"]["runs"] < 10_000
+    assert any("0.01 s budget" in note for note in result["notes"])
+    assert [(stage, fraction) for stage, fraction, _ in progress] == [("latency", 0.5), ("latency", 1.0)]
+    with pytest.raises(Canceled):
+        cpu_latency(fp32, quantized, sample=data, settings=settings, monitor=Monitor(should_cancel=lambda: True))
+
+
 def test_feeds_repeat_sample_rows_and_refuse_unknown_dims() -> None:
     spec = InputSpec("x", np.dtype(np.float32), ("N", 2))
     sample = {"x": np.arange(6, dtype=np.float32).reshape(3, 2)}
@@ -77,3 +107,5 @@ def test_settings_validate() -> None:
         LatencySettings(runs=0)
     with pytest.raises(ValueError, match="batch_sizes"):
         LatencySettings(batch_sizes=(0,))
+    with pytest.raises(ValueError, match="budget_s"):
+        LatencySettings(budget_s=0)
