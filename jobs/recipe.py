@@ -209,7 +209,8 @@ class Recipe(_Spec):
         "int8",
         pattern=PRECISION_PATTERN,
         validate_default=True,  # the default int8 must still fit the chosen platform
-        description="Numeric format: int8, fp8, or wXaY (weights X bits, activations Y bits, 2-8).",
+        description="Numeric format: int8, fp8, or wXaY (weights X bits, activations Y bits, 2-8). "
+        "Left out: fp8 on platform tensorrt-fp8, int8 elsewhere.",
     )
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
@@ -239,6 +240,16 @@ class Recipe(_Spec):
     preprocessing: PreprocessingSpec | None = Field(
         None, description="Image datasets only: how each image becomes the model input (see jobs/preprocessing.py)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _platform_precision(cls, data: Any) -> Any:
+        """A recipe that names no precision gets its platform's first (fp8 on tensorrt-fp8, its only one)."""
+        if isinstance(data, dict) and "precision" not in data:
+            accepted = PLATFORM_PRECISIONS.get(data.get("platform"))  # type: ignore[arg-type]
+            if accepted:
+                return {**data, "precision": accepted[0]}
+        return data
 
     def split_sizes(self, num_samples: int) -> tuple[int, int]:
         """(calibration, evaluation) sample counts for a dataset of `num_samples` (>= 2): round(N ·

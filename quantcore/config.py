@@ -160,7 +160,8 @@ class QuantizeConfig:
 
     platform: rule set placing Q/DQ (``quantcore.platforms``: tensorrt, tensorrt-fp8, onnxruntime,
     academic). precision: ``int8`` | ``fp8`` | ``wXaY`` (``quantcore.precision``), accepted per
-    platform (fp8 only on tensorrt-fp8; wXaY other than w8a8 only on academic).
+    platform (fp8 only on tensorrt-fp8; wXaY other than w8a8 only on academic); None (the default):
+    the platform's own, fp8 on tensorrt-fp8 and int8 elsewhere.
     observer: how activation ranges are derived (``quantcore.observers``; ``percentile`` takes
     amax = the ``percentile``-th percentile of |x|). batch_size: samples per ONNX Runtime run (a fixed
     batch dimension in the model wins). exclude_op_types / exclude_node_patterns: nodes kept in float,
@@ -180,7 +181,7 @@ class QuantizeConfig:
     """
 
     platform: str = "tensorrt"
-    precision: str = "int8"
+    precision: str | None = None
     observer: str = "percentile"
     percentile: float = 99.99
     batch_size: int = 16
@@ -198,6 +199,8 @@ class QuantizeConfig:
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
+        if self.precision is None:
+            object.__setattr__(self, "precision", PLATFORMS[self.platform].default_precision)
         parse_precision(self.precision)
         if not PLATFORMS[self.platform].accepts(self.precision):
             accepted = PLATFORMS[self.platform].precisions or ("int8", "wXaY")

@@ -236,6 +236,11 @@ class Platform:
             return keep_float
         return self.rules.get(node.op_type, keep_float)
 
+    @property
+    def default_precision(self) -> str:
+        """The precision a run gets when it names none: the platform's first, int8 where it takes any."""
+        return self.precisions[0] if self.precisions else "int8"
+
     def accepts(self, precision: str) -> bool:
         if self.precisions is None:
             return precision != "fp8"

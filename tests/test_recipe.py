@@ -26,6 +26,7 @@ def error_of(recipe: dict) -> tuple[str, str]:
         {},
         {"platform": "tensorrt", "precision": "int8", "calibration": {"observer": "kl"}},
         {"platform": "tensorrt-fp8", "precision": "fp8", "calibration": {"observer": "floating"}},
+        {"platform": "tensorrt-fp8"},
         {"platform": "onnxruntime", "precision": "w8a8", "reduce_range": "on"},
         {"platform": "academic", "precision": "w4a4", "calibration": {"observer": "mse"}},
         {"platform": "academic", "precision": "w2a8"},
@@ -55,6 +56,16 @@ def test_valid_recipes_translate_to_a_valid_config(recipe: dict) -> None:
     assert (config.target and config.target.to_dict()) == (parsed.target and parsed.target.model_dump())
 
 
+def test_a_recipe_without_precision_gets_its_platforms_own() -> None:
+    assert [Recipe.model_validate({"platform": p}).precision for p in PLATFORM_PRECISIONS] == [
+        "int8",
+        "fp8",
+        "int8",
+        "int8",
+    ]
+    assert [QuantizeConfig(platform=p).precision for p in PLATFORM_PRECISIONS] == ["int8", "fp8", "int8", "int8"]
+
+
 def test_overrides_translate_in_order() -> None:
     parsed = Recipe.model_validate(
         {
@@ -77,7 +88,7 @@ def test_overrides_translate_in_order() -> None:
         ({"precision": "w9a8", "platform": "academic"}, "precision", "should match pattern"),
         ({"precision": "fp8"}, "precision", "fp8 needs platform tensorrt-fp8"),
         ({"platform": "academic", "precision": "fp8"}, "precision", "fp8 needs platform tensorrt-fp8"),
-        ({"platform": "tensorrt-fp8"}, "precision", "accepts precision fp8"),
+        ({"platform": "tensorrt-fp8", "precision": "int8"}, "precision", "accepts precision fp8"),
         ({"platform": "onnxruntime", "precision": "w4a8"}, "precision", "int8 or w8a8"),
         ({"calibration": {"observer": "magic"}}, "calibration.observer", "minmax"),
         ({"calibration": {"observer": "constant"}}, "calibration.observer", "minmax"),

@@ -77,7 +77,7 @@ def test_tensor_quant_config_equality_is_by_value() -> None:
         ({"device": "gpu"}, "device"),
         ({"precision": "w4a4"}, "not available on platform 'tensorrt'"),
         ({"platform": "academic", "precision": "fp8"}, "not available on platform 'academic'"),
-        ({"platform": "tensorrt-fp8"}, "not available on platform 'tensorrt-fp8'"),
+        ({"platform": "tensorrt-fp8", "precision": "int8"}, "not available on platform 'tensorrt-fp8'"),
         ({"platform": "academic", "precision": "w9a8"}, "precision"),
         ({"reduce_range": "yes"}, "reduce_range"),
         ({"overrides": NodeOverride("x", bits=4)}, "overrides"),
