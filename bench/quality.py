@@ -30,7 +30,12 @@ directory, never committed): PaddleOCR PP-OCRv4 detection and recognition and th
 text-direction classifier from ``rapidocr-onnxruntime`` (paddle2onnx exports) fed with lines of
 handwritten digits composed from scikit-learn's digits, and Silero VAD v5 from ``silero-vad`` (a
 PyTorch export with an LSTM, a recurrent state (2, N, 128) batched on axis 1 and a scalar sample rate)
-fed with synthesized voiced/unvoiced audio.
+fed with synthesized voiced/unvoiced audio; NudeNet's YOLOv8n detector (``nudenet==3.4.2``, PyTorch 2.3,
+input (N, 3, 320, 320)) fed with random crops of scikit-learn's two sample photographs; and from
+``openwakeword==0.4.0``, Google's speech embedding (a tf2onnx 1.9.3 export, (N, 76, 32, 1) mel windows)
+and the "hey jarvis" (PyTorch, fixed batch 1, an ``If`` running a verifier when the score reaches 0.5)
+and "hey mycroft" (tf2onnx 1.10.1, two LSTMs) classifiers of 16 embedding frames, fed with synthesized
+speech (syllables of voiced audio between pauses) through openWakeWord's own melspectrogram model.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--latency]
@@ -65,12 +70,16 @@ QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
 BATCH_SIZE = 8
 WORKER_TIMEOUT = 900  # seconds per (model, method)
-REAL_MODELS = {  # case name -> (package, file inside the wheel)
+REAL_MODELS = {  # case name -> (package or package==version, file inside the wheel)
     "ocr-det": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
     "ocr-rec": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
     "ocr-cls": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
     "silero-vad": ("silero-vad", "silero_vad/data/silero_vad.onnx"),
     "silero-vad-seq": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
+    "yolo-det": ("nudenet==3.4.2", "nudenet/320n.onnx"),
+    "wakeword-embed": ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx"),
+    "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
+    "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
 }
 
 
@@ -149,35 +158,104 @@ def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarr
     return np.stack(images).astype(np.float32), (np.asarray(labels) if kind == "cls" else None)
 
 
+def voiced(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
+    """Voiced speech at times ``t`` (s, from 0), peak 0.3: a 90-220 Hz pulse train through two formant
+    resonances (500-900 and 1200-2500 Hz), amplitude-modulated at 3-6 Hz like syllables."""
+    f0 = rng.uniform(90, 220)
+    pulses = np.sign(np.sin(2 * np.pi * f0 * t)) * 0.5 + 0.5
+    sound = sum(
+        np.convolve(pulses, np.exp(-t[:64] * 900) * np.sin(2 * np.pi * f * t[:64]), mode="same")
+        for f in (rng.uniform(500, 900), rng.uniform(1200, 2500))
+    )
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 6) * t + rng.uniform(0, 6.3))
+    return 0.3 * sound * envelope / (np.abs(sound).max() + 1e-9)
+
+
+def speech(rng: np.random.Generator, n: int, rate: int = 16000) -> np.ndarray:
+    """(n,) audio: syllables of ``voiced`` speech (0.15-0.4 s, each at 30-100 % level) separated by
+    pauses (0.05-0.3 s), over low noise (standard deviation 0.005), the first syllable within 0.3 s."""
+    audio = rng.normal(0, 0.005, n)
+    start = int(rng.uniform(0, 0.3) * rate)
+    while start < n:
+        length = min(int(rng.uniform(0.15, 0.4) * rate), n - start)
+        audio[start : start + length] += rng.uniform(0.3, 1.0) * voiced(rng, np.arange(length) / rate)
+        start += length + int(rng.uniform(0.05, 0.3) * rate)
+    return audio
+
+
 def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
     """Silero VAD (v5, ``silero_vad.onnx``) inputs: 576-sample chunks at 16 kHz (64 context + 512 new),
-    half of them voiced (a 90-220 Hz pulse train through two formant resonances, amplitude-modulated like
-    syllables), half unvoiced (low noise); the recurrent state (2, N, 128) zero, samples on its axis 1 as
-    the model declares it; ``sr`` the scalar 16000, the same for every batch."""
+    half of them ``voiced``, half unvoiced (low noise); the recurrent state (2, N, 128) zero, samples on
+    its axis 1 as the model declares it; ``sr`` the scalar 16000, the same for every batch."""
     rng = np.random.default_rng(seed)
     rate, n = 16000, 576
     t = np.arange(n) / rate
-    chunks = []
-    for i in range(samples):
-        if i % 2 == 0:
-            f0 = rng.uniform(90, 220)
-            pulses = np.sign(np.sin(2 * np.pi * f0 * t)) * 0.5 + 0.5
-            voiced = sum(
-                np.convolve(pulses, np.exp(-t[:64] * 900) * np.sin(2 * np.pi * f * t[:64]), mode="same")
-                for f in (rng.uniform(500, 900), rng.uniform(1200, 2500))
-            )
-            envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 6) * t + rng.uniform(0, 6.3))
-            chunk = 0.3 * voiced * envelope / (np.abs(voiced).max() + 1e-9)
-        else:
-            chunk = rng.normal(0, 0.005, n)
-        chunks.append(chunk)
+    chunks = [voiced(rng, t) if i % 2 == 0 else rng.normal(0, 0.005, n) for i in range(samples)]
     audio = np.stack(chunks).astype(np.float32)
     return {"input": audio, "state": np.zeros((2, samples, 128), np.float32), "sr": np.array(rate, np.int64)}
 
 
+def wakeword_inputs(models: Path, frames: int, samples: int, seed: int) -> np.ndarray:
+    """openWakeWord inputs as its ``AudioFeatures`` computes them (openwakeword 0.4.0, ``utils.py``), one
+    clip of ``speech`` per sample: 16 kHz audio as int16 -> ``melspectrogram.onnx`` in ONNX Runtime, one
+    clip per run (its 80 dB floor is taken under the max of the whole batch) -> (mel frames, 32), 512-sample
+    STFT frames 10 ms apart, ``x / 10 + 2`` -> windows of 76 mel frames with stride 8 (0.78 s of audio,
+    80 ms apart).
+
+    ``frames`` 0: one window per sample, (N, 76, 32, 1), the input of ``embedding_model.onnx``; else
+    ``frames`` consecutive windows through ``embedding_model.onnx`` (FP32), (N, frames, 96), the input of a
+    wake-word classifier.
+    """
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed)
+    windows = max(frames, 1)
+    mel_frames = 76 + 8 * (windows - 1)
+    n = 160 * (mel_frames + 3)  # the model gives ceil(n / 160 - 3) frames
+    mel = ort.InferenceSession(str(models / "melspectrogram.onnx"), providers=["CPUExecutionProvider"])
+    clips = []
+    for _ in range(samples):
+        audio = (speech(rng, n).clip(-1, 1) * 32767).astype(np.int16).astype(np.float32)
+        spec = np.squeeze(mel.run(None, {"input": audio[None]})[0]) / 10 + 2  # (mel_frames, 32)
+        clips.append([spec[i : i + 76] for i in range(0, mel_frames - 75, 8)])
+    x = np.asarray(clips, np.float32)[..., None]  # (N, windows, 76, 32, 1)
+    if not frames:
+        return x[:, 0]
+    embedding = ort.InferenceSession(str(models / "embedding_model.onnx"), providers=["CPUExecutionProvider"])
+    (y,) = embedding.run(None, {"input_1": x.reshape(-1, 76, 32, 1)})  # (N·windows, 1, 1, 96)
+    return y.reshape(samples, frames, 96)
+
+
+def photo_crops(samples: int, size: int, seed: int) -> np.ndarray:
+    """(N, 3, size, size) float32 RGB in [0, 1] (YOLOv8's input, NCHW): square crops of scikit-learn's two
+    sample photographs (china.jpg, flower.jpg, 427x640), the side 40-100 % of the short side at a random
+    position, mirrored half the time, resized bilinearly to ``size``."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    rng = np.random.default_rng(seed)
+    crops = []
+    for _ in range(samples):
+        photo = photos[rng.integers(len(photos))]
+        side = int(min(photo.shape[:2]) * rng.uniform(0.4, 1.0))
+        top, left = (int(rng.integers(0, extent - side + 1)) for extent in photo.shape[:2])
+        crop = photo[top : top + side, left : left + side]
+        crop = crop[:, ::-1] if rng.random() < 0.5 else crop
+        crops.append(np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR)))
+    return (np.stack(crops).transpose(0, 3, 1, 2) / 255.0).astype(np.float32)
+
+
+def wheel_pattern(package: str) -> str:
+    """The file name glob of the wheels of ``package`` (a name, or ``name==version``)."""
+    name, _, version = package.partition("==")
+    return f"{name.replace('-', '_')}-{version or '*'}-*.whl"
+
+
 def fetch(package: str, workdir: Path) -> Path | None:
-    """The wheel of ``package`` unpacked under ``workdir/wheels`` (``pip download --no-deps``), or None."""
-    target = workdir / "wheels" / package
+    """The wheel of ``package`` (a name, or ``name==version``) unpacked under ``workdir/wheels``
+    (``pip download --no-deps``), or None."""
+    target = workdir / "wheels" / package.replace("==", "-")
     if target.is_dir():
         return target
     download = workdir / "downloads"
@@ -188,7 +266,7 @@ def fetch(package: str, workdir: Path) -> Path | None:
         text=True,
         timeout=600,
     )
-    wheels = sorted(download.glob(f"{package.replace('-', '_')}-*.whl"))
+    wheels = sorted(download.glob(wheel_pattern(package)))
     if done.returncode != 0 or not wheels:
         print(f"# {package}: download failed: {done.stderr.strip()[-300:]}", file=sys.stderr)
         return None
@@ -197,31 +275,51 @@ def fetch(package: str, workdir: Path) -> Path | None:
     return target
 
 
+def split(data: dict[str, np.ndarray], samples: int, axes: dict[str, int | None]) -> list[dict[str, np.ndarray]]:
+    """Calibration and evaluation arrays: the first ``samples`` samples of every input and the rest, along
+    each input's batch axis (``axes``, default 0; None: a constant, given whole to both)."""
+    halves = []
+    for part in (slice(0, samples), slice(samples, None)):
+        half = {}
+        for name, value in data.items():
+            axis = axes.get(name, 0)
+            half[name] = value if axis is None else value[(slice(None),) * axis + (part,)]
+        halves.append(half)
+    return halves
+
+
 def real_cases(workdir: Path, samples: int = 16) -> list[Case]:
     """The third-party models, each with ``samples`` calibration samples and 16 held out."""
+    from quantcore.batching import input_specs
+    from quantcore.preparation import load_model
+
     cases = []
     for name, (package, member) in REAL_MODELS.items():
         root = fetch(package, workdir)
         if root is None or not (root / member).is_file():
             continue
-        version = next(iter(sorted(p.name for p in (workdir / "downloads").glob(f"{package.replace('-', '_')}-*"))), "")
+        axes: dict[str, int | None] = {}
+        labels = None
         if name.startswith("ocr-"):
-            kind = name.removeprefix("ocr-")
-            images, labels = ocr_inputs(kind, samples + 16, seed=1)
-            calibration, evaluation = {"x": images[:samples]}, {"x": images[samples:]}
-            case = Case(name, root / member, calibration, evaluation, labels[samples:] if labels is not None else None)
-        else:
+            images, labels = ocr_inputs(name.removeprefix("ocr-"), samples + 16, seed=1)
+            data = {"x": images}
+        elif name.startswith("silero-"):
             data = vad_inputs(samples + 16, seed=2)
+            axes = {"state": 1, "sr": None}
             if name == "silero-vad-seq":  # chunks along its sequence axis, LSTM state (1, 1, 128) constant
                 data = {"input": data["input"], "h": np.zeros((1, 1, 128), np.float32)}
                 data["c"] = data["h"]
-            halves = [
-                {k: v[:, part] if k == "state" else v[part] if k == "input" else v for k, v in data.items()}
-                for part in (slice(0, samples), slice(samples, samples + 16))
-            ]
-            case = Case(name, root / member, *halves)
-        case.source = version
-        cases.append(case)
+                axes = {"h": None, "c": None}
+        elif name == "yolo-det":
+            data = {"images": photo_crops(samples + 16, 320, seed=3)}
+        else:  # wake-word models: mel windows for the embedding model, 16 embedding frames for the classifiers
+            frames = 0 if name == "wakeword-embed" else 16
+            features = wakeword_inputs((root / member).parent, frames, samples + 16, seed=4)
+            data = {input_specs(load_model(root / member))[0].name: features}
+        calibration, evaluation = split(data, samples, axes)
+        held_out = labels[samples:] if labels is not None else None
+        wheel = max((p.name for p in (workdir / "downloads").glob(wheel_pattern(package))), default="")
+        cases.append(Case(name, root / member, calibration, evaluation, held_out, source=wheel))
     return cases
 
 
