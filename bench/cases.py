@@ -1,0 +1,294 @@
+"""The bench's models and their data (``Case``): the test zoo, the trained digits CNN, and the real
+third-party models (``REAL_MODELS``) unpacked from PyPI wheels at run time, with inputs generated as each
+model's own preprocessing makes them. ``bench.quality``'s docstring and bench/README.md list them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REAL_MODELS = {  # case name -> (package or package==version, file inside the wheel)
+    "ocr-det": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+    "ocr-rec": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
+    "ocr-cls": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+    "silero-vad": ("silero-vad", "silero_vad/data/silero_vad.onnx"),
+    "silero-vad-seq": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
+    "yolo-det": ("nudenet==3.4.2", "nudenet/320n.onnx"),
+    "wakeword-embed": ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx"),
+    "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
+    "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
+}
+
+
+@dataclass
+class Case:
+    """One model with its data: calibration and evaluation arrays (samples on each input's batch axis,
+    ``quantcore.batching``)."""
+
+    name: str
+    model_path: Path
+    calibration: dict[str, np.ndarray]
+    evaluation: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+    source: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# inputs for the real models
+
+
+def text_line(rng: np.random.Generator, glyphs: np.ndarray, chars: int, height: int) -> np.ndarray:
+    """(height, width) ink in [0, 1] (1 = ink): ``chars`` handwritten digits side by side, each an
+    8x8 scikit-learn digit scaled to 0.8·height with a random vertical jitter and spacing."""
+    from scipy.ndimage import zoom
+
+    size = int(height * 0.8)
+    pieces = []
+    for _ in range(chars):
+        glyph = zoom(glyphs[rng.integers(len(glyphs))] / 16.0, size / 8, order=1).clip(0, 1)
+        cell = np.zeros((height, size + int(rng.integers(2, size // 3))))
+        top = int(rng.integers(0, height - size + 1))
+        cell[top : top + size, :size] = glyph
+        pieces.append(cell)
+    return np.concatenate(pieces, axis=1)
+
+
+def _fit(line: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``line`` scaled to ``height`` (aspect kept), left-aligned on a (height, width) canvas."""
+    from scipy.ndimage import zoom
+
+    scaled = zoom(line, height / line.shape[0], order=1).clip(0, 1)[:, :width]
+    canvas = np.zeros((height, width))
+    canvas[:, : scaled.shape[1]] = scaled[:height]
+    return canvas
+
+
+def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """PaddleOCR inputs (N, 3, H, W) float32 as its preprocessing makes them, and labels for ``cls``.
+
+    det: a 128x320 white page with 1-3 dark lines, ImageNet mean/std normalisation.
+    rec: one line on 48x320, (x - 0.5) / 0.5.  cls: one line on 48x192, upright (label 0) or rotated
+    by 180 degrees (label 1), (x - 0.5) / 0.5.
+    """
+    from sklearn.datasets import load_digits
+
+    glyphs = load_digits().images
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for i in range(samples):
+        if kind == "det":
+            page = np.zeros((128, 320))
+            for row in range(int(rng.integers(1, 4))):
+                line = _fit(text_line(rng, glyphs, int(rng.integers(4, 12)), 24), 24, 300)
+                top, left = 8 + row * 40, int(rng.integers(0, 16))
+                page[top : top + 24, left : left + 300] = np.maximum(page[top : top + 24, left : left + 300], line)
+            rgb = np.repeat((1.0 - page)[None], 3, axis=0)  # dark ink on white
+            mean, std = np.array([0.485, 0.456, 0.406])[:, None, None], np.array([0.229, 0.224, 0.225])[:, None, None]
+            images.append((rgb - mean) / std)
+        else:
+            width = 320 if kind == "rec" else 192
+            line = _fit(text_line(rng, glyphs, int(rng.integers(4, 10)), 40), 48, width)
+            flipped = kind == "cls" and i % 2 == 1
+            labels.append(int(flipped))
+            gray = 1.0 - (line[::-1, ::-1] if flipped else line)
+            images.append((np.repeat(gray[None], 3, axis=0) - 0.5) / 0.5)
+    return np.stack(images).astype(np.float32), (np.asarray(labels) if kind == "cls" else None)
+
+
+def voiced(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
+    """Voiced speech at times ``t`` (s, from 0), peak 0.3: a 90-220 Hz pulse train through two formant
+    resonances (500-900 and 1200-2500 Hz), amplitude-modulated at 3-6 Hz like syllables."""
+    f0 = rng.uniform(90, 220)
+    pulses = np.sign(np.sin(2 * np.pi * f0 * t)) * 0.5 + 0.5
+    sound = sum(
+        np.convolve(pulses, np.exp(-t[:64] * 900) * np.sin(2 * np.pi * f * t[:64]), mode="same")
+        for f in (rng.uniform(500, 900), rng.uniform(1200, 2500))
+    )
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 6) * t + rng.uniform(0, 6.3))
+    return 0.3 * sound * envelope / (np.abs(sound).max() + 1e-9)
+
+
+def speech(rng: np.random.Generator, n: int, rate: int = 16000) -> np.ndarray:
+    """(n,) audio: syllables of ``voiced`` speech (0.15-0.4 s, each at 30-100 % level) separated by
+    pauses (0.05-0.3 s), over low noise (standard deviation 0.005), the first syllable within 0.3 s."""
+    audio = rng.normal(0, 0.005, n)
+    start = int(rng.uniform(0, 0.3) * rate)
+    while start < n:
+        length = min(int(rng.uniform(0.15, 0.4) * rate), n - start)
+        audio[start : start + length] += rng.uniform(0.3, 1.0) * voiced(rng, np.arange(length) / rate)
+        start += length + int(rng.uniform(0.05, 0.3) * rate)
+    return audio
+
+
+def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
+    """Silero VAD (v5, ``silero_vad.onnx``) inputs: 576-sample chunks at 16 kHz (64 context + 512 new),
+    half of them ``voiced``, half unvoiced (low noise); the recurrent state (2, N, 128) zero, samples on
+    its axis 1 as the model declares it; ``sr`` the scalar 16000, the same for every batch."""
+    rng = np.random.default_rng(seed)
+    rate, n = 16000, 576
+    t = np.arange(n) / rate
+    chunks = [voiced(rng, t) if i % 2 == 0 else rng.normal(0, 0.005, n) for i in range(samples)]
+    audio = np.stack(chunks).astype(np.float32)
+    return {"input": audio, "state": np.zeros((2, samples, 128), np.float32), "sr": np.array(rate, np.int64)}
+
+
+def wakeword_inputs(models: Path, frames: int, samples: int, seed: int) -> np.ndarray:
+    """openWakeWord inputs as its ``AudioFeatures`` computes them (openwakeword 0.4.0, ``utils.py``), one
+    clip of ``speech`` per sample: 16 kHz audio as int16 -> ``melspectrogram.onnx`` in ONNX Runtime, one
+    clip per run (its 80 dB floor is taken under the max of the whole batch) -> (mel frames, 32), 512-sample
+    STFT frames 10 ms apart, ``x / 10 + 2`` -> windows of 76 mel frames with stride 8 (0.78 s of audio,
+    80 ms apart).
+
+    ``frames`` 0: one window per sample, (N, 76, 32, 1), the input of ``embedding_model.onnx``; else
+    ``frames`` consecutive windows through ``embedding_model.onnx`` (FP32), (N, frames, 96), the input of a
+    wake-word classifier.
+    """
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed)
+    windows = max(frames, 1)
+    mel_frames = 76 + 8 * (windows - 1)
+    n = 160 * (mel_frames + 3)  # the model gives ceil(n / 160 - 3) frames
+    mel = ort.InferenceSession(str(models / "melspectrogram.onnx"), providers=["CPUExecutionProvider"])
+    clips = []
+    for _ in range(samples):
+        audio = (speech(rng, n).clip(-1, 1) * 32767).astype(np.int16).astype(np.float32)
+        spec = np.squeeze(mel.run(None, {"input": audio[None]})[0]) / 10 + 2  # (mel_frames, 32)
+        clips.append([spec[i : i + 76] for i in range(0, mel_frames - 75, 8)])
+    x = np.asarray(clips, np.float32)[..., None]  # (N, windows, 76, 32, 1)
+    if not frames:
+        return x[:, 0]
+    embedding = ort.InferenceSession(str(models / "embedding_model.onnx"), providers=["CPUExecutionProvider"])
+    (y,) = embedding.run(None, {"input_1": x.reshape(-1, 76, 32, 1)})  # (N·windows, 1, 1, 96)
+    return y.reshape(samples, frames, 96)
+
+
+def photo_crops(samples: int, size: int, seed: int) -> np.ndarray:
+    """(N, 3, size, size) float32 RGB in [0, 1] (YOLOv8's input, NCHW): square crops of scikit-learn's two
+    sample photographs (china.jpg, flower.jpg, 427x640), the side 40-100 % of the short side at a random
+    position, mirrored half the time, resized bilinearly to ``size``."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    rng = np.random.default_rng(seed)
+    crops = []
+    for _ in range(samples):
+        photo = photos[rng.integers(len(photos))]
+        side = int(min(photo.shape[:2]) * rng.uniform(0.4, 1.0))
+        top, left = (int(rng.integers(0, extent - side + 1)) for extent in photo.shape[:2])
+        crop = photo[top : top + side, left : left + side]
+        crop = crop[:, ::-1] if rng.random() < 0.5 else crop
+        crops.append(np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR)))
+    return (np.stack(crops).transpose(0, 3, 1, 2) / 255.0).astype(np.float32)
+
+
+def wheel_pattern(package: str) -> str:
+    """The file name glob of the wheels of ``package`` (a name, or ``name==version``)."""
+    name, _, version = package.partition("==")
+    return f"{name.replace('-', '_')}-{version or '*'}-*.whl"
+
+
+def fetch(package: str, workdir: Path) -> Path | None:
+    """The wheel of ``package`` (a name, or ``name==version``) unpacked under ``workdir/wheels``
+    (``pip download --no-deps``), or None."""
+    target = workdir / "wheels" / package.replace("==", "-")
+    if target.is_dir():
+        return target
+    download = workdir / "downloads"
+    download.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(download), package],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wheels = sorted(download.glob(wheel_pattern(package)))
+    if done.returncode != 0 or not wheels:
+        print(f"# {package}: download failed: {done.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    with zipfile.ZipFile(wheels[-1]) as archive:
+        archive.extractall(target)
+    return target
+
+
+def split(data: dict[str, np.ndarray], samples: int, axes: dict[str, int | None]) -> list[dict[str, np.ndarray]]:
+    """Calibration and evaluation arrays: the first ``samples`` samples of every input and the rest, along
+    each input's batch axis (``axes``, default 0; None: a constant, given whole to both)."""
+    halves = []
+    for part in (slice(0, samples), slice(samples, None)):
+        half = {}
+        for name, value in data.items():
+            axis = axes.get(name, 0)
+            half[name] = value if axis is None else value[(slice(None),) * axis + (part,)]
+        halves.append(half)
+    return halves
+
+
+def real_cases(workdir: Path, samples: int = 16) -> list[Case]:
+    """The third-party models, each with ``samples`` calibration samples and 16 held out."""
+    from quantcore.batching import input_specs
+    from quantcore.preparation import load_model
+
+    cases = []
+    for name, (package, member) in REAL_MODELS.items():
+        root = fetch(package, workdir)
+        if root is None or not (root / member).is_file():
+            continue
+        axes: dict[str, int | None] = {}
+        labels = None
+        if name.startswith("ocr-"):
+            images, labels = ocr_inputs(name.removeprefix("ocr-"), samples + 16, seed=1)
+            data = {"x": images}
+        elif name.startswith("silero-"):
+            data = vad_inputs(samples + 16, seed=2)
+            axes = {"state": 1, "sr": None}
+            if name == "silero-vad-seq":  # chunks along its sequence axis, LSTM state (1, 1, 128) constant
+                data = {"input": data["input"], "h": np.zeros((1, 1, 128), np.float32)}
+                data["c"] = data["h"]
+                axes = {"h": None, "c": None}
+        elif name == "yolo-det":
+            data = {"images": photo_crops(samples + 16, 320, seed=3)}
+        else:  # wake-word models: mel windows for the embedding model, 16 embedding frames for the classifiers
+            frames = 0 if name == "wakeword-embed" else 16
+            features = wakeword_inputs((root / member).parent, frames, samples + 16, seed=4)
+            data = {input_specs(load_model(root / member))[0].name: features}
+        calibration, evaluation = split(data, samples, axes)
+        held_out = labels[samples:] if labels is not None else None
+        wheel = max((p.name for p in (workdir / "downloads").glob(wheel_pattern(package))), default="")
+        cases.append(Case(name, root / member, calibration, evaluation, held_out, source=wheel))
+    return cases
+
+
+def zoo_cases(workdir: Path) -> list[Case]:
+    import onnx
+
+    from samples.digits import TRAIN_SAMPLES, build_digits
+    from tests.quantcore.zoo import ZOO, build
+
+    cases = []
+    for name in ZOO:
+        model = build(name)
+        path = workdir / "zoo" / f"{name}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model.model, str(path))
+        cases.append(Case(name, path, model.calibration, model.evaluation, source="tests/quantcore/zoo.py"))
+    model_path, data_path = build_digits(workdir / "digits")
+    data = np.load(data_path)
+    cases.append(
+        Case(
+            "digits",
+            model_path,
+            {"input": data["input"][:256]},
+            {"input": data["input"][TRAIN_SAMPLES:]},
+            data["labels"][TRAIN_SAMPLES:],
+            source="samples/digits.py (trained)",
+        )
+    )
+    return cases
