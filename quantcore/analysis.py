@@ -5,7 +5,8 @@ The measurements switch quantization on and off per layer in two models of the e
 (``quantcore.analysis_switch``): every flag off is the FP32 model, every flag on the exported model run
 as exact Q/DQ, one flag on is "only layer k quantized". The graph-wise runs fetch every quantized
 activation and its dequantized value, one batch at a time, reduced to sums at once: memory holds one
-batch of each observed tensor, never the dataset. The layer-wise runs fetch the model's outputs only,
+batch of each observed tensor, never the dataset, and a batch is split where that would exceed
+``quantcore.batching.EXPOSED_BYTES_PER_BATCH``. The layer-wise runs fetch the model's outputs only,
 each at the cost of one FP32 inference.
 
 For every quantized tensor t (x = its FP32 value, x̂ = its dequantized value):
@@ -40,7 +41,7 @@ from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats, channel_range_ratio
 from quantcore.analysis_switch import MASK_INPUT, GatedModel, SwitchableModel, gated_model, switchable_model
 from quantcore.annotation import Annotation
-from quantcore.batching import Batches, InputSpec, input_specs
+from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.fake_quant import fake_quantize_numpy
 from quantcore.graph import GraphIndex
@@ -89,10 +90,12 @@ def analyze(
         return Batches(_first_samples(evaluation, specs, count, fixed), specs, config.batch_size, what="evaluation")
 
     graphwise_batches, layerwise_batches = batches(options.graphwise_samples), batches(options.layerwise_samples)
-    progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
     options_of_session = {"device": config.device, "exact_qdq": True}
     with open_session(switchable.model, **options_of_session) as session:
-        tensors = _graphwise(session, switchable, annotation, graphwise_batches, progress)
+        fetched = _Fetched(switchable, annotation, graphwise_batches)
+        graphwise_batches = fetched.bounded(session, graphwise_batches)
+        progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
+        tensors = _graphwise(session, fetched, annotation, graphwise_batches, progress)
     layers = switchable.layers
     del switchable  # its graph, as big as the model, before the gated one is built
     tensors += _weight_rows(prepared, annotation)
@@ -126,7 +129,11 @@ def analyze(
         row["rank"] = rank
     total, measured, samples = len(layers), len(chosen), layerwise_batches.num_samples
     return {
-        "graphwise": {"samples": graphwise_batches.num_samples, "runs_per_batch": 2},
+        "graphwise": {
+            "samples": graphwise_batches.num_samples,
+            "runs_per_batch": 2,
+            "batch_size": graphwise_batches.batch_size,
+        },
         "layerwise": {
             "samples": samples,
             "layers_total": total,
@@ -157,22 +164,43 @@ class _Progress:
         self.monitor.report(STAGE, self.done / self.total, message)
 
 
+class _Fetched:
+    """What the graph-wise runs fetch from the switchable model: every quantized activation that is not a
+    graph input and its dequantized value with every flag off, the dequantized values with every flag on."""
+
+    def __init__(self, switchable: SwitchableModel, annotation: Annotation, batches: Batches) -> None:
+        self.switchable = switchable
+        self.activations = [t for t in annotation.activations if t in switchable.dequantized]
+        self.graph_inputs = {s.name for s in batches.specs}
+        self.dequantized = [switchable.dequantized[t] for t in self.activations]
+        self.off = [t for t in self.activations if t not in self.graph_inputs] + self.dequantized
+        self.all_off = np.zeros(len(switchable.layers), bool)
+        self.all_on = np.ones(len(switchable.layers), bool)
+
+    def bounded(self, session: ort.InferenceSession, batches: Batches) -> Batches:
+        """``batches``, split where the tensors both runs of a batch fetch would exceed
+        ``EXPOSED_BYTES_PER_BATCH`` (measured on an extra run of the first sample alone)."""
+        if not self.activations or batches.fixed or batches.batch_size == 1:
+            return batches
+        values = session.run(self.off, {**batches.first_sample(), MASK_INPUT: self.all_off})
+        dequantized = set(self.dequantized)
+        per_sample = sum(v.nbytes * (2 if name in dequantized else 1) for name, v in zip(self.off, values, strict=True))
+        return batches.within(per_sample, EXPOSED_BYTES_PER_BATCH)
+
+
 def _graphwise(
     session: ort.InferenceSession,
-    switchable: SwitchableModel,
+    fetched: _Fetched,
     annotation: Annotation,
     batches: Batches,
     progress: _Progress,
 ) -> list[dict[str, Any]]:
     """Rows of the activations: two runs per batch (every flag off, every flag on), reduced at once."""
-    activations = [t for t in annotation.activations if t in switchable.dequantized]
+    activations, dequantized, fetch_off = fetched.activations, fetched.dequantized, fetched.off
+    switchable, graph_inputs, all_off, all_on = fetched.switchable, fetched.graph_inputs, fetched.all_off, fetched.all_on
     stats = {t: RangeStats(annotation.configs[t]) for t in activations}
     local = {t: OutputAgreement(argmax=False) for t in activations}
     graphwise = {t: OutputAgreement(argmax=False) for t in activations}
-    graph_inputs = {s.name for s in batches.specs}
-    dequantized = [switchable.dequantized[t] for t in activations]
-    fetch_off = [t for t in activations if t not in graph_inputs] + dequantized
-    all_off, all_on = np.zeros(len(switchable.layers), bool), np.ones(len(switchable.layers), bool)
     for i, batch in enumerate(batches):
         progress.check()
         if activations:

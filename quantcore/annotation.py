@@ -65,7 +65,8 @@ class Annotation:
     parameters: the subset of ``configs`` that are initializers (weights), stored quantized on export.
     biases: bias initializer → its int32 link (scale derived at export from the calibrated configs).
     decisions: node name → "quantized" | "pass_through" | "float" | "excluded"; reasons: why.
-    notes: platform statements about this run (e.g. the weight range chosen for the target CPU).
+    notes: statements about this run: the platform's (e.g. the weight range chosen for the target CPU),
+    calibration's (a batch split to bound memory).
     unsigned_weights: export int8 weight codes as uint8 with zero point + 128, the same grid, for
     kernels that read unsigned weights (``quantcore.cpu_features``).
     """

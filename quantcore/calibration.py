@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -35,7 +36,7 @@ import onnxruntime as ort
 
 from quantcore import observers
 from quantcore.annotation import Annotation
-from quantcore.batching import Batches, input_specs
+from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.graph import GraphIndex
@@ -169,16 +170,21 @@ def _observe(
     monitor: Monitor,
     *,
     report: bool,
-) -> None:
+    resizable: bool,
+) -> Batches:
     """One pass over ``batches``: every tensor of ``groups`` (root -> the tensors its observer takes,
     in annotation order) exposed and folded into ``observers[root]``. Checks for cancellation before
-    each batch; ``report``: progress after each."""
+    each batch; ``report``: progress after each. ``resizable``: batches whose exposed tensors would
+    exceed ``EXPOSED_BYTES_PER_BATCH`` (measured on an extra run of the first sample alone) are split.
+    Returns the batches observed."""
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
     names = [name for members in groups.values() for name in members]
     fetched = [name for name in names if name not in graph_inputs]
     model_bytes = _with_observed_outputs(prepared.model, fetched)
     with open_session(model_bytes, device=config.device, spinning=False) as session:
         fetch = ActivationFetcher(session, fetched)
+        if resizable and fetched and not batches.fixed and batches.batch_size > 1:
+            batches = batches.within(sum(a.nbytes for a in fetch(batches.first_sample())), EXPOSED_BYTES_PER_BATCH)
         total = len(batches)
         threads = observe_threads(len(groups))  # the pool starts them at the first batch it is given
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="observe") as pool:
@@ -198,6 +204,7 @@ def _observe(
                         observe_group(root)
                 if report:
                     monitor.report(STAGE, (i + 1) / total, f"batch {i + 1}/{total}")
+    return batches
 
 
 def calibrate(
@@ -231,14 +238,17 @@ def calibrate(
     for name in activations:
         groups.setdefault(roots[name], []).append(name)
     observers = {root: make_observer(annotation.configs[root], config) for root in groups}
+    # an exponential moving average depends on how the samples are batched: its batches stay as given
+    resizable = all(annotation.configs[root].observer != "ema_minmax" for root in groups)
+    observed = batches
     if groups:
-        _observe(prepared, batches, groups, observers, config, monitor, report=True)
+        observed = _observe(prepared, batches, groups, observers, config, monitor, report=True, resizable=resizable)
     incomplete = {root: groups[root] for root, observer in observers.items() if not observer.complete}
     if incomplete:
         observers.update(
             (root, make_observer(annotation.configs[root], config, resolve_all=True)) for root in incomplete
         )
-        _observe(prepared, batches, incomplete, observers, config, monitor, report=False)
+        _observe(prepared, observed, incomplete, observers, config, monitor, report=False, resizable=False)
 
     for root, observer in observers.items():
         if observer.nonfinite:
@@ -252,4 +262,11 @@ def calibrate(
             configs[name] = annotation.configs[name].with_scale(
                 configs[root].scale, configs[root].offset, state=QuantState.PASSIVE
             )
-    return annotation.with_configs(configs)
+    calibrated = annotation.with_configs(configs)
+    if observed.batch_size == batches.batch_size:
+        return calibrated
+    note = (
+        f"calibration ran in batches of {observed.batch_size}, not {batches.batch_size}: a batch's observed "
+        f"tensors are kept under {EXPOSED_BYTES_PER_BATCH >> 20} MB"
+    )
+    return replace(calibrated, notes=(*calibrated.notes, note))

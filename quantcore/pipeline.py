@@ -262,7 +262,7 @@ def quantize(
         )
         ranking = [row["node"] for row in analysis["layers"]]
         outcome = reach_target(run, config, evaluation_report, ranking, progress=progress, should_cancel=should_cancel)
-        config, annotation, exported = outcome.chosen.config, outcome.chosen.annotation, outcome.exported
+        config, calibrated, exported = outcome.chosen.config, outcome.chosen.annotation, outcome.exported
         evaluation_report, target = outcome.chosen.evaluation, outcome.report
         parity = {**parity, **check_parity(evaluation_report).to_dict()}  # of the model kept
         stages.end("target", started, target["verdict"])
@@ -307,7 +307,7 @@ def quantize(
                 "folded_constants": prepared.folded_constants,
                 "renamed_nodes": prepared.renamed_nodes,
             },
-            "annotation": annotation.summary(),
+            "annotation": calibrated.summary(),
             "calibration": {
                 "num_samples": calibration_batches.num_samples,
                 "batch_size": calibration_batches.batch_size,
@@ -324,7 +324,7 @@ def quantize(
             "resumed": resumed,
             "warnings": [
                 *prepared.warnings,
-                *annotation.warnings,
+                *calibrated.warnings,
                 *(reconstruction.warnings if reconstruction is not None else ()),
                 *exported.warnings,
             ],

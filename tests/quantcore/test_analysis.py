@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from quantcore import QuantizeConfig, annotate, calibrate, export, prepare
+from quantcore import QuantizeConfig, analysis, annotate, calibrate, export, prepare
 from quantcore.analysis import analyze
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats
@@ -130,6 +130,20 @@ def test_layerwise_runs_are_bounded_and_stated(planted) -> None:
     # The two chosen are those whose own quantization loses most at their inputs.
     worst_local = sorted(report["layers"], key=lambda row: row["local_sqnr_db"])[:2]
     assert {row["node"] for row in analyzed} == {row["node"] for row in worst_local}
+
+
+def test_graphwise_batches_over_the_memory_budget_are_split_with_the_same_figures(planted, monkeypatch) -> None:
+    prepared, calibrated, evaluation = planted
+    options = AnalysisOptions(layerwise_samples=4)
+    whole = analyze(prepared, calibrated, evaluation, CONFIG, options=options)
+    monkeypatch.setattr(analysis, "EXPOSED_BYTES_PER_BATCH", 1)
+    split = analyze(prepared, calibrated, evaluation, CONFIG, options=options)
+    assert whole["graphwise"]["batch_size"] == CONFIG.batch_size and split["graphwise"]["batch_size"] == 1
+    assert whole["graphwise"]["samples"] == split["graphwise"]["samples"] == 32
+    for a, b in zip(whole["tensors"], split["tensors"], strict=True):
+        assert a["tensor"] == b["tensor"]
+        for key in ("graphwise_sqnr_db", "local_sqnr_db", "clipped_fraction"):  # sums in another order
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-12), (a["tensor"], key)
 
 
 @pytest.mark.parametrize("name", ["resnet", "mobilenet", "unet", "detector", "transformer", "audio", "branchy"])
