@@ -256,11 +256,17 @@ def cpu_latency(
             result[label][key] = summary = summarize(times, batch)
             done = i * len(sessions) + j + 1
             monitor.report(
-                STAGE, done / measurements, f"{label} at batch {batch}: p50 {summary['p50_ms']:.3g} ms, {len(times)} runs"
+                STAGE,
+                done / measurements,
+                f"{label} at batch {batch}: p50 {summary['p50_ms']:.3g} ms, {len(times)} runs",
             )
-        cut = [f"{label} {result[label][key]['runs']}" for label in sessions if result[label][key]["runs"] < settings.runs]
+        cut = [
+            f"{label} {result[label][key]['runs']}" for label in sessions if result[label][key]["runs"] < settings.runs
+        ]
         if cut:
-            notes.append(f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget ({', '.join(cut)} runs)")
+            notes.append(
+                f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget ({', '.join(cut)} runs)"
+            )
         quantized_p50 = result["quantized"][key]["p50_ms"]
         result["speedup_p50"][key] = result["fp32"][key]["p50_ms"] / quantized_p50 if quantized_p50 > 0 else None
         if result["speedup_p50"][key] is not None and result["speedup_p50"][key] < 1.0:

@@ -84,7 +84,9 @@ def test_latency_reports_runs_cut_by_the_budget(models) -> None:
     fp32, quantized, data, _ = models
     settings = LatencySettings(warmup=1, runs=10_000, budget_s=0.01, batch_sizes=(32,))
     progress = []
-    result = cpu_latency(fp32, quantized, sample=data, settings=settings, monitor=Monitor(lambda *a: progress.append(a)))
+    result = cpu_latency(
+        fp32, quantized, sample=data, settings=settings, monitor=Monitor(lambda *a: progress.append(a))
+    )
     assert result["budget_s"] == 0.01
     assert MIN_RUNS <= result["fp32"]["batch_32"]["runs"] < 10_000
     assert any("0.01 s budget" in note for note in result["notes"])
