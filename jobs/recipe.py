@@ -152,6 +152,13 @@ class AnalysisSpec(_Spec):
         le=100_000,
         description="At most this many layers get a layer-wise run: those whose own quantization loses most.",
     )
+    layerwise_seconds: float | None = Field(
+        120.0,
+        gt=0,
+        le=86_400,
+        description="Hold the one-layer-at-a-time runs to about this many seconds (fewer samples, then fewer "
+        "layers; null: no limit).",
+    )
 
 
 class TargetSpec(_Spec):

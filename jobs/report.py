@@ -33,6 +33,7 @@ class AnalysisConfig(_Section):
     graphwise_samples: int | None
     layerwise_samples: int
     max_layers: int
+    layerwise_seconds: float | None = None
 
 
 class TargetConfig(_Section):
@@ -205,6 +206,7 @@ class LayerwiseBounds(_Section):
     layers_analyzed: int
     runs_per_batch: int
     bounds: AnalysisConfig
+    seconds_per_run: float | None = Field(None, description="A run of the first sample, pricing layerwise_seconds.")
     statement: str
 
 
@@ -338,7 +340,9 @@ class CpuLatency(_Section):
     cpu_count: int | None
     warmup: int
     runs: int
-    budget_s: float | None = Field(None, description="Seconds of timed runs after which a measurement stops (runs is then a maximum).")
+    budget_s: float | None = Field(
+        None, description="Seconds of timed runs after which a measurement stops (runs is then a maximum)."
+    )
     batch_sizes: list[int]
     fp32: dict[str, LatencyStats]
     quantized: dict[str, LatencyStats]

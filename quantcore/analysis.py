@@ -26,11 +26,13 @@ lowest layer-wise SQNR first (non-finite outputs first of all; layers without a 
 
 Cost: graphwise 2 runs per batch; layer-wise (1 + L) runs per batch over ``layerwise_samples``
 samples, for L = min(layers, ``max_layers``) layers (those with the lowest local SQNR at their
-inputs); the report states both bounds.
+inputs), both lowered to keep the layer-wise runs to ``layerwise_seconds`` (priced by a run of the
+first sample); the report states the bounds and what they allowed.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,9 +105,16 @@ def analyze(
     local_of_layer = [min_or_none([local_of.get(t) for t in layer.tensors]) for layer in layers]
     # the layers whose own quantization loses most at their inputs get the layer-wise runs
     order = sorted(range(len(layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
-    chosen = sorted(order[: options.max_layers])
+    wanted, wanted_samples = min(len(layers), options.max_layers), layerwise_batches.num_samples
     gated = gated_model(prepared, annotation)
     with open_session(gated.model, **options_of_session) as session:
+        run_seconds = None
+        if options.layerwise_seconds is not None and wanted:
+            run_seconds, unit = _run_seconds(session, gated, layerwise_batches)
+            samples, wanted = affordable(options.layerwise_seconds, run_seconds, unit, wanted_samples, wanted)
+            layerwise_batches = batches(samples)
+            progress.total = progress.done + len(layerwise_batches)
+        chosen = sorted(order[:wanted])
         harm = _layerwise(session, gated, chosen, layerwise_batches, progress)
 
     rows = []
@@ -128,6 +137,7 @@ def analyze(
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
     total, measured, samples = len(layers), len(chosen), layerwise_batches.num_samples
+    held = samples < wanted_samples or measured < min(total, options.max_layers)
     return {
         "graphwise": {
             "samples": graphwise_batches.num_samples,
@@ -140,9 +150,15 @@ def analyze(
             "layers_analyzed": measured,
             "runs_per_batch": 1 + measured,
             "bounds": options.to_dict(),
+            "seconds_per_run": run_seconds,
             "statement": (
                 f"layer-wise error measured on the first {samples} evaluation samples for {measured} of {total} layers"
                 + ("" if measured == total else " (those with the lowest local SQNR at their inputs)")
+                + (
+                    f", held to {options.layerwise_seconds:g} s at {run_seconds:.3g} s a run of the first sample"
+                    if held and run_seconds is not None
+                    else ""
+                )
             ),
         },
         "layers": rows,
@@ -197,7 +213,12 @@ def _graphwise(
 ) -> list[dict[str, Any]]:
     """Rows of the activations: two runs per batch (every flag off, every flag on), reduced at once."""
     activations, dequantized, fetch_off = fetched.activations, fetched.dequantized, fetched.off
-    switchable, graph_inputs, all_off, all_on = fetched.switchable, fetched.graph_inputs, fetched.all_off, fetched.all_on
+    switchable, graph_inputs, all_off, all_on = (
+        fetched.switchable,
+        fetched.graph_inputs,
+        fetched.all_off,
+        fetched.all_on,
+    )
     stats = {t: RangeStats(annotation.configs[t]) for t in activations}
     local = {t: OutputAgreement(argmax=False) for t in activations}
     graphwise = {t: OutputAgreement(argmax=False) for t in activations}
@@ -245,6 +266,28 @@ def _layerwise(
                     harm[k][name].update(x, y)
         progress.step(f"layer-wise batch {i + 1}/{len(batches)}")
     return harm
+
+
+def _run_seconds(session: ort.InferenceSession, gated: GatedModel, batches: Batches) -> tuple[float, int]:
+    """Wall seconds of an all-float run of the gated model on the first sample (a fixed batch: the first
+    batch), the faster of two, and the samples that run took."""
+    feeds = {**batches.first_sample(), MASK_INPUT: np.zeros(len(gated.layers), bool)}
+    times = []
+    for _ in range(2):
+        started = time.perf_counter()
+        session.run(list(gated.outputs), feeds)
+        times.append(time.perf_counter() - started)
+    return min(times), batches.batch_size if batches.fixed else 1
+
+
+def affordable(seconds: float, run_seconds: float, unit: int, samples: int, layers: int) -> tuple[int, int]:
+    """(samples, layers) of layer-wise runs that fit ``seconds`` when a run of ``unit`` samples takes
+    ``run_seconds`` and each unit of samples costs 1 + layers runs: every layer on fewer samples (whole
+    units, at least one); where one unit over every layer does not fit, fewer layers on one unit."""
+    units = int(seconds // ((1 + layers) * run_seconds))
+    if units >= 1:
+        return min(samples, units * unit), layers
+    return min(samples, unit), min(layers, max(1, int(seconds // run_seconds) - 1))
 
 
 def min_or_none(values: list[float | None]) -> float | None:

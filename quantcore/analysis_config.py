@@ -32,12 +32,16 @@ class AnalysisOptions:
     layers x samples forward passes, so this is the bound that matters on big models.
     max_layers: at most this many layers get a layer-wise run, those whose own quantization loses the
     most (lowest local SQNR at their inputs); the others are listed without a layer-wise figure.
+    layerwise_seconds: the layer-wise runs are held to about this long (None: no limit), priced by a run
+    of the first sample: fewer samples, and where one sample over every layer would take longer, fewer
+    layers (chosen as by ``max_layers``).
     """
 
     enabled: bool = True
     graphwise_samples: int | None = None
     layerwise_samples: int = 64
     max_layers: int = 256
+    layerwise_seconds: float | None = 120.0
 
     def __post_init__(self) -> None:
         require_bool("analysis.enabled", self.enabled)
@@ -50,6 +54,11 @@ class AnalysisOptions:
             require_int(f"analysis.{name}", value)
             if value < 1:
                 raise ValueError(f"analysis.{name} must be >= 1, got {value}")
+        seconds = self.layerwise_seconds
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf
+        ):
+            raise ValueError(f"analysis.layerwise_seconds must be None or a number of seconds > 0, got {seconds!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +66,7 @@ class AnalysisOptions:
             "graphwise_samples": self.graphwise_samples,
             "layerwise_samples": self.layerwise_samples,
             "max_layers": self.max_layers,
+            "layerwise_seconds": self.layerwise_seconds,
         }
 
 

@@ -37,6 +37,7 @@ def error_of(recipe: dict) -> tuple[str, str]:
             "calibration": {"observer": "ema_minmax", "batch_size": 8, "num_samples": 64},
         },
         {"target": {"metric": "top1_drop", "threshold": 0.5}, "analysis": {"layerwise_samples": 16}},
+        {"analysis": {"layerwise_seconds": None}},
         {"target": {"metric": "cosine", "threshold": 0.999, "max_float_layers": 3}, "analysis": {"enabled": False}},
     ],
 )
@@ -115,6 +116,7 @@ def test_overrides_translate_in_order() -> None:
         ({"target": {"metric": "sqnr"}}, "target.threshold", "Field required"),
         ({"target": {"metric": "sqnr", "threshold": 30, "max_float_layers": 0}}, "target.max_float_layers", "1"),
         ({"analysis": {"layerwise_samples": 0}}, "analysis.layerwise_samples", "greater than or equal to 1"),
+        ({"analysis": {"layerwise_seconds": 0}}, "analysis.layerwise_seconds", "greater than 0"),
         (
             {"target": {"metric": "sqnr", "threshold": 30}, "reconstruction": {"method": "qdrop"}},
             "reconstruction",

@@ -48,6 +48,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
             graphwise_samples=recipe.analysis.graphwise_samples,
             layerwise_samples=recipe.analysis.layerwise_samples,
             max_layers=recipe.analysis.max_layers,
+            layerwise_seconds=recipe.analysis.layerwise_seconds,
         ),
         target=None
         if recipe.target is None

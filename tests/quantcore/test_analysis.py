@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from quantcore import QuantizeConfig, analysis, annotate, calibrate, export, prepare
-from quantcore.analysis import analyze
+from quantcore.analysis import affordable, analyze
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats
 from quantcore.analysis_switch import MASK_INPUT, gated_model, switchable_model
@@ -130,6 +130,32 @@ def test_layerwise_runs_are_bounded_and_stated(planted) -> None:
     # The two chosen are those whose own quantization loses most at their inputs.
     worst_local = sorted(report["layers"], key=lambda row: row["local_sqnr_db"])[:2]
     assert {row["node"] for row in analyzed} == {row["node"] for row in worst_local}
+
+
+def test_layerwise_budget_takes_fewer_samples_then_fewer_layers() -> None:
+    # 10 s at 0.1 s a run of one sample: 4 layers cost 0.5 s a sample, so 20 samples
+    assert affordable(10.0, 0.1, 1, 64, 4) == (20, 4)
+    assert affordable(10.0, 0.1, 1, 8, 4) == (8, 4)  # all the samples there are
+    assert affordable(10.0, 1.0, 1, 64, 40) == (1, 9)  # one sample over 40 layers is 41 s: 1 + 9 runs fit
+    assert affordable(10.0, 1.0, 4, 64, 1) == (20, 1)  # a fixed batch of 4 is the unit: 5 batches of 2 runs
+    assert affordable(0.5, 1.0, 1, 64, 40) == (1, 1)  # one layer at least
+    for bad in (0, -1.0, float("inf"), True, "60"):
+        with pytest.raises(ValueError, match="layerwise_seconds"):
+            AnalysisOptions(layerwise_seconds=bad)
+
+
+def test_layerwise_runs_held_to_their_budget_are_stated(planted) -> None:
+    prepared, calibrated, evaluation = planted
+    free = analyze(prepared, calibrated, evaluation, CONFIG, options=AnalysisOptions(layerwise_seconds=None))
+    assert free["layerwise"]["samples"] == 32 and free["layerwise"]["layers_analyzed"] == 4
+    assert free["layerwise"]["seconds_per_run"] is None and "held" not in free["layerwise"]["statement"]
+    held = analyze(prepared, calibrated, evaluation, CONFIG, options=AnalysisOptions(layerwise_seconds=1e-9))
+    layerwise = held["layerwise"]
+    assert layerwise["samples"] == 1 and layerwise["layers_analyzed"] == 1 and layerwise["seconds_per_run"] > 0
+    assert "for 1 of 4 layers" in layerwise["statement"] and "held to 1e-09 s" in layerwise["statement"]
+    # the one layer kept is the one whose own quantization loses most at its inputs
+    worst = min(held["layers"], key=lambda row: row["local_sqnr_db"])
+    assert [row["node"] for row in held["layers"] if row["analyzed"]] == [worst["node"]]
 
 
 def test_graphwise_batches_over_the_memory_budget_are_split_with_the_same_figures(planted, monkeypatch) -> None:
