@@ -63,7 +63,8 @@ class RunConfig(_Section):
     platform: str
     precision: str
     observer: str
-    percentile: float
+    percentile: float = Field(description="The percentile the run used: the one the search kept, if it ran.")
+    percentile_candidates: list[float] = Field(default_factory=list)
     batch_size: int
     exclude_op_types: list[str]
     exclude_node_patterns: list[str] = Field(description="Includes the layers the accuracy-target mode kept in float.")
@@ -118,10 +119,24 @@ class AnnotationSummary(_Section):
     )
 
 
+class PercentileCandidate(_Section):
+    percentile: float
+    sqnr_db: float | None = Field(description="Worst output SQNR on the search samples (null: exact, or not finite).")
+
+
+class PercentileSearch(_Section):
+    chosen: float
+    samples: int
+    candidates: list[PercentileCandidate]
+
+
 class CalibrationSummary(_Section):
     num_samples: int
     batch_size: int
     num_batches: int
+    percentile_search: PercentileSearch | None = Field(
+        None, description="The clipping percentile kept among the candidates (null: no search ran)."
+    )
 
 
 # ---- evaluate ----

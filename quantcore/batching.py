@@ -222,6 +222,13 @@ class Batches:
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
 
+    def first(self, samples: int) -> Batches:
+        """The first ``samples`` samples (a fixed batch: whole batches, one at least) in these batches."""
+        other = copy.copy(self)
+        count = min(self.num_samples, samples)
+        other.num_samples = max(count // self.batch_size, 1) * self.batch_size if self.fixed else count
+        return other
+
     def first_sample(self) -> dict[str, np.ndarray]:
         """The first sample alone, as a batch of one (constant inputs whole; a fixed batch: the first)."""
         return next(iter(self.resized(1)))

@@ -26,7 +26,7 @@ chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -40,6 +40,7 @@ from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, input_specs
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.graph import GraphIndex
+from quantcore.histogram import PercentileObserver
 from quantcore.observers import Observer
 from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
@@ -207,6 +208,14 @@ def _observe(
     return batches
 
 
+def uses_percentile(annotation: Annotation) -> bool:
+    """Whether some activation's range comes from a ``percentile`` observer (a shared scale: its root's)."""
+    return any(
+        annotation.configs[dominator_root(name, annotation.configs)].observer == "percentile"
+        for name in annotation.activations
+    )
+
+
 def calibrate(
     prepared: PreparedModel,
     annotation: Annotation,
@@ -223,14 +232,33 @@ def calibrate(
     Raises ``InvalidDataError`` for data that doesn't fit the model or drives a tensor non-finite,
     ``Canceled`` when ``should_cancel()`` turns True between batches.
     """
+    calibrated = calibrate_percentiles(
+        prepared, annotation, calibration, config, (), progress=progress, should_cancel=should_cancel
+    )
+    return calibrated[config.percentile]
+
+
+def calibrate_percentiles(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    calibration: Mapping[str, np.ndarray] | Batches,
+    config: QuantizeConfig,
+    percentiles: Sequence[float],
+    *,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> dict[float, Annotation]:
+    """``calibrate``'s result at ``config.percentile`` and at each of ``percentiles``, from one pass over
+    the data: the tensors observed by ``percentile`` take their range at that percentile of the same
+    histograms, every other tensor the same range in all. A percentile below what the histograms
+    resolved (``PercentileObserver.resolves``) is left out; ``config.percentile`` never is."""
     monitor = Monitor(progress, should_cancel)
     batches = (
         calibration
         if isinstance(calibration, Batches)
         else Batches(calibration, input_specs(prepared.model), config.batch_size, what="calibration")
     )
-    configs = dict(annotation.configs)
-    configs.update(calibrate_weights(prepared, annotation, config))
+    weights = calibrate_weights(prepared, annotation, config)
 
     activations = annotation.activations
     roots = {name: dominator_root(name, annotation.configs) for name in activations}
@@ -249,24 +277,35 @@ def calibrate(
             (root, make_observer(annotation.configs[root], config, resolve_all=True)) for root in incomplete
         )
         _observe(prepared, observed, incomplete, observers, config, monitor, report=False, resizable=False)
-
     for root, observer in observers.items():
         if observer.nonfinite:
             raise InvalidDataError(
                 f"tensor {root!r} took {observer.nonfinite} NaN/infinite values on the calibration data"
             )
-        scale, offset = scale_offset(annotation.configs[root], *observer.bounds())
-        configs[root] = annotation.configs[root].with_scale(scale, offset, state=QuantState.ACTIVATED)
-    for name, root in roots.items():
-        if name != root:
-            configs[name] = annotation.configs[name].with_scale(
-                configs[root].scale, configs[root].offset, state=QuantState.PASSIVE
-            )
-    calibrated = annotation.with_configs(configs)
-    if observed.batch_size == batches.batch_size:
-        return calibrated
-    note = (
-        f"calibration ran in batches of {observed.batch_size}, not {batches.batch_size}: a batch's observed "
-        f"tensors are kept under {EXPOSED_BYTES_PER_BATCH >> 20} MB"
-    )
-    return replace(calibrated, notes=(*calibrated.notes, note))
+
+    notes = annotation.notes
+    if observed.batch_size != batches.batch_size:
+        notes += (
+            f"calibration ran in batches of {observed.batch_size}, not {batches.batch_size}: a batch's observed "
+            f"tensors are kept under {EXPOSED_BYTES_PER_BATCH >> 20} MB",
+        )
+    percentile_observers = [o for o in observers.values() if isinstance(o, PercentileObserver)]
+    results = {}
+    for percentile in dict.fromkeys((config.percentile, *percentiles)):
+        if percentile != config.percentile and not all(o.resolves(percentile) for o in percentile_observers):
+            continue
+        configs = {**annotation.configs, **weights}
+        for root, observer in observers.items():
+            if isinstance(observer, PercentileObserver):
+                bounds = observer.bounds_for(observer.amax(percentile))
+            else:
+                bounds = observer.bounds()
+            scale, offset = scale_offset(annotation.configs[root], *bounds)
+            configs[root] = annotation.configs[root].with_scale(scale, offset, state=QuantState.ACTIVATED)
+        for name, root in roots.items():
+            if name != root:
+                configs[name] = annotation.configs[name].with_scale(
+                    configs[root].scale, configs[root].offset, state=QuantState.PASSIVE
+                )
+        results[percentile] = replace(annotation.with_configs(configs), notes=notes)
+    return results

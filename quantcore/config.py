@@ -154,6 +154,14 @@ class NodeOverride:
         return {"pattern": self.pattern, "bits": self.bits, "observer": self.observer}
 
 
+def _percentile(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number, got {value!r}")
+    if not (math.isfinite(value) and 0.0 < value <= 100.0):
+        raise ValueError(f"{field} must be in (0, 100], got {value}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class QuantizeConfig:
     """Options of one quantization run.
@@ -163,7 +171,10 @@ class QuantizeConfig:
     platform (fp8 only on tensorrt-fp8; wXaY other than w8a8 only on academic); None (the default):
     the platform's own, fp8 on tensorrt-fp8 and int8 elsewhere.
     observer: how activation ranges are derived (``quantcore.observers``; ``percentile`` takes
-    amax = the ``percentile``-th percentile of |x|). batch_size: samples per ONNX Runtime run (a fixed
+    amax = the ``percentile``-th percentile of |x|). percentile_candidates: other percentiles the run
+    tries for the tensors observed by ``percentile``, keeping whichever reproduces the FP32 outputs best
+    on the calibration data (``quantcore.clip_search``; the report's config then holds the one kept);
+    () tries none. batch_size: samples per ONNX Runtime run (a fixed
     batch dimension in the model wins). exclude_op_types / exclude_node_patterns: nodes kept in float,
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels
@@ -184,6 +195,7 @@ class QuantizeConfig:
     precision: str | None = None
     observer: str = "percentile"
     percentile: float = 99.99
+    percentile_candidates: tuple[float, ...] = (99.9, 99.99, 99.999, 100.0)
     batch_size: int = 16
     exclude_op_types: tuple[str, ...] = ()
     exclude_node_patterns: tuple[str, ...] = ()
@@ -214,11 +226,14 @@ class QuantizeConfig:
         require_choice("reduce_range", self.reduce_range, REDUCE_RANGE_CHOICES)
         require_bool("cpu_latency", self.cpu_latency)
         require_bool("tensorrt_engine", self.tensorrt_engine)
-        if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):
-            raise ValueError(f"percentile must be a number, got {self.percentile!r}")
-        if not (math.isfinite(self.percentile) and 0.0 < self.percentile <= 100.0):
-            raise ValueError(f"percentile must be in (0, 100], got {self.percentile}")
-        object.__setattr__(self, "percentile", float(self.percentile))
+        object.__setattr__(self, "percentile", _percentile("percentile", self.percentile))
+        if isinstance(self.percentile_candidates, (str, int, float)):
+            raise ValueError(f"percentile_candidates must be a tuple of numbers, got {self.percentile_candidates!r}")
+        object.__setattr__(
+            self,
+            "percentile_candidates",
+            tuple(_percentile("percentile_candidates", p) for p in self.percentile_candidates),
+        )
         require_int("batch_size", self.batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
@@ -253,6 +268,7 @@ class QuantizeConfig:
             "precision": self.precision,
             "observer": self.observer,
             "percentile": self.percentile,
+            "percentile_candidates": list(self.percentile_candidates),
             "batch_size": self.batch_size,
             "exclude_op_types": list(self.exclude_op_types),
             "exclude_node_patterns": list(self.exclude_node_patterns),

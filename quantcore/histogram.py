@@ -198,7 +198,11 @@ class HistogramObserver:
         return self.abs_max
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        amax = self.amax() if self.total else 0.0
+        return self.bounds_for(self.amax() if self.total else 0.0)
+
+    def bounds_for(self, amax: float) -> tuple[np.ndarray, np.ndarray]:
+        """The range for a clipping threshold ``amax`` on |x|: ±amax on a symmetric grid, else the signed
+        extremes seen, clipped to ±amax."""
         if self.tqc.symmetric or self.total == 0:
             return np.asarray(-amax), np.asarray(amax)
         return np.asarray(max(self.lo_seen, -amax)), np.asarray(min(self.hi_seen, amax))
@@ -276,20 +280,27 @@ class PercentileObserver(HistogramObserver):
 
     @property
     def complete(self) -> bool:
-        if self.floor == 0 or self.percentile >= 100.0:
+        return self.resolves(self.percentile)
+
+    def resolves(self, percentile: float) -> bool:
+        """Whether the resolved bins determine the ``percentile``-th percentile (any percentile at or above
+        the configured one does, and lower ones down to the floor)."""
+        if self.floor == 0 or percentile >= 100.0:
             return True
         unresolved = int(self.counts[: self.floor].sum())
-        return unresolved < self.percentile / 100.0 * self.total  # the percentile's bin is >= floor
+        return unresolved < percentile / 100.0 * self.total  # the percentile's bin is >= floor
 
-    def amax(self) -> float:
+    def amax(self, percentile: float | None = None) -> float:
+        """The ``percentile``-th percentile of |x| (None: the configured one)."""
+        percentile = self.percentile if percentile is None else percentile
         total = self.total
         if total == 0 or self.top == 0.0:
             return 0.0
-        if self.percentile >= 100.0:
+        if percentile >= 100.0:
             return self.abs_max
-        if not self.complete:
+        if not self.resolves(percentile):
             raise ValueError("the percentile fell below the histogram's floor: observe again with resolve_all=True")
-        target = self.percentile / 100.0 * total
+        target = percentile / 100.0 * total
         cumulative = np.cumsum(self.counts)
         i = int(np.searchsorted(cumulative, target, side="left"))
         i = min(i, self.counts.size - 1)

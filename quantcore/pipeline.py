@@ -1,10 +1,13 @@
 """``quantize``: the five stages in one call, with progress, cancellation and atomic outputs.
 
-    prepare → annotate → calibrate → reconstruct → export → evaluate → analyze → target → latency → engine
+    prepare → annotate → calibrate → clip → reconstruct → export → evaluate → analyze → target → latency → engine
 
-``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
-skipped at once). ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off)
-measures each quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
+``clip`` runs when activations are observed by ``percentile`` and ``config.percentile_candidates``
+names others: it keeps the percentile that reproduces the FP32 outputs best on the calibration data
+(``quantcore.clip_search``), and the run goes on with it (re-calibrations too). ``reconstruct`` learns
+the rounding when ``config.reconstruction`` is set (otherwise it reports itself skipped at once).
+``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
+quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
 (``quantcore.accuracy_target``): it keeps the most harmful layers in float until the target is met
 and replaces the exported files with the model kept; ``report["target"]["met"]`` says whether it was.
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,8 @@ from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
-from quantcore.calibration import calibrate
+from quantcore.calibration import calibrate, calibrate_percentiles, uses_percentile
+from quantcore.clip_search import choose_percentile
 from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
@@ -62,6 +66,7 @@ STAGES = (
     "prepare",
     "annotate",
     "calibrate",
+    "clip",
     "reconstruct",
     "export",
     "evaluate",
@@ -165,15 +170,23 @@ def quantize(
     if resume_from is not None and config.reconstruction is None:
         exported = checkpoint.load(Path(resume_from), out_dir, key)
     resumed = ["calibrate", "export"] if exported is not None else []
-    reconstruction = None
+    reconstruction = percentile_search = None
     if exported is not None:
         calibrated = checkpoint.restore_configs(annotation, exported.tqc_path)
     else:
         started = stages.begin("calibrate")
-        calibrated = calibrate(
-            prepared, annotation, calibration_batches, config, progress=progress, should_cancel=should_cancel
+        searched = config.percentile_candidates if uses_percentile(annotation) else ()
+        candidates = calibrate_percentiles(
+            prepared, annotation, calibration_batches, config, searched, progress=progress, should_cancel=should_cancel
         )
+        calibrated = candidates[config.percentile]
         stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
+        if len(candidates) > 1:
+            started = stages.begin("clip")
+            choice = choose_percentile(prepared, candidates, calibration_batches, config, monitor)
+            percentile_search = choice.to_dict()
+            calibrated, config = choice.annotation, replace(config, percentile=choice.percentile)
+            stages.end("clip", started, choice.statement)
 
         started = stages.begin("reconstruct")
         if config.reconstruction is not None:
@@ -312,6 +325,7 @@ def quantize(
                 "num_samples": calibration_batches.num_samples,
                 "batch_size": calibration_batches.batch_size,
                 "num_batches": len(calibration_batches),
+                "percentile_search": percentile_search,
             },
             "reconstruction": None if reconstruction is None else reconstruction.summary(),
             "evaluation": evaluation_report,

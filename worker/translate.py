@@ -35,6 +35,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         precision=recipe.precision,
         observer=recipe.calibration.observer,
         percentile=recipe.calibration.percentile,
+        percentile_candidates=tuple(recipe.calibration.percentile_candidates),
         batch_size=recipe.calibration.batch_size,
         exclude_op_types=tuple(recipe.exclude.op_types),
         exclude_node_patterns=tuple(recipe.exclude.node_patterns),

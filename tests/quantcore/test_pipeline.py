@@ -93,9 +93,10 @@ def test_report_files_and_json(digits_run) -> None:
 
 
 def test_progress_reports_every_stage_in_order(digits_run) -> None:
-    _, result, calls = digits_run
+    observer, result, calls = digits_run
     stages = [stage for stage, _, _ in calls]
-    ran = [s for s in quantcore.STAGES if s not in ("engine", "target")]  # these run only when asked for
+    asked = ("engine", "target") if observer == "percentile" else ("engine", "target", "clip")
+    ran = [s for s in quantcore.STAGES if s not in asked]  # these run only when asked for
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == ran
     for stage in ran:
         fractions = [f for s, f, _ in calls if s == stage]
@@ -112,10 +113,20 @@ def small_model(tmp_path):
 
 
 # 40 samples in batches of 8: should_cancel is polled at the start of each stage and before each
-# batch: 1 prepare, 2 annotate, 3 calibrate, 4-8 its batches, 9 export, 10 evaluate, 11-15 its batches.
+# batch or candidate: 1 prepare, 2 annotate, 3 calibrate, 4-8 its batches, 9 clip, 10-13 its four
+# percentiles, 14 reconstruct, 15 export, 16 evaluate, 17-21 its batches.
 @pytest.mark.parametrize(
     ("cancel_at", "stage"),
-    [(1, "prepare"), (2, "annotate"), (5, "calibrate"), (9, "reconstruct"), (10, "export"), (13, "evaluate")],
+    [
+        (1, "prepare"),
+        (2, "annotate"),
+        (5, "calibrate"),
+        (9, "clip"),
+        (12, "clip"),
+        (14, "reconstruct"),
+        (15, "export"),
+        (18, "evaluate"),
+    ],
 )
 def test_cancel_raises_canceled_in_the_running_stage(small_model, tmp_path, cancel_at: int, stage: str) -> None:
     path, data = small_model
@@ -167,7 +178,13 @@ def test_fixed_batch_dimension_sets_the_batch_size(tmp_path) -> None:
     data = np.random.default_rng(0).normal(size=(10, 2, 6, 6)).astype(np.float32)
     result = quantize(path, {"input": data}, {"input": data[:9]}, QuantizeConfig(batch_size=3), tmp_path / "out")
     # the model only runs batches of 4: 10 samples → 2 batches (8 used), 9 → 2 batches
-    assert result.report["calibration"] == {"num_samples": 8, "batch_size": 4, "num_batches": 2}
+    calibration = result.report["calibration"]
+    assert {k: calibration[k] for k in ("num_samples", "batch_size", "num_batches")} == {
+        "num_samples": 8,
+        "batch_size": 4,
+        "num_batches": 2,
+    }
+    assert calibration["percentile_search"]["samples"] == 8  # whole batches of 4
     assert result.report["evaluation"]["num_samples"] == 8
 
 
