@@ -20,6 +20,9 @@ A percentile observer whose percentile the later batches pushed below the bins i
 resolved one, fed by a second pass over the batches that exposes only the tensors it observes.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
 chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
+``calibrate_percentiles`` returns the calibration at several percentiles from the same pass (the
+percentile histograms resolve their tails down to 64 times the configured percentile's share of
+values: 99.9 and above for 99.99), for ``quantcore.clip_search`` to choose among.
 ``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
 """
 

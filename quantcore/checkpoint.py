@@ -4,7 +4,8 @@ After export, ``quantize`` writes ``checkpoint.json`` (atomically, after the fil
 output directory::
 
     {"format": 1, "stage": "export", "fingerprint": <sha256 hex>,
-     "files": {<name>: <sha256 hex>, ...}, "export": {counts, opset, warnings}}
+     "files": {<name>: <sha256 hex>, ...}, "export": {counts, opset, warnings},
+     "percentile_search": <the clip stage's choice, or null>}
 
 The fingerprint is SHA-256 over the configuration (``QuantizeConfig.to_dict()`` as sorted JSON), the
 source model's bytes, and every calibration array's name, dtype, shape and bytes: the inputs that
@@ -56,8 +57,9 @@ def fingerprint(model_path: Path, calibration: Mapping[str, np.ndarray], config:
     return digest.hexdigest()
 
 
-def save(out_dir: Path, key: str, exported: ExportResult) -> Path:
-    """Record ``exported`` (whose files are already complete in ``out_dir``) under ``key``."""
+def save(out_dir: Path, key: str, exported: ExportResult, percentile_search: Mapping[str, Any] | None = None) -> Path:
+    """Record ``exported`` (whose files are already complete in ``out_dir``) under ``key``, with the clip
+    stage's choice (``quantcore.clip_search``) when it ran: a resumed run goes on with that percentile."""
     document: dict[str, Any] = {
         "format": FORMAT,
         "stage": "export",
@@ -71,6 +73,7 @@ def save(out_dir: Path, key: str, exported: ExportResult) -> Path:
             "opset": exported.opset,
             "warnings": list(exported.warnings),
         },
+        "percentile_search": None if percentile_search is None else dict(percentile_search),
     }
     path = out_dir / CHECKPOINT_FILE
     atomic.write_json(path, document)
@@ -106,6 +109,11 @@ def load(resume_from: Path, out_dir: Path, key: str) -> ExportResult | None:
         opset=recorded["opset"],
         warnings=tuple(recorded["warnings"]),
     )
+
+
+def recorded_search(resume_from: Path) -> dict[str, Any] | None:
+    """The clip stage's choice recorded with the checkpoint ``load`` accepted from ``resume_from``."""
+    return json.loads((resume_from / CHECKPOINT_FILE).read_text()).get("percentile_search")
 
 
 def restore_configs(annotation: Annotation, tqc_path: Path) -> Annotation:

@@ -173,6 +173,10 @@ def quantize(
     reconstruction = percentile_search = None
     if exported is not None:
         calibrated = checkpoint.restore_configs(annotation, exported.tqc_path)
+        percentile_search = checkpoint.recorded_search(Path(resume_from))
+        if percentile_search is not None:  # re-calibrations (remedy, target) go on with the percentile kept
+            config = replace(config, percentile=percentile_search["chosen"])
+            resumed.insert(1, "clip")
     else:
         started = stages.begin("calibrate")
         searched = config.percentile_candidates if uses_percentile(annotation) else ()
@@ -204,7 +208,7 @@ def quantize(
 
         started = stages.begin("export")
         exported = export(prepared, calibrated, out_dir, platform=config.platform)
-        checkpoint.save(out_dir, key, exported)
+        checkpoint.save(out_dir, key, exported, percentile_search)
         stages.end(
             "export",
             started,

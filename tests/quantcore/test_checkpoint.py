@@ -48,10 +48,15 @@ def test_resume_skips_calibrate_and_export_and_gives_the_same_model(first_run, t
     path, data, out, first = first_run
     before = first.model_path.read_bytes()
     stages, report = _stages_run(path, data, out, QuantizeConfig(batch_size=8), resume_from=out)
-    assert "calibrate" not in stages and "export" not in stages, stages
+    assert "calibrate" not in stages and "clip" not in stages and "export" not in stages, stages
     assert stages[:2] == ["prepare", "annotate"] and "evaluate" in stages
-    assert report["resumed"] == ["calibrate", "export"]
+    assert report["resumed"] == ["calibrate", "clip", "export"]
     assert first.model_path.read_bytes() == before
+    # the percentile the first run chose is the one the resumed run goes on with, and reports
+    search = first.report["calibration"]["percentile_search"]
+    assert search["chosen"] != 99.99  # not the configured one (99.999 here): the config shows the choice
+    assert report["config"]["percentile"] == first.report["config"]["percentile"] == search["chosen"]
+    assert report["calibration"]["percentile_search"] == search
     # Same files, so the same accuracy figures: exactly equal, not within a tolerance (timings differ).
     for key in ("fp32", "qdq_exact", "qdq_deployed"):
         assert report["evaluation"][key] == first.report["evaluation"][key]
@@ -61,7 +66,7 @@ def test_resume_into_another_directory_copies_the_files(first_run, tmp_path) -> 
     path, data, out, first = first_run
     other = tmp_path / "other"
     _, report = _stages_run(path, data, other, QuantizeConfig(batch_size=8), resume_from=out)
-    assert report["resumed"] == ["calibrate", "export"]
+    assert report["resumed"] == ["calibrate", "clip", "export"]
     assert (other / "model.qdq.onnx").read_bytes() == first.model_path.read_bytes()
 
 
