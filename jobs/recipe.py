@@ -74,7 +74,8 @@ class CalibrationSpec(_Spec):
         [99.9, 99.99, 99.999, 100.0],
         max_length=8,
         description="With observer=percentile: other percentiles to try; the one whose quantized model reproduces "
-        "the FP32 outputs best on the calibration data is kept (the report's config names it). [] tries none.",
+        "the FP32 outputs best on the calibration data is kept, given 64 samples or more (the report's config "
+        "names it). [] tries none.",
     )
     num_samples: int = Field(
         512, ge=1, le=100_000, description="At most this many dataset samples are used for calibration."

@@ -135,7 +135,9 @@ class CalibrationSummary(_Section):
     batch_size: int
     num_batches: int
     percentile_search: PercentileSearch | None = Field(
-        None, description="The clipping percentile kept among the candidates (null: no search ran)."
+        None,
+        description="The clipping percentile kept among the candidates (null: no search ran: observer not "
+        "percentile, no candidates, or fewer than 64 calibration samples).",
     )
 
 

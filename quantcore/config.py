@@ -173,8 +173,8 @@ class QuantizeConfig:
     observer: how activation ranges are derived (``quantcore.observers``; ``percentile`` takes
     amax = the ``percentile``-th percentile of |x|). percentile_candidates: other percentiles the run
     tries for the tensors observed by ``percentile``, keeping whichever reproduces the FP32 outputs best
-    on the calibration data (``quantcore.clip_search``; the report's config then holds the one kept);
-    () tries none. batch_size: samples per ONNX Runtime run (a fixed
+    on the calibration data, given at least 64 samples (``quantcore.clip_search``; the report's config
+    then holds the one kept); () tries none. batch_size: samples per ONNX Runtime run (a fixed
     batch dimension in the model wins). exclude_op_types / exclude_node_patterns: nodes kept in float,
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels

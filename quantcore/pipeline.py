@@ -2,9 +2,10 @@
 
     prepare → annotate → calibrate → clip → reconstruct → export → evaluate → analyze → target → latency → engine
 
-``clip`` runs when activations are observed by ``percentile`` and ``config.percentile_candidates``
-names others: it keeps the percentile that reproduces the FP32 outputs best on the calibration data
-(``quantcore.clip_search``), and the run goes on with it (re-calibrations too). ``reconstruct`` learns
+``clip`` runs when activations are observed by ``percentile``, ``config.percentile_candidates`` names
+others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the
+percentile that reproduces the FP32 outputs best on the calibration data (``quantcore.clip_search``),
+and the run goes on with it (re-calibrations too). ``reconstruct`` learns
 the rounding when ``config.reconstruction`` is set (otherwise it reports itself skipped at once).
 ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
 quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
@@ -49,7 +50,7 @@ from quantcore.analysis import analyze
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate, calibrate_percentiles, uses_percentile
-from quantcore.clip_search import choose_percentile
+from quantcore.clip_search import MIN_SAMPLES, choose_percentile
 from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
@@ -179,7 +180,8 @@ def quantize(
             resumed.insert(1, "clip")
     else:
         started = stages.begin("calibrate")
-        searched = config.percentile_candidates if uses_percentile(annotation) else ()
+        search = uses_percentile(annotation) and calibration_batches.num_samples >= MIN_SAMPLES
+        searched = config.percentile_candidates if search else ()
         candidates = calibrate_percentiles(
             prepared, annotation, calibration_batches, config, searched, progress=progress, should_cancel=should_cancel
         )

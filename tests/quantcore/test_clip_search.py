@@ -11,7 +11,7 @@ import pytest
 from quantcore import QuantizeConfig, annotate, calibrate, prepare, quantize
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate_percentiles
-from quantcore.clip_search import SEARCH_SAMPLES, choose_percentile
+from quantcore.clip_search import MIN_SAMPLES, SEARCH_SAMPLES, choose_percentile
 from tests.quantcore.models import conv_bn_residual, save
 
 
@@ -58,13 +58,13 @@ def test_the_candidate_closest_to_fp32_is_kept_and_a_tie_keeps_the_configured_on
     assert tie.percentile == 99.99 and tie.scores[100.0] == tie.scores[99.99]
 
 
-def test_the_run_goes_on_with_the_percentile_chosen_on_the_calibration_data(setup, tmp_path) -> None:
-    _, x = setup
+def test_the_run_goes_on_with_the_percentile_chosen_on_the_calibration_data(tmp_path) -> None:
+    x = np.random.default_rng(1).standard_t(3, size=(96, 3, 8, 8)).astype(np.float32)
     path = save(conv_bn_residual(seed=2), tmp_path / "m.onnx")
     config = QuantizeConfig(batch_size=8, cpu_latency=False)
     runs = [
-        quantize(path, {"input": x[:32]}, {"input": evaluation}, config, tmp_path / str(i))
-        for i, evaluation in enumerate((x[32:], -x[32:]))
+        quantize(path, {"input": x[:MIN_SAMPLES]}, {"input": evaluation}, config, tmp_path / str(i))
+        for i, evaluation in enumerate((x[MIN_SAMPLES:], -x[MIN_SAMPLES:]))
     ]
     searches = [run.report["calibration"]["percentile_search"] for run in runs]
     assert searches[0] == searches[1]  # chosen on calibration samples: the evaluation data changes nothing
@@ -73,6 +73,10 @@ def test_the_run_goes_on_with_the_percentile_chosen_on_the_calibration_data(setu
     best = max(search["candidates"], key=lambda c: c["sqnr_db"] if c["sqnr_db"] is not None else math.inf)
     assert search["chosen"] == best["percentile"] == runs[0].report["config"]["percentile"]
     assert "clip" in runs[0].report["stage_seconds"]
-    off = quantize(path, {"input": x[:32]}, {"input": x[32:]}, QuantizeConfig(percentile_candidates=()), tmp_path / "o")
-    assert off.report["calibration"]["percentile_search"] is None and "clip" not in off.report["stage_seconds"]
-    assert off.report["config"]["percentile"] == 99.99
+    assert search["samples"] == SEARCH_SAMPLES
+    off = QuantizeConfig(percentile_candidates=(), cpu_latency=False)
+    few = x[: MIN_SAMPLES - 1]  # one sample short of what a choice needs
+    for calibration, chosen_by in (({"input": x[:MIN_SAMPLES]}, off), ({"input": few}, config)):
+        run = quantize(path, calibration, {"input": x[MIN_SAMPLES:]}, chosen_by, tmp_path / "off")
+        assert run.report["calibration"]["percentile_search"] is None and "clip" not in run.report["stage_seconds"]
+        assert run.report["config"]["percentile"] == 99.99
