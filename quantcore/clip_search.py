@@ -12,7 +12,7 @@ each candidate, runs it on the first ``SEARCH_SAMPLES`` calibration samples and 
 worst float output comes closest to FP32 (SQNR; ties: the configured percentile). Calibration samples,
 not evaluation ones, so the figures the report gives on the evaluation data are not the ones selected on;
 with fewer than ``MIN_SAMPLES`` of them no choice is made.
-Cost: one FP32 and one exact Q/DQ run per candidate over those samples.
+Cost: one FP32 run over those samples, and one exact Q/DQ run per candidate.
 """
 
 from __future__ import annotations
