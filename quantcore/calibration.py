@@ -211,14 +211,6 @@ def _observe(
     return batches
 
 
-def uses_percentile(annotation: Annotation) -> bool:
-    """Whether some activation's range comes from a ``percentile`` observer (a shared scale: its root's)."""
-    return any(
-        annotation.configs[dominator_root(name, annotation.configs)].observer == "percentile"
-        for name in annotation.activations
-    )
-
-
 def calibrate(
     prepared: PreparedModel,
     annotation: Annotation,
@@ -254,7 +246,8 @@ def calibrate_percentiles(
     """``calibrate``'s result at ``config.percentile`` and at each of ``percentiles``, from one pass over
     the data: the tensors observed by ``percentile`` take their range at that percentile of the same
     histograms, every other tensor the same range in all. A percentile below what the histograms
-    resolved (``PercentileObserver.resolves``) is left out; ``config.percentile`` never is."""
+    resolved (``PercentileObserver.resolves``) is left out, and all but ``config.percentile`` when no
+    tensor is observed by ``percentile`` (they would all be the same)."""
     monitor = Monitor(progress, should_cancel)
     batches = (
         calibration
@@ -294,7 +287,7 @@ def calibrate_percentiles(
         )
     percentile_observers = [o for o in observers.values() if isinstance(o, PercentileObserver)]
     results = {}
-    for percentile in dict.fromkeys((config.percentile, *percentiles)):
+    for percentile in dict.fromkeys((config.percentile, *(percentiles if percentile_observers else ()))):
         if percentile != config.percentile and not all(o.resolves(percentile) for o in percentile_observers):
             continue
         configs = {**annotation.configs, **weights}

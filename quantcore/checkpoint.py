@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,15 @@ def save(out_dir: Path, key: str, exported: ExportResult, percentile_search: Map
     return path
 
 
-def load(resume_from: Path, out_dir: Path, key: str) -> ExportResult | None:
+@dataclass(frozen=True)
+class Restored:
+    """What a valid checkpoint gives back: the export, and the clip stage's choice (None: none ran)."""
+
+    exported: ExportResult
+    percentile_search: dict[str, Any] | None
+
+
+def load(resume_from: Path, out_dir: Path, key: str) -> Restored | None:
     """The export recorded in ``resume_from`` when it matches ``key`` and its files are intact, copied
     into ``out_dir`` if that is another directory; None when there is nothing valid to reuse."""
     try:
@@ -100,7 +108,7 @@ def load(resume_from: Path, out_dir: Path, key: str) -> ExportResult | None:
             shutil.copyfile(resume_from / name, partial)
             os.replace(partial, out_dir / name)
     recorded = document["export"]
-    return ExportResult(
+    exported = ExportResult(
         model_path=out_dir / recorded["model"],
         tqc_path=out_dir / recorded["tqc"],
         files=tuple(out_dir / name for name in files),
@@ -109,11 +117,7 @@ def load(resume_from: Path, out_dir: Path, key: str) -> ExportResult | None:
         opset=recorded["opset"],
         warnings=tuple(recorded["warnings"]),
     )
-
-
-def recorded_search(resume_from: Path) -> dict[str, Any] | None:
-    """The clip stage's choice recorded with the checkpoint ``load`` accepted from ``resume_from``."""
-    return json.loads((resume_from / CHECKPOINT_FILE).read_text()).get("percentile_search")
+    return Restored(exported, document.get("percentile_search"))
 
 
 def restore_configs(annotation: Annotation, tqc_path: Path) -> Annotation:

@@ -49,7 +49,7 @@ from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
-from quantcore.calibration import calibrate, calibrate_percentiles, uses_percentile
+from quantcore.calibration import calibrate, calibrate_percentiles
 from quantcore.clip_search import MIN_SAMPLES, choose_percentile
 from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
@@ -167,21 +167,21 @@ def quantize(
     )
 
     key = checkpoint.fingerprint(Path(model_path), calibration, config)
-    exported = None
+    restored = None
     if resume_from is not None and config.reconstruction is None:
-        exported = checkpoint.load(Path(resume_from), out_dir, key)
-    resumed = ["calibrate", "export"] if exported is not None else []
+        restored = checkpoint.load(Path(resume_from), out_dir, key)
+    resumed = ["calibrate", "export"] if restored is not None else []
     reconstruction = percentile_search = None
-    if exported is not None:
+    if restored is not None:
+        exported, percentile_search = restored.exported, restored.percentile_search
         calibrated = checkpoint.restore_configs(annotation, exported.tqc_path)
-        percentile_search = checkpoint.recorded_search(Path(resume_from))
         if percentile_search is not None:  # re-calibrations (remedy, target) go on with the percentile kept
             config = replace(config, percentile=percentile_search["chosen"])
             resumed.insert(1, "clip")
     else:
         started = stages.begin("calibrate")
-        search = uses_percentile(annotation) and calibration_batches.num_samples >= MIN_SAMPLES
-        searched = config.percentile_candidates if search else ()
+        enough = calibration_batches.num_samples >= MIN_SAMPLES
+        searched = config.percentile_candidates if enough else ()
         candidates = calibrate_percentiles(
             prepared, annotation, calibration_batches, config, searched, progress=progress, should_cancel=should_cancel
         )
