@@ -3,7 +3,10 @@
 ``HistogramObserver`` keeps ``bins`` equal bins over [0, top] and nothing else of the samples. ``top``
 starts at the first non-zero batch's max|x|; when a batch exceeds it, ``top`` grows by the smallest
 power of two 2^k that covers the new max and every 2^k adjacent bins merge into one (exact
-re-binning: memory is ``bins`` counters whatever the number of batches). The signed extremes seen are
+re-binning: memory is ``bins`` counters whatever the number of batches). ``PercentileObserver`` starts
+``top`` at the power of two at or above that max instead (``ALIGNED``): its bin edges, hence its
+counts and its percentile, are then the same however the samples are batched (the calibration's
+memory bound and the user's batch size change nothing). The signed extremes seen are
 kept too, so that an asymmetric config gets a one-sided range for a one-sided tensor.
 
 Bins below ``floor`` may be left unresolved: their total count is kept in bin ``floor - 1`` and the
@@ -169,9 +172,14 @@ class HistogramObserver:
         self.counts[: floor - 1] = 0
         self.floor = floor
 
+    # Whether the first range is the power of two at or above the first max|x| (every later range then is
+    # one too): the bin edges are then the same whatever batches the samples came in.
+    ALIGNED = False
+
     def _grow(self, new_max: float) -> None:
-        if self.top == 0.0:
-            self.top = new_max  # zeros counted so far sit in bin 0 for any range
+        if self.top == 0.0:  # zeros counted so far sit in bin 0 for any range
+            mantissa, exponent = math.frexp(new_max)
+            self.top = math.ldexp(1.0, exponent) if self.ALIGNED and mantissa != 0.5 else new_max
             return
         bins = self.counts.size
         mantissa, exponent = math.frexp(self.top)  # exact, with no overflow of new_max / top
@@ -230,7 +238,8 @@ class PercentileObserver(HistogramObserver):
     ``amax()`` bit-identical to a fully resolved histogram's at a fraction of the cost. The floor is
     set once, on the first binned batch large enough to place it, at the bin of the (1 - f) quantile
     of some ``FLOOR_SAMPLE`` values of that batch, f = ``TAIL_MARGIN`` · (1 - percentile / 100): 64
-    times more values resolved than the percentile needs (99.99: the top 0.64 %). The sample takes
+    times more values resolved than the percentile needs (99.99: the top 0.64 %), not counting those in
+    the last bin (a saturated activation's mass at its maximum, which later batches may lack). The sample takes
     every p-th value, p a prime of at least 11 (a stride sharing a factor with a row length samples
     the same columns again and again: stride 20 on ocr-det's rows of 160 put the quantile 3.5 times
     too high). ``complete`` tells whether the data kept the percentile above the floor; when it did
@@ -239,6 +248,7 @@ class PercentileObserver(HistogramObserver):
     """
 
     TAIL_MARGIN = 64
+    ALIGNED = True
     FLOOR_SAMPLE = 1 << 14
     MIN_TAIL_SAMPLE = 64  # sampled values above the floor, at least: fewer leave the quantile too noisy
 
@@ -273,10 +283,15 @@ class PercentileObserver(HistogramObserver):
             return 0  # nothing to save, or too few values to place the floor: resolve this batch fully
         self.floor_chosen = True
         bins = self.counts.size
-        # from_top[j]: sampled values in bins >= bins - j
-        from_top = np.cumsum(np.bincount(sample.astype(np.intp), minlength=bins + 1)[::-1])
-        floor = bins - int(np.searchsorted(from_top, kept))  # the bin of the kept-th largest sampled value
-        return min(floor, bins - 1)  # below the last bin, which also takes |x| = top
+        per_bin = np.bincount(sample.astype(np.intp), minlength=bins + 1)
+        per_bin[bins - 1] += per_bin[bins]  # |x| = top counts in the last bin
+        # A mass in the last bin (a saturated activation: Sigmoid at 1, ReLU6 at 6) is no tail: batches with
+        # less of it would leave the percentile below the floor. The floor keeps ``kept`` values under it.
+        kept += int(per_bin[bins - 1])
+        # from_top[j]: sampled values in bins >= bins - 1 - j
+        from_top = np.cumsum(per_bin[bins - 1 :: -1])
+        floor = bins - 1 - int(np.searchsorted(from_top, kept))  # the bin of the kept-th largest sampled value
+        return max(floor, 0)
 
     @property
     def complete(self) -> bool:

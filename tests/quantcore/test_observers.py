@@ -364,6 +364,33 @@ def test_tail_resolved_percentile_is_bit_identical_to_the_fully_resolved_one(
             fast.amax()
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, 59999), max_size=6),
+    first_scale=st.floats(1e-3, 1e3),
+    percentile=st.sampled_from([99.9, 99.99, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_percentile_does_not_depend_on_how_the_values_are_batched(
+    cuts: list[int], first_scale: float, percentile: float, seed: int
+) -> None:
+    # The same 60000 values in one batch and cut into several (the first one of any size and scale): the
+    # first range is the power of two above its max|x|, so both histograms end on the same bin edges.
+    rng = np.random.default_rng(seed)
+    values = heavy_tailed(rng, 60000)
+    values[: min(cuts, default=60000)] *= np.float32(first_scale)
+    whole = PercentileObserver(percentile=percentile, resolve_all=True)
+    whole.observe(values)
+    pieces = [PercentileObserver(percentile=percentile), PercentileObserver(percentile=percentile, resolve_all=True)]
+    for batch in np.split(values, sorted(set(cuts))):
+        for observer in pieces:
+            observer.observe(batch)
+    for observer in pieces:
+        assert observer.top == whole.top
+        if observer.complete:  # else the caller observes again with resolve_all (the second one here)
+            assert observer.amax() == whole.amax()
+
+
 def test_the_floor_is_set_on_a_large_batch_and_lighter_batches_can_leave_the_percentile_below_it() -> None:
     rng = np.random.default_rng(13)
     observer = PercentileObserver()  # 99.99: the floor keeps the top 0.64 % of the first batch resolved
@@ -376,6 +403,25 @@ def test_the_floor_is_set_on_a_large_batch_and_lighter_batches_can_leave_the_per
     for _ in range(80):  # 80x the values, all tiny: some 640 of 8.1 million (< 0.01 %) above the floor
         observer.observe(0.001 * heavy_tailed(rng, 100000))
     assert not observer.complete
+
+
+def test_a_saturated_mass_at_the_top_does_not_place_the_floor() -> None:
+    # A Sigmoid output: a first batch 1 % of whose values sit at 1.0 (more than the 0.64 % margin), then
+    # 2.5 million values none of which saturate, so that 1.0 ends under 0.01 % of the whole. Had the floor
+    # gone under the saturated values alone, the 99.99th percentile would have fallen below it (YOLOv8's
+    # first SiLU did this, costing a second calibration pass); the floor keeps the margin under them too.
+    rng = np.random.default_rng(15)
+    first = rng.normal(0.0, 1.5, 20000).astype(np.float32)
+    first[:200] = 40.0
+    fast, full = PercentileObserver(), PercentileObserver(resolve_all=True)
+    for batch in [first, *(rng.normal(0.0, 1.5, (25, 100000)).astype(np.float32))]:
+        values = 1.0 / (1.0 + np.exp(-batch))
+        fast.observe(values)
+        full.observe(values)
+    assert fast.counts[-1] < 1e-4 * fast.total  # the case under test: 1.0 is no longer the percentile
+    resolved = fast.counts[fast.floor :].sum()
+    assert fast.floor > 1 and resolved < 0.03 * fast.total  # still a fraction of the values resolved
+    assert fast.complete and fast.amax() == full.amax()  # exact: the same integers enter the same arithmetic
 
 
 def test_a_small_first_batch_is_resolved_fully() -> None:
