@@ -231,8 +231,8 @@ def split(data: dict[str, np.ndarray], samples: int, axes: dict[str, int | None]
     return halves
 
 
-def real_cases(workdir: Path, samples: int = 16) -> list[Case]:
-    """The third-party models, each with ``samples`` calibration samples and 16 held out."""
+def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Case]:
+    """The third-party models, each with ``samples`` calibration samples and ``held_out`` others."""
     from quantcore.batching import input_specs
     from quantcore.preparation import load_model
 
@@ -244,20 +244,20 @@ def real_cases(workdir: Path, samples: int = 16) -> list[Case]:
         axes: dict[str, int | None] = {}
         labels = None
         if name.startswith("ocr-"):
-            images, labels = ocr_inputs(name.removeprefix("ocr-"), samples + 16, seed=1)
+            images, labels = ocr_inputs(name.removeprefix("ocr-"), samples + held_out, seed=1)
             data = {"x": images}
         elif name.startswith("silero-"):
-            data = vad_inputs(samples + 16, seed=2)
+            data = vad_inputs(samples + held_out, seed=2)
             axes = {"state": 1, "sr": None}
             if name == "silero-vad-seq":  # chunks along its sequence axis, LSTM state (1, 1, 128) constant
                 data = {"input": data["input"], "h": np.zeros((1, 1, 128), np.float32)}
                 data["c"] = data["h"]
                 axes = {"h": None, "c": None}
         elif name == "yolo-det":
-            data = {"images": photo_crops(samples + 16, 320, seed=3)}
+            data = {"images": photo_crops(samples + held_out, 320, seed=3)}
         else:  # wake-word models: mel windows for the embedding model, 16 embedding frames for the classifiers
             frames = 0 if name == "wakeword-embed" else 16
-            features = wakeword_inputs((root / member).parent, frames, samples + 16, seed=4)
+            features = wakeword_inputs((root / member).parent, frames, samples + held_out, seed=4)
             data = {input_specs(load_model(root / member))[0].name: features}
         calibration, evaluation = split(data, samples, axes)
         held_out = labels[samples:] if labels is not None else None
