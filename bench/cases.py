@@ -260,9 +260,9 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
             features = wakeword_inputs((root / member).parent, frames, samples + held_out, seed=4)
             data = {input_specs(load_model(root / member))[0].name: features}
         calibration, evaluation = split(data, samples, axes)
-        held_out = labels[samples:] if labels is not None else None
+        held_out_labels = labels[samples:] if labels is not None else None
         wheel = max((p.name for p in (workdir / "downloads").glob(wheel_pattern(package))), default="")
-        cases.append(Case(name, root / member, calibration, evaluation, held_out, source=wheel))
+        cases.append(Case(name, root / member, calibration, evaluation, held_out_labels, source=wheel))
     return cases
 
 
