@@ -13,7 +13,11 @@
   rounded to int8). With no such producer, the sum is a standalone element-wise layer: both inputs are
   quantized when its result is read in int8 (see below), else it stays float.
 - Mul of two activations (a gate): both inputs. (Gating it like the Add cost the PP-OCRv4 recognizer
-  1.4 dB in ``bench.quality``, 13.3 → 11.9, for a reason not yet found; it stays as it was.)
+  1.4 dB in ``bench.quality``, 13.3 → 11.9, for a reason not yet found; it stays as it was.) Except the
+  Swish (SiLU) of a weighted layer, x · Sigmoid(x) with x written by a Conv/ConvTranspose/Gemm/MatMul
+  with a constant weight (through a bias Add or not): TensorRT fuses the whole of it into that layer's
+  epilogue, as ModelOpt's partitioning also assumes (its fusible Conv → Sigmoid → Mul chain), so it
+  gets no Q/DQ; the next weighted layer quantizes its result.
 - Concat (inputs sharing one scale through ``dominator``, so the concat is a copy): only when the
   result is read in int8. An op "reads in int8" when it is a
   Conv/ConvTranspose/Gemm/MatMul data operand or an average pool, possibly behind ops Q/DQ commute
@@ -99,6 +103,34 @@ def fused_weighted_output(name: str, context: RuleContext) -> bool:
     return producer is not None and context.index.is_constant(producer.input[1]) and not context.excluded(producer)
 
 
+def weighted_layer_output(name: str, context: RuleContext) -> bool:
+    """``name`` is written by a Conv/ConvTranspose/Gemm/MatMul whose input 1 is constant, directly or through
+    a bias Add of a constant, and the user did not exclude that layer."""
+    producer = context.index.producers.get(name)
+    if producer is not None and producer.op_type == "Add" and len(producer.input) == 2:
+        variable = [i for i in producer.input if i and not context.index.is_constant(i)]
+        producer = context.index.producers.get(variable[0]) if len(variable) == 1 else None
+    return (
+        producer is not None
+        and producer.op_type in COMPUTE_OPS
+        and len(producer.input) > 1
+        and context.index.is_constant(producer.input[1])
+        and not context.excluded(producer)
+    )
+
+
+def gate_mul(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """Mul of two float32 activations (see module): both inputs, unless it is the Swish x · Sigmoid(x) of a
+    weighted layer's output, which TensorRT fuses into that layer."""
+    if len(node.input) == 2:
+        a, b = node.input
+        for x, gate in ((a, b), (b, a)):
+            sigmoid = context.index.producers.get(gate)
+            if sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x:
+                return [] if weighted_layer_output(x, context) else quantize_elementwise(node, context)
+    return quantize_elementwise(node, context)
+
+
 def residual_add(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
     """Add of two float32 activations (see module): the residual input only when the other input comes
     from a weighted layer TensorRT fuses the sum into (when both do, input 0's layer takes the sum);
@@ -129,7 +161,7 @@ RULES: dict[str, Rule] = {
     "Gemm": quantize_compute,
     "MatMul": quantize_compute,
     "Add": residual_add,
-    "Mul": quantize_elementwise,
+    "Mul": gate_mul,
     "Concat": when_read_in_integer(quantize_shared_inputs),
     "AveragePool": quantize_first_input,
     "GlobalAveragePool": quantize_first_input,
@@ -143,5 +175,5 @@ TENSORRT = Platform(
     activation=activation,
     description="TensorRT INT8: symmetric per-channel weights, symmetric per-tensor activations, "
     "Q/DQ at the inputs of Conv/Gemm/MatMul, the residual input of an Add fused into its weighted layer, "
-    "other Adds and Concat when read in int8, Mul of two activations, and pooling",
+    "other Adds and Concat when read in int8, Mul of two activations (not a layer's Swish), and pooling",
 )

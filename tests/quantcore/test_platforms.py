@@ -181,6 +181,53 @@ def test_tensorrt_joins_follow_its_fusions(op: str, left: str, right: str, reade
         assert annotation.configs["b"].dominator == "ra"
 
 
+def swish_model(gated: str, bias: bool) -> onnx.ModelProto:
+    """x (N, 4, 6, 6) → Conv "ca" (then a bias Add "bias" of a constant if ``bias``) → a; Sigmoid(``gated``)
+    → s (node "sig"); Mul(a, s) → m (node "swish"); 1x1 Conv "tail" → out. ``gated`` "a": YOLOv8's SiLU."""
+    rng = np.random.default_rng(3)
+    inits = [_init(n, rng.normal(0, 0.5, (4, 4, 1, 1))) for n in ("ca.w", "tail.w")]
+    inits.append(_init("ca.b", rng.normal(0, 0.5, (1, 4, 1, 1))))
+    conv = helper.make_node("Conv", ["x", "ca.w"], ["y" if bias else "a"], name="ca")
+    nodes = [conv, helper.make_node("Add", ["y", "ca.b"], ["a"], name="bias")] if bias else [conv]
+    nodes += [
+        helper.make_node("Sigmoid", [gated], ["s"], name="sig"),
+        helper.make_node("Mul", ["a", "s"], ["m"], name="swish"),
+        helper.make_node("Conv", ["m", "tail.w"], ["out"], name="tail"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "swish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize(
+    ("gated", "bias", "exclude", "quantized"),
+    [
+        # x · Sigmoid(x) of a Conv's output (with its bias Add or not): TensorRT fuses it into the Conv
+        ("a", False, (), set()),
+        ("a", True, (), set()),
+        # a gate from elsewhere, or a Conv the user keeps float: a Mul of two activations, both quantized
+        ("x", False, (), {"a", "s"}),
+        ("a", False, ("ca",), {"a", "s"}),
+    ],
+)
+def test_tensorrt_leaves_a_layers_swish_to_its_fusion(
+    gated: str, bias: bool, exclude: tuple[str, ...], quantized: set[str]
+) -> None:
+    config = QuantizeConfig(exclude_node_patterns=exclude)
+    annotation = annotate(prepare(swish_model(gated, bias)), config)
+    swish_inputs = {name for name, uses in annotation.consumers.items() if any(u.node == "swish" for u in uses)}
+    assert swish_inputs == quantized
+    assert annotation.decisions["swish"] == ("quantized" if quantized else "float")
+    assert NodeInput("tail", 0) in annotation.consumers["m"]  # the next layer quantizes the Swish's result
+
+
 def test_tensorrt_add_is_not_fused_into_an_excluded_conv() -> None:
     # with "cb" kept in float by the user there is no int8 layer to take the sum: ReduceMean reads it in
     # float, so the Add stays float rather than quantizing x alone
