@@ -73,6 +73,10 @@ def bin_multiplier(values: np.ndarray, bins: int, top: float) -> tuple[np.ndarra
 class HistogramObserver:
     """Streamed histogram of |x| (see module). Base of the threshold observers; ``amax()`` = max|x|."""
 
+    # Whether the first range is the power of two at or above the first max|x| (every later range then is
+    # one too): the bin edges are then the same whatever batches the samples came in.
+    ALIGNED = False
+
     def __init__(self, *, bins: int = 2048, tqc: TensorQuantConfig | None = None) -> None:
         if bins < 2 or bins & (bins - 1):
             raise ValueError(f"bins must be a power of two >= 2, got {bins}")
@@ -171,10 +175,6 @@ class HistogramObserver:
         self.counts[floor - 1] = self.counts[:floor].sum()
         self.counts[: floor - 1] = 0
         self.floor = floor
-
-    # Whether the first range is the power of two at or above the first max|x| (every later range then is
-    # one too): the bin edges are then the same whatever batches the samples came in.
-    ALIGNED = False
 
     def _grow(self, new_max: float) -> None:
         if self.top == 0.0:  # zeros counted so far sit in bin 0 for any range

@@ -158,18 +158,36 @@ def operand(node: onnx.NodeProto, position: int, context: RuleContext, axis: int
     return [QuantRequest(position, context.activation())] if is_float_activation(name, index) else []
 
 
-def fusing_producer(name: str, index: GraphIndex) -> onnx.NodeProto | None:
-    """The Conv/ConvTranspose/Gemm/MatMul writing ``name`` — directly or through a bias Add of a constant,
-    as exporters write Linear as MatMul + Add — when nothing else reads ``name`` and it is no graph
-    output: the layer TensorRT fuses an element-wise sum reading ``name`` into ("quantize the residual
-    input in skip connections"). Whether the layer's input 1 is a weight is the caller's check."""
+def _bias_chain(name: str, index: GraphIndex) -> list[str]:
+    """``name``, then while the last tensor's producer is an Add of one constant (a bias), that Add's other
+    input: the tensors from ``name`` back to the output of the layer that may write it."""
+    chain = [name]
     producer = index.producers.get(name)
-    if producer is None or name in index.graph_outputs or len(index.consumers.get(name, [])) != 1:
-        return None
-    if producer.op_type == "Add" and len(producer.input) == 2:
+    while producer is not None and producer.op_type == "Add" and len(producer.input) == 2:
         variable = [i for i in producer.input if i and not index.is_constant(i)]
-        return fusing_producer(variable[0], index) if len(variable) == 1 else None
-    return producer if producer.op_type in COMPUTE_OPS and len(producer.input) > 1 else None
+        if len(variable) != 1:
+            break
+        chain.append(variable[0])
+        producer = index.producers.get(variable[0])
+    return chain
+
+
+def layer_producer(name: str, index: GraphIndex) -> onnx.NodeProto | None:
+    """The Conv/ConvTranspose/Gemm/MatMul writing ``name``, directly or through bias Adds of a constant (as
+    exporters write Linear as MatMul + Add), or None."""
+    producer = index.producers.get(_bias_chain(name, index)[-1])
+    return producer if producer is not None and producer.op_type in COMPUTE_OPS and len(producer.input) > 1 else None
+
+
+def fusing_producer(name: str, index: GraphIndex) -> onnx.NodeProto | None:
+    """``layer_producer(name)`` when nothing else reads ``name`` nor the tensors between it and the layer,
+    and none is a graph output: the layer TensorRT fuses an element-wise sum reading ``name`` into
+    ("quantize the residual input in skip connections"). Whether the layer's input 1 is a weight is the
+    caller's check."""
+    for tensor in _bias_chain(name, index):
+        if tensor in index.graph_outputs or len(index.consumers.get(tensor, [])) != 1:
+            return None
+    return layer_producer(name, index)
 
 
 def quantize_compute(node: onnx.NodeProto, context: RuleContext) -> list[Request]:

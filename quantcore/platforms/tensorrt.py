@@ -47,6 +47,7 @@ from quantcore.rules import (
     Rule,
     RuleContext,
     fusing_producer,
+    layer_producer,
     pass_through,
     quantize_compute,
     quantize_elementwise,
@@ -96,27 +97,15 @@ def read_in_integer(name: str, context: RuleContext) -> bool:
     return False
 
 
-def fused_weighted_output(name: str, context: RuleContext) -> bool:
-    """``name`` is the only reader's input from a weighted layer (``fusing_producer`` whose input 1 is
-    constant) that the user did not exclude: TensorRT fuses that reader's element-wise sum into it."""
-    producer = fusing_producer(name, context.index)
+def weight_layer(producer: onnx.NodeProto | None, context: RuleContext) -> bool:
+    """``producer`` is a layer whose input 1 is constant (a weight) and that the user did not exclude."""
     return producer is not None and context.index.is_constant(producer.input[1]) and not context.excluded(producer)
 
 
-def weighted_layer_output(name: str, context: RuleContext) -> bool:
-    """``name`` is written by a Conv/ConvTranspose/Gemm/MatMul whose input 1 is constant, directly or through
-    a bias Add of a constant, and the user did not exclude that layer."""
-    producer = context.index.producers.get(name)
-    if producer is not None and producer.op_type == "Add" and len(producer.input) == 2:
-        variable = [i for i in producer.input if i and not context.index.is_constant(i)]
-        producer = context.index.producers.get(variable[0]) if len(variable) == 1 else None
-    return (
-        producer is not None
-        and producer.op_type in COMPUTE_OPS
-        and len(producer.input) > 1
-        and context.index.is_constant(producer.input[1])
-        and not context.excluded(producer)
-    )
+def fused_weighted_output(name: str, context: RuleContext) -> bool:
+    """``name`` is the only reader's input from a weighted layer (``fusing_producer``) that the user did not
+    exclude: TensorRT fuses that reader's element-wise sum into it."""
+    return weight_layer(fusing_producer(name, context.index), context)
 
 
 def gate_mul(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
@@ -127,7 +116,8 @@ def gate_mul(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
         for x, gate in ((a, b), (b, a)):
             sigmoid = context.index.producers.get(gate)
             if sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x:
-                return [] if weighted_layer_output(x, context) else quantize_elementwise(node, context)
+                fused = weight_layer(layer_producer(x, context.index), context)
+                return [] if fused else quantize_elementwise(node, context)
     return quantize_elementwise(node, context)
 
 

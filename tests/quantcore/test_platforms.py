@@ -18,6 +18,20 @@ def _init(name: str, array) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
 
 
+def _model(name: str, nodes: list, inputs: dict, outputs: dict, inits: list, ir_version: int) -> onnx.ModelProto:
+    """An opset-17 model of float32 ``inputs`` and ``outputs`` (name → shape, None: unknown)."""
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in outputs.items()],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = ir_version
+    return model
+
+
 def attention() -> onnx.ModelProto:
     """x (N, T, 8) → q, k, v projections → softmax(q·kᵀ)·v → + x → LayerNormalization → out.
     Node names: wq, wk, wv, kt, scores, softmax, context, residual, norm."""
@@ -35,16 +49,7 @@ def attention() -> onnx.ModelProto:
         helper.make_node("Add", ["o", "x"], ["h"], name="residual"),
         helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["out"], name="norm", axis=-1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "attention",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 8])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", "T", 8])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model("attention", nodes, {"x": ["N", "T", 8]}, {"out": ["N", "T", 8]}, inits, 8)
 
 
 def depthwise_concat_head() -> onnx.ModelProto:
@@ -67,16 +72,7 @@ def depthwise_concat_head() -> onnx.ModelProto:
         helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], name="fc", transB=1),
         helper.make_node("Sigmoid", ["logits"], ["probs"], name="sigmoid"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "depthwise_concat_head",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 3])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model("depthwise_concat_head", nodes, {"x": ["N", 4, 6, 6]}, {"probs": ["N", 3]}, inits, 8)
 
 
 def test_registry_names_and_precisions() -> None:
@@ -137,19 +133,8 @@ def join_model(op: str, left: str, right: str, reader: str) -> onnx.ModelProto:
         if reader == "Conv"
         else helper.make_node("ReduceMean", ["j"], ["out"], name="tail", keepdims=0),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "join",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
-        [
-            helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
-            for name in ("out", "c")[: 1 + ("c" not in (left, right))]
-        ],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
+    outputs = {name: None for name in ("out", "c")[: 1 + ("c" not in (left, right))]}
+    return _model("join", nodes, {"x": ["N", 4, 6, 6]}, outputs, inits, 10)
 
 
 @pytest.mark.parametrize(
@@ -194,16 +179,7 @@ def swish_model(gated: str, bias: bool) -> onnx.ModelProto:
         helper.make_node("Mul", ["a", "s"], ["m"], name="swish"),
         helper.make_node("Conv", ["m", "tail.w"], ["out"], name="tail"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "swish",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
+    return _model("swish", nodes, {"x": ["N", 4, 6, 6]}, {"out": None}, inits, 10)
 
 
 @pytest.mark.parametrize(
