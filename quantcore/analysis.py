@@ -185,10 +185,12 @@ class _Fetched:
     graph input and its dequantized value with every flag off, the dequantized values with every flag on."""
 
     def __init__(self, switchable: SwitchableModel, annotation: Annotation, batches: Batches) -> None:
-        self.switchable = switchable
-        self.activations = [t for t in annotation.activations if t in switchable.dequantized]
+        # names only: the switchable model's graph must be free to go once the graph-wise runs are done
+        names = switchable.dequantized
+        self.dequantized_of = {t: names[t] for t in annotation.activations if t in names}
+        self.activations = list(self.dequantized_of)
         self.graph_inputs = {s.name for s in batches.specs}
-        self.dequantized = [switchable.dequantized[t] for t in self.activations]
+        self.dequantized = list(self.dequantized_of.values())
         self.off = [t for t in self.activations if t not in self.graph_inputs] + self.dequantized
         self.all_off = np.zeros(len(switchable.layers), bool)
         self.all_on = np.ones(len(switchable.layers), bool)
@@ -212,26 +214,20 @@ def _graphwise(
     progress: _Progress,
 ) -> list[dict[str, Any]]:
     """Rows of the activations: two runs per batch (every flag off, every flag on), reduced at once."""
-    activations, dequantized, fetch_off = fetched.activations, fetched.dequantized, fetched.off
-    switchable, graph_inputs, all_off, all_on = (
-        fetched.switchable,
-        fetched.graph_inputs,
-        fetched.all_off,
-        fetched.all_on,
-    )
+    activations, dequantized, dequantized_of = fetched.activations, fetched.dequantized, fetched.dequantized_of
     stats = {t: RangeStats(annotation.configs[t]) for t in activations}
     local = {t: OutputAgreement(argmax=False) for t in activations}
     graphwise = {t: OutputAgreement(argmax=False) for t in activations}
     for i, batch in enumerate(batches):
         progress.check()
         if activations:
-            off = dict(zip(fetch_off, session.run(fetch_off, {**batch, MASK_INPUT: all_off}), strict=True))
-            on = dict(zip(dequantized, session.run(dequantized, {**batch, MASK_INPUT: all_on}), strict=True))
+            off = dict(zip(fetched.off, session.run(fetched.off, {**batch, MASK_INPUT: fetched.all_off}), strict=True))
+            on = dict(zip(dequantized, session.run(dequantized, {**batch, MASK_INPUT: fetched.all_on}), strict=True))
             for t in activations:
-                x = batch[t] if t in graph_inputs else off[t]
+                x = batch[t] if t in fetched.graph_inputs else off[t]
                 stats[t].update(x)
-                local[t].update(x, off[switchable.dequantized[t]])
-                graphwise[t].update(x, on[switchable.dequantized[t]])
+                local[t].update(x, off[dequantized_of[t]])
+                graphwise[t].update(x, on[dequantized_of[t]])
             del off, on  # this batch's tensors go before the next run
         progress.step(f"graph-wise batch {i + 1}/{len(batches)}")
     return [

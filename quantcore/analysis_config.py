@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from quantcore.checks import require_bool, require_choice, require_int
+from quantcore.checks import require_bool, require_choice, require_int, require_seconds
 
 # metric -> True when higher values are better (the threshold is a floor), False when it is a ceiling
 TARGET_METRICS: dict[str, bool] = {"top1_drop": False, "cosine": True, "sqnr": True}
@@ -54,11 +54,7 @@ class AnalysisOptions:
             require_int(f"analysis.{name}", value)
             if value < 1:
                 raise ValueError(f"analysis.{name} must be >= 1, got {value}")
-        seconds = self.layerwise_seconds
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf
-        ):
-            raise ValueError(f"analysis.layerwise_seconds must be None or a number of seconds > 0, got {seconds!r}")
+        require_seconds("analysis.layerwise_seconds", self.layerwise_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +21,14 @@ def require_bool(name: str, value: object) -> None:
 def require_choice(name: str, value: object, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def require_seconds(name: str, value: object) -> None:
+    """None (no limit) or a finite number of seconds > 0."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+    ):
+        raise ValueError(f"{name} must be None or a number of seconds > 0, got {value!r}")
 
 
 def string_tuple(name: str, value: object) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ import onnx
 import onnxruntime as ort
 
 from quantcore.batching import InputSpec, input_specs
+from quantcore.checks import require_seconds
 from quantcore.errors import InvalidDataError
 from quantcore.progress import Monitor
 
@@ -62,10 +63,7 @@ class LatencySettings:
         if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
             raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes!r}")
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        if self.budget_s is not None and (
-            isinstance(self.budget_s, bool) or not isinstance(self.budget_s, int | float) or not self.budget_s > 0
-        ):
-            raise ValueError(f"budget_s must be None or a number of seconds > 0, got {self.budget_s!r}")
+        require_seconds("budget_s", self.budget_s)
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
