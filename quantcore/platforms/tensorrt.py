@@ -13,11 +13,13 @@
   rounded to int8). With no such producer, the sum is a standalone element-wise layer: both inputs are
   quantized when its result is read in int8 (see below), else it stays float.
 - Mul of two activations (a gate): both inputs. (Gating it like the Add cost the PP-OCRv4 recognizer
-  1.4 dB in ``bench.quality``, 13.3 → 11.9, for a reason not yet found; it stays as it was.) Except the
-  Swish (SiLU) of a weighted layer, x · Sigmoid(x) with x written by a Conv/ConvTranspose/Gemm/MatMul
-  with a constant weight (through a bias Add or not): TensorRT fuses the whole of it into that layer's
-  epilogue, as ModelOpt's partitioning also assumes (its fusible Conv → Sigmoid → Mul chain), so it
-  gets no Q/DQ; the next weighted layer quantizes its result.
+  1.4 dB in ``bench.quality``, 13.3 → 11.9, for a reason not yet found; it stays as it was.) Except a
+  weighted layer's activation x · f(x), with x written by a Conv/ConvTranspose/Gemm/MatMul with a
+  constant weight (through a bias Add or not) and f element-wise (``GATE_OPS``): the Swish (SiLU)
+  x · Sigmoid(x), and GELU as exporters write it, x · (1 + Erf(x / √2)) · 0.5 or its Tanh form.
+  TensorRT fuses the whole of it into that layer's epilogue, as ModelOpt's partitioning also assumes
+  (its fusible Conv → Sigmoid → Mul chain), so it gets no Q/DQ; the next weighted layer quantizes its
+  result.
 - Concat (inputs sharing one scale through ``dominator``, so the concat is a copy): only when the
   result is read in int8. An op "reads in int8" when it is a
   Conv/ConvTranspose/Gemm/MatMul data operand or an average pool, possibly behind ops Q/DQ commute
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from quantcore.graph import SUBGRAPH_INPUT
+from quantcore.graph import SUBGRAPH_INPUT, GraphIndex
 from quantcore.rules import (
     COMPUTE_OPS,
     DATA_MOVEMENT_OPS,
@@ -108,16 +110,42 @@ def fused_weighted_output(name: str, context: RuleContext) -> bool:
     return weight_layer(fusing_producer(name, context.index), context)
 
 
+# ops of a layer's element-wise epilogue (Swish, GELU in its Erf and Tanh forms) that TensorRT fuses
+GATE_OPS = frozenset({"Sigmoid", "Erf", "Tanh", "Add", "Sub", "Mul", "Div", "Pow"})
+GATE_DEPTH = 8  # GELU's Tanh form, the longest: x + 0.044715·x³ → ·√(2/π) → Tanh → + 1 is 6 ops deep
+
+
+def computed_from(name: str, source: str, index: GraphIndex, depth: int = GATE_DEPTH) -> bool:
+    """Whether ``name`` is ``source`` or computed from it alone (and constants) by ``GATE_OPS``."""
+    if name == source:
+        return True
+    producer = index.producers.get(name)
+    if depth == 0 or producer is None or producer.op_type not in GATE_OPS:
+        return False
+    variables = [i for i in producer.input if i and not index.is_constant(i)]
+    return bool(variables) and all(computed_from(v, source, index, depth - 1) for v in variables)
+
+
+def _ancestors(name: str, index: GraphIndex, depth: int = GATE_DEPTH) -> list[str]:
+    """``name`` and the tensors ``GATE_OPS`` computed it from, up to ``depth`` ops back."""
+    found, frontier = [name], [name]
+    for _ in range(depth):
+        producers = [index.producers.get(t) for t in frontier]
+        frontier = [i for p in producers if p is not None and p.op_type in GATE_OPS for i in p.input]
+        frontier = [t for t in frontier if t and not index.is_constant(t) and t not in found]
+        found += frontier
+    return found
+
+
 def gate_mul(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
-    """Mul of two float32 activations (see module): both inputs, unless it is the Swish x · Sigmoid(x) of a
-    weighted layer's output, which TensorRT fuses into that layer."""
+    """Mul of two float32 activations (see module): both inputs, unless both are computed from one weighted
+    layer's output x by ``GATE_OPS`` (Swish's x · Sigmoid(x), GELU's x · (1 + Erf(x / √2)), 0.5·x
+    times that...): TensorRT fuses that into the layer."""
     if len(node.input) == 2:
-        a, b = node.input
-        for x, gate in ((a, b), (b, a)):
-            sigmoid = context.index.producers.get(gate)
-            if sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x:
-                fused = weight_layer(layer_producer(x, context.index), context)
-                return [] if fused else quantize_elementwise(node, context)
+        for x in _ancestors(node.input[0], context.index):
+            layer = layer_producer(x, context.index)
+            if layer is not None and all(computed_from(i, x, context.index) for i in node.input):
+                return [] if weight_layer(layer, context) else quantize_elementwise(node, context)
     return quantize_elementwise(node, context)
 
 

@@ -205,6 +205,65 @@ def planted_outlier(seed: int = 0, outlier: float = 1000.0) -> onnx.ModelProto:
     return model
 
 
+def masked_attention(seed: int = 0, width: int = 8) -> onnx.ModelProto:
+    """A BERT layer's attention as Hugging Face exports it: x (N, T, width) float, mask (N, T) int64 (1 for a
+    token, 0 for padding) → q, k, v = x·W + b → scores = q·kᵀ / √width + (1 - mask) · -3.4e38 → Softmax →
+    context = p·v → context·Wo + bo + x (residual) → LayerNormalization → out.
+
+    Node names: "q", "q.bias", "k", "k.bias", "v", "v.bias", "kt", "scores", "scale", "masked", "softmax",
+    "context", "proj", "proj.bias", "residual", "norm"; the mask's: "mask.cast", "mask.inv", "mask.bias",
+    "mask.rows" (tensor "mask_bias", (N, 1, T)).
+    """
+    rng = np.random.default_rng(seed)
+    inits = [_init(f"W{n}", rng.normal(0, 1 / np.sqrt(width), (width, width))) for n in "qkvo"]
+    inits += [_init(f"b{n}", rng.normal(0, 0.1, width)) for n in "qkvo"]
+    inits += [_init("gamma", np.ones(width)), _init("beta", np.zeros(width)), _init("one", 1.0)]
+    inits += [_init("lowest", np.finfo(np.float32).min), _init("root", np.sqrt(width))]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["mask_f"], name="mask.cast", to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "mask_f"], ["mask_inv"], name="mask.inv"),
+        helper.make_node("Mul", ["mask_inv", "lowest"], ["mask_flat"], name="mask.bias"),
+        helper.make_node("Unsqueeze", ["mask_flat", "axis1"], ["mask_bias"], name="mask.rows"),
+    ]
+    for n in "qkv":
+        nodes.append(helper.make_node("MatMul", ["x", f"W{n}"], [f"{n}_raw"], name=n))
+        nodes.append(helper.make_node("Add", [f"{n}_raw", f"b{n}"], [n], name=f"{n}.bias"))
+    nodes += [
+        helper.make_node("Transpose", ["k"], ["k_t"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "k_t"], ["s"], name="scores"),
+        helper.make_node("Div", ["s", "root"], ["s_scaled"], name="scale"),
+        helper.make_node("Add", ["s_scaled", "mask_bias"], ["s_masked"], name="masked"),
+        helper.make_node("Softmax", ["s_masked"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["c"], name="context"),
+        helper.make_node("MatMul", ["c", "Wo"], ["o_raw"], name="proj"),
+        helper.make_node("Add", ["o_raw", "bo"], ["o"], name="proj.bias"),
+        helper.make_node("Add", ["o", "x"], ["h"], name="residual"),
+        helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["out"], name="norm", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_attention",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", width]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", "T"]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", "T", width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def padded_tokens(samples: int, tokens: int, width: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``masked_attention`` inputs: x normal, each sample's mask 1 on its first 2..``tokens`` positions."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, tokens + 1, samples)
+    mask = (np.arange(tokens)[None] < lengths[:, None]).astype(np.int64)
+    return {"x": rng.normal(size=(samples, tokens, width)).astype(np.float32), "mask": mask}
+
+
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save_model(model, str(path))
     return str(path)

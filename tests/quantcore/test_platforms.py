@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig, QuantState, annotate, calibrate, prepare
 from quantcore.annotation import NodeInput
 from quantcore.precision import parse_precision
-from tests.quantcore.models import conv_bn_residual
+from tests.quantcore.models import conv_bn_residual, masked_attention
 
 
 def _init(name: str, array) -> onnx.TensorProto:
@@ -204,6 +204,43 @@ def test_tensorrt_leaves_a_layers_swish_to_its_fusion(
     assert NodeInput("tail", 0) in annotation.consumers["m"]  # the next layer quantizes the Swish's result
 
 
+def gelu_model(half_first: bool) -> onnx.ModelProto:
+    """x (N, T, 4) → MatMul "fc1" + bias → a; GELU as exporters write it, a · (1 + Erf(a / √2)) · 0.5 (torch:
+    the Mul "gelu" of a and the Erf term first; ``half_first``: 0.5 · a first, then "gelu") → g; MatMul
+    "fc2" → out."""
+    rng = np.random.default_rng(4)
+    inits = [_init(n, rng.normal(0, 0.5, (4, 4))) for n in ("W1", "W2")]
+    inits += [_init("b1", rng.normal(0, 0.5, 4)), _init("root2", np.sqrt(2.0)), _init("one", 1.0), _init("half", 0.5)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["y"], name="fc1"),
+        helper.make_node("Add", ["y", "b1"], ["a"], name="bias"),
+        helper.make_node("Div", ["a", "root2"], ["d"], name="div"),
+        helper.make_node("Erf", ["d"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="plus1"),
+    ]
+    if half_first:
+        nodes += [
+            helper.make_node("Mul", ["a", "half"], ["h"], name="half"),
+            helper.make_node("Mul", ["h", "e1"], ["g"], name="gelu"),
+        ]
+    else:
+        nodes += [
+            helper.make_node("Mul", ["a", "e1"], ["m"], name="gelu"),
+            helper.make_node("Mul", ["m", "half"], ["g"], name="half"),
+        ]
+    nodes.append(helper.make_node("MatMul", ["g", "W2"], ["out"], name="fc2"))
+    return _model("gelu", nodes, {"x": ["N", "T", 4]}, {"out": None}, inits, 10)
+
+
+@pytest.mark.parametrize("half_first", [False, True])
+def test_tensorrt_leaves_a_layers_gelu_to_its_fusion(half_first: bool) -> None:
+    annotation = annotate(prepare(gelu_model(half_first)), QuantizeConfig())
+    assert annotation.decisions["gelu"] == "float"
+    assert set(annotation.activations) == {"x", "g"}  # the two layers' inputs, nothing inside the GELU
+    excluded = annotate(prepare(gelu_model(half_first)), QuantizeConfig(exclude_node_patterns=("fc1",)))
+    assert excluded.decisions["gelu"] == "quantized"  # no int8 layer to fuse into: a gate like any other
+
+
 def test_tensorrt_add_is_not_fused_into_an_excluded_conv() -> None:
     # with "cb" kept in float by the user there is no int8 layer to take the sum: ReduceMean reads it in
     # float, so the Add stays float rather than quantizing x alone
@@ -232,6 +269,70 @@ def test_onnxruntime_quantizes_integer_kernel_inputs_outputs_and_biases() -> Non
         link.activation in configs and link.weight in annotation.parameters for link in annotation.biases.values()
     )
     assert any("full int8 range" in note for note in annotation.notes)
+
+
+def test_onnxruntime_keeps_float_what_no_integer_kernel_reads() -> None:
+    annotation = annotate(prepare(masked_attention()), QuantizeConfig(platform="onnxruntime"))
+    decisions, configs = annotation.decisions, annotation.configs
+    # the mask and its sum with the scores feed a float Softmax: no integer Add, and no scale spanning -3.4e38
+    assert decisions["mask.bias"] == decisions["masked"] == "float"
+    assert not {"mask_flat", "mask_bias", "s_scaled", "s_masked"} & set(configs)
+    # q·kᵀ and the output projection are read in float (Div, then bias and residual Adds before a
+    # LayerNormalization): integer inputs, float output (MatMulIntegerToFloat), and those Adds stay float
+    assert decisions["scores"] == decisions["proj"] == "quantized" and {"q", "k_t", "c"} <= set(configs)
+    assert not {"s", "o_raw", "o", "h"} & set(configs)
+    assert decisions["proj.bias"] == decisions["residual"] == "float"
+    # a projection whose biased result goes on to an integer MatMul keeps QLinearMatMul → QLinearAdd
+    assert decisions["q.bias"] == "quantized" and {"q_raw", "q"} <= set(configs)
+
+
+def hard_swish_model() -> onnx.ModelProto:
+    """x (N, 4, 6, 6) → Conv "ca" → a; hard swish as paddle2onnx writes it: Add "plus3" (a + 3) → Clip "relu6"
+    (0, 6) → Mul "hswish" (a · that) → Div "div6" (/ 6) → h; Conv "tail" → out."""
+    rng = np.random.default_rng(5)
+    inits = [_init(n, rng.normal(0, 0.5, (4, 4, 1, 1))) for n in ("ca.w", "tail.w")]
+    inits += [_init("three", 3.0), _init("zero", 0.0), _init("six", 6.0)]
+    nodes = [
+        helper.make_node("Conv", ["x", "ca.w"], ["a"], name="ca"),
+        helper.make_node("Add", ["a", "three"], ["a3"], name="plus3"),
+        helper.make_node("Clip", ["a3", "zero", "six"], ["r6"], name="relu6"),
+        helper.make_node("Mul", ["a", "r6"], ["m"], name="hswish"),
+        helper.make_node("Div", ["m", "six"], ["h"], name="div6"),
+        helper.make_node("Conv", ["h", "tail.w"], ["out"], name="tail"),
+    ]
+    return _model("hard_swish", nodes, {"x": ["N", 4, 6, 6]}, {"out": None}, inits, 10)
+
+
+def test_onnxruntime_keeps_uint8_chains_after_an_integer_kernel() -> None:
+    annotation = annotate(prepare(hard_swish_model()), QuantizeConfig(platform="onnxruntime"))
+    # the Conv writes uint8: the hard swish after it runs on codes (QLinearAdd, Clip, QLinearMul) although
+    # a float Div reads its result, since moving bytes rather than floats is the speed
+    assert all(annotation.decisions[n] == "quantized" for n in ("ca", "plus3", "relu6", "hswish"))
+    assert {"a", "r6", "m", "h"} <= set(annotation.configs)
+
+
+@pytest.mark.parametrize(
+    ("other", "reader", "integer"), [("t", "ReduceMean", False), ("c", "ReduceMean", True), ("t", "Conv", True)]
+)
+def test_onnxruntime_adds_in_integer_only_what_rounds_nothing_new(other: str, reader: str, integer: bool) -> None:
+    # x → Conv "ca" → a (uint8 codes); Conv "cb" → c (codes); Tanh → t (a float result);
+    # Add "join"(a, other) → reader. Read in float, the Add is integer only if its other operand needs no
+    # new rounding (codes already); read in integer, it is integer whatever its operands
+    rng = np.random.default_rng(6)
+    inits = [_init(n, rng.normal(0, 0.5, (4, 4, 1, 1))) for n in ("ca.w", "cb.w", "tail.w")]
+    nodes = [
+        helper.make_node("Conv", ["x", "ca.w"], ["a"], name="ca"),
+        helper.make_node("Conv", ["x", "cb.w"], ["c"], name="cb"),
+        helper.make_node("Tanh", ["x"], ["t"], name="tanh"),
+        helper.make_node("Add", ["a", other], ["j"], name="join"),
+        helper.make_node("Conv", ["j", "tail.w"], ["out"], name="tail")
+        if reader == "Conv"
+        else helper.make_node("ReduceMean", ["j"], ["out"], name="tail", keepdims=0),
+    ]
+    model = _model("join_after_conv", nodes, {"x": ["N", 4, 6, 6]}, {"out": None}, inits, 10)
+    annotation = annotate(prepare(model), QuantizeConfig(platform="onnxruntime"))
+    assert annotation.decisions["join"] == ("quantized" if integer else "float")
+    assert ("j" in annotation.configs) == integer
 
 
 def test_onnxruntime_reduced_range_gives_7_bit_weights() -> None:
