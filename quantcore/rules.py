@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import onnx
 from onnx import helper
 
-from quantcore.graph import GraphIndex
+from quantcore.graph import SUBGRAPH_INPUT, GraphIndex
 from quantcore.tqc import TensorQuantConfig
 
 if TYPE_CHECKING:
@@ -102,6 +102,28 @@ class RuleContext:
 
 
 Rule = Callable[[onnx.NodeProto, RuleContext], list[Request]]
+ReaderTest = Callable[[onnx.NodeProto, int], bool]  # (a reader, the input position it reads the tensor at)
+
+
+def reaches_reader(name: str, context: RuleContext, takes: ReaderTest, passes_on: ReaderTest) -> bool:
+    """Whether a reader of ``name`` that the user did not exclude ``takes`` it, directly or behind readers
+    that pass it on (``passes_on``: their outputs are followed in turn); each tensor is looked at once.
+    The platforms ask it whether a tensor ends up read by an integer kernel."""
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        tensor = pending.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node, position in context.index.consumers.get(tensor, []):
+            if position == SUBGRAPH_INPUT or context.excluded(node):
+                continue
+            if takes(node, position):
+                return True
+            if passes_on(node, position):
+                pending.extend(output for output in node.output if output)
+    return False
 
 
 def keep_float(node: onnx.NodeProto, context: RuleContext) -> list[Request]:

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 import onnx
 
 from quantcore.cpu_features import REDUCED_WEIGHT_BITS, weight_range
-from quantcore.graph import SUBGRAPH_INPUT
 from quantcore.rules import (
     DATA_MOVEMENT_OPS,
     BiasRequest,
@@ -48,6 +47,7 @@ from quantcore.rules import (
     is_float_activation,
     operand,
     quantize_compute,
+    reaches_reader,
     weight_axis,
 )
 from quantcore.tqc import TensorQuantConfig
@@ -140,15 +140,14 @@ def read_in_integer(name: str, context: RuleContext) -> bool:
     """Whether a reader of ``name`` that is not excluded, directly or behind data-movement ops and
     Relu/Clip, has an integer kernel that takes it (``INTEGER_READERS``, or an Add/Mul whose own result
     is read in integer: a MatMul's bias Add on the way to the next MatMul)."""
-    for node, position in context.index.consumers.get(name, []):
-        if position == SUBGRAPH_INPUT or context.excluded(node) or not node.output:
-            continue
-        if node.op_type in INTEGER_READERS:
-            return True
-        passes_on = node.op_type in ELEMENTWISE_KERNELS or (node.op_type in MOVING_OPS and position == 0)
-        if passes_on and any(read_in_integer(output, context) for output in node.output if output):
-            return True
-    return False
+    return reaches_reader(
+        name,
+        context,
+        takes=lambda node, _position: node.op_type in INTEGER_READERS,
+        passes_on=lambda node, position: (
+            node.op_type in ELEMENTWISE_KERNELS or (node.op_type in MOVING_OPS and position == 0)
+        ),
+    )
 
 
 def written_in_integer(name: str, context: RuleContext) -> bool:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from quantcore.graph import SUBGRAPH_INPUT, GraphIndex
+from quantcore.graph import GraphIndex
 from quantcore.rules import (
     COMPUTE_OPS,
     DATA_MOVEMENT_OPS,
@@ -55,6 +55,7 @@ from quantcore.rules import (
     quantize_elementwise,
     quantize_first_input,
     quantize_shared_inputs,
+    reaches_reader,
 )
 from quantcore.tqc import TensorQuantConfig
 
@@ -82,21 +83,16 @@ def read_in_integer(name: str, context: RuleContext) -> bool:
     """Whether a reader of ``name`` that is not excluded, directly or behind pass-through ops and Concat,
     is a data operand of an ``INTEGER_READERS`` op (input 0 or 1 of Conv/ConvTranspose/Gemm/MatMul,
     input 0 of a pool): then TensorRT consumes ``name`` as int8 codes."""
-    seen: set[str] = set()
-    pending = [name]
-    while pending:
-        tensor = pending.pop()
-        if tensor in seen:
-            continue
-        seen.add(tensor)
-        for node, position in context.index.consumers.get(tensor, []):
-            if position == SUBGRAPH_INPUT or context.excluded(node):
-                continue
-            if node.op_type in INTEGER_READERS and position <= (1 if node.op_type in COMPUTE_OPS else 0):
-                return True
-            if (node.op_type in PASS_THROUGH_OPS and position == 0) or node.op_type == "Concat":
-                pending.extend(output for output in node.output if output)
-    return False
+    return reaches_reader(
+        name,
+        context,
+        takes=lambda node, position: (
+            node.op_type in INTEGER_READERS and position <= (1 if node.op_type in COMPUTE_OPS else 0)
+        ),
+        passes_on=lambda node, position: (
+            (node.op_type in PASS_THROUGH_OPS and position == 0) or node.op_type == "Concat"
+        ),
+    )
 
 
 def weight_layer(producer: onnx.NodeProto | None, context: RuleContext) -> bool:
