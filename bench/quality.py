@@ -18,7 +18,8 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
 
 Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-ort`` (platform
 ``onnxruntime``), ``quantcore-ort-full`` (the same with ``reduce_range="off"``: full int8 weights,
-stored as uint8 on a CPU without VNNI), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
+stored as uint8 on a CPU without VNNI), ``quantcore-ort-dynamic`` (platform ``onnxruntime-dynamic``:
+the MatMuls' activations quantized at run time), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
 (``quantize_static``, QDQ format, per-channel weights, ONNX Runtime's default int8 types, with
 ``reduce_range=True`` on a CPU without VNNI as ONNX Runtime advises), and ``ort-dynamic``
 (``quantize_dynamic``, per-channel int8 weights, activations quantized at run time from each batch's own
@@ -74,6 +75,7 @@ METHODS = (
     "quantcore",
     "quantcore-ort",
     "quantcore-ort-full",
+    "quantcore-ort-dynamic",
     "ort-minmax",
     "ort-entropy",
     "ort-percentile",
@@ -83,6 +85,7 @@ QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides
     "quantcore": {},
     "quantcore-ort": {"platform": "onnxruntime"},
     "quantcore-ort-full": {"platform": "onnxruntime", "reduce_range": "off"},
+    "quantcore-ort-dynamic": {"platform": "onnxruntime-dynamic"},
 }
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
 BATCH_SIZE = 8

@@ -4,12 +4,12 @@ Unknown fields are refused (`extra="forbid"`) so a typo never silently does noth
 is stated on the field, so a validation error names the field and the allowed range. Choices that
 depend on each other are checked on the later field, so the error names it too:
 
-    platform        tensorrt | tensorrt-fp8 | onnxruntime | academic
-    precision       tensorrt, onnxruntime: int8 (= w8a8);  tensorrt-fp8: fp8 only;
+    platform        tensorrt | tensorrt-fp8 | onnxruntime | onnxruntime-dynamic | academic
+    precision       tensorrt, onnxruntime(-dynamic): int8 (= w8a8);  tensorrt-fp8: fp8 only;
                     academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8)
     overrides.bits  not with fp8 (FP8 has one width)
-    reduce_range    on/off only with platform onnxruntime (7-bit weights, or full int8 ones stored as
-                    uint8, for CPUs without VNNI)
+    reduce_range    on/off only with the onnxruntime platforms (7-bit weights, or full int8 ones stored
+                    as uint8, for CPUs without VNNI)
     target.threshold  in [-1, 1] with metric cosine
 
 The worker translates a `Recipe` into quantcore's own dataclasses in exactly one function
@@ -24,7 +24,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 
 from jobs.preprocessing import PreprocessingSpec
 
-Platform = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "academic"]
+Platform = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"]
+ONNXRUNTIME_PLATFORMS = ("onnxruntime", "onnxruntime-dynamic")  # int8 weights on u8s8 kernels: reduce_range
 Observer = Literal["minmax", "ema_minmax", "percentile", "kl", "mse", "floating"]
 PRECISION_PATTERN = r"^(int8|fp8|w[2-8]a[2-8])$"
 # platform → precisions it accepts (None: int8 and any wXaY)
@@ -32,6 +33,7 @@ PLATFORM_PRECISIONS: dict[str, tuple[str, ...] | None] = {
     "tensorrt": ("int8", "w8a8"),
     "tensorrt-fp8": ("fp8",),
     "onnxruntime": ("int8", "w8a8"),
+    "onnxruntime-dynamic": ("int8", "w8a8"),
     "academic": None,
 }
 
@@ -217,7 +219,9 @@ class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
         description="Target runtime whose quantization rules the model follows: tensorrt (INT8), "
-        "tensorrt-fp8 (FP8 E4M3), onnxruntime (QDQ for the CPU EP's integer kernels), academic (2-8 bit).",
+        "tensorrt-fp8 (FP8 E4M3), onnxruntime (QDQ for the CPU EP's integer kernels), onnxruntime-dynamic "
+        "(only MatMuls with constant weights, their inputs quantized at run time from each batch's range: "
+        "transformers on the CPU EP), academic (2-8 bit).",
     )
     precision: str = Field(
         "int8",
@@ -236,9 +240,9 @@ class Recipe(_Spec):
     )
     reduce_range: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="onnxruntime only: on = 7-bit weights [-64, 63], which u8s8 kernels on x86 CPUs without VNNI "
-        "do not saturate; off = full int8 weights, stored as uint8 on such a CPU (exact u8u8 kernels, slower); "
-        "auto = on for a worker CPU without VNNI, off otherwise.",
+        description="onnxruntime platforms only: on = 7-bit weights [-64, 63], which u8s8 kernels on x86 CPUs "
+        "without VNNI do not saturate; off = full int8 weights, stored as uint8 on such a CPU (exact u8u8 kernels, "
+        "slower); auto = on for a worker CPU without VNNI, off otherwise.",
     )
     deploy: DeploySpec = Field(default_factory=DeploySpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
@@ -299,8 +303,10 @@ class Recipe(_Spec):
     @classmethod
     def _reduce_range_is_for_onnxruntime(cls, value: str, info: ValidationInfo) -> str:
         platform = info.data.get("platform")
-        if value != "auto" and platform is not None and platform != "onnxruntime":
-            raise ValueError(f"reduce_range applies to platform onnxruntime only, not {platform}")
+        if value != "auto" and platform is not None and platform not in ONNXRUNTIME_PLATFORMS:
+            raise ValueError(
+                f"reduce_range applies to the platforms {', '.join(ONNXRUNTIME_PLATFORMS)} only, not {platform}"
+            )
         return value
 
     @field_validator("reconstruction")

@@ -159,7 +159,7 @@ class OutputMetrics(_Section):
 class ModelSizes(_Section):
     fp32_bytes: int
     qdq_bytes: int
-    quantize_linear_nodes: int
+    quantize_linear_nodes: int = Field(description="QuantizeLinear and DynamicQuantizeLinear nodes.")
     dequantize_linear_nodes: int
 
 

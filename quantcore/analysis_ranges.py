@@ -2,7 +2,8 @@
 
 ``representable_range``: (quant_min - o)·s .. (quant_max - o)·s (FP8: ±quant_max·s), per channel when
 the config is. ``RangeStats`` streams a tensor's observed min/max and the fraction of its values the
-quantization saturates. ``channel_range_ratio``: max_c amax_c / median_c amax_c of a weight, the
+quantization saturates (none for a dynamic config, whose range is each value's own: its range is the
+widest one a batch took). ``channel_range_ratio``: max_c amax_c / median_c amax_c of a weight, the
 signature of an outlier channel.
 """
 
@@ -41,9 +42,12 @@ class RangeStats:
 
     def __init__(self, tqc: TensorQuantConfig) -> None:
         self.tqc = tqc
-        self.lo, self.hi = representable_range(tqc)
-        half_step = 0.0 if tqc.floating else 0.5 * np.asarray(tqc.scale, np.float64)
-        self.saturate_lo, self.saturate_hi = self.lo - half_step, self.hi + half_step
+        if tqc.dynamic:  # DynamicQuantizeLinear's range [min(x, 0), max(x, 0)] holds every value
+            self.lo = self.hi = self.saturate_lo = self.saturate_hi = None
+        else:
+            self.lo, self.hi = representable_range(tqc)
+            half_step = 0.0 if tqc.floating else 0.5 * np.asarray(tqc.scale, np.float64)
+            self.saturate_lo, self.saturate_hi = self.lo - half_step, self.hi + half_step
         self.minimum, self.maximum = math.inf, -math.inf
         self.clipped = 0
         self.total = 0
@@ -53,17 +57,23 @@ class RangeStats:
             return
         self.minimum = min(self.minimum, float(x.min()))
         self.maximum = max(self.maximum, float(x.max()))
+        self.total += x.size
+        if self.tqc.dynamic:
+            return
         lo = _broadcast(self.saturate_lo, self.tqc, x.ndim)
         hi = _broadcast(self.saturate_hi, self.tqc, x.ndim)
         self.clipped += int(np.count_nonzero((x < lo) | (x > hi)))
-        self.total += x.size
 
     def result(self) -> dict[str, Any]:
+        if self.tqc.dynamic:
+            lo, hi = min(self.minimum, 0.0), max(self.maximum, 0.0)
+        else:
+            lo, hi = float(np.min(self.lo)), float(np.max(self.hi))
         return {
             "observed_min": self.minimum if self.total else None,
             "observed_max": self.maximum if self.total else None,
-            "range_min": float(np.min(self.lo)),
-            "range_max": float(np.max(self.hi)),
+            "range_min": lo,
+            "range_max": hi,
             "clipped_fraction": self.clipped / self.total if self.total else None,
         }
 

@@ -303,6 +303,11 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
                 f"{platform.name} rule for {node.op_type} found nothing to quantize "
                 f"(constant, non-float32 or unquantized operands)"
             )
+    if not state.configs:
+        state.warnings.append(
+            f"platform {platform.name} found nothing to quantize in this model: the exported model computes in "
+            "float (the report's node decisions say why, node by node)"
+        )
     return Annotation(
         configs=state.configs,
         consumers=state.consumers,

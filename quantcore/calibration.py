@@ -255,8 +255,13 @@ def calibrate_percentiles(
         else Batches(calibration, input_specs(prepared.model), config.batch_size, what="calibration")
     )
     weights = calibrate_weights(prepared, annotation, config)
-
-    activations = annotation.activations
+    # a dynamic activation's range is its own at run time: nothing to observe
+    dynamic = {
+        n: annotation.configs[n].with_state(QuantState.ACTIVATED)
+        for n in annotation.activations
+        if annotation.configs[n].dynamic
+    }
+    activations = [name for name in annotation.activations if name not in dynamic]
     roots = {name: dominator_root(name, annotation.configs) for name in activations}
     groups: dict[str, list[str]] = {}  # root -> the tensors its observer takes, in annotation order
     for name in activations:
@@ -290,7 +295,7 @@ def calibrate_percentiles(
     for percentile in dict.fromkeys((config.percentile, *(percentiles if percentile_observers else ()))):
         if percentile != config.percentile and not all(o.resolves(percentile) for o in percentile_observers):
             continue
-        configs = {**annotation.configs, **weights}
+        configs = {**annotation.configs, **weights, **dynamic}
         for root, observer in observers.items():
             if isinstance(observer, PercentileObserver):
                 bounds = observer.bounds_for(observer.amax(percentile))

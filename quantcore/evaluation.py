@@ -41,6 +41,7 @@ from quantcore.errors import InvalidDataError, QuantcoreError
 from quantcore.graph import external_locations
 from quantcore.metrics import TASK_METRICS, OutputAgreement, TaskMetric
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.qdq import QUANTIZERS, count_ops
 from quantcore.session import open_session
 
 STAGE = "evaluate"
@@ -227,8 +228,8 @@ def evaluate(
         "model": {
             "fp32_bytes": model_bytes(fp32_model),
             "qdq_bytes": model_bytes(qdq_model),
-            "quantize_linear_nodes": sum(n.op_type == "QuantizeLinear" for n in qdq_proto.graph.node),
-            "dequantize_linear_nodes": sum(n.op_type == "DequantizeLinear" for n in qdq_proto.graph.node),
+            "quantize_linear_nodes": count_ops(qdq_proto, *QUANTIZERS),
+            "dequantize_linear_nodes": count_ops(qdq_proto, "DequantizeLinear"),
         },
         "num_samples": batches.num_samples,
         "batch_size": batches.batch_size,

@@ -50,6 +50,7 @@ import onnxruntime as ort
 from quantcore.config import QuantizeConfig
 from quantcore.cpu_features import this_cpu_saturates_u8s8
 from quantcore.errors import QuantcoreError
+from quantcore.platforms import PLATFORMS
 from quantcore.session import open_session
 
 MIN_SQNR_DB = 30.0
@@ -124,7 +125,7 @@ def check_parity(evaluation: dict[str, Any]) -> ParityVerdict:
 def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:
     """A config that removes the known cause of disagreement on ``config``'s platform, with the reason;
     None when there is nothing left to try."""
-    if config.platform == "onnxruntime" and config.reduce_range != "on":
+    if PLATFORMS[config.platform].reduced_range_remedy and config.reduce_range != "on":
         return replace(config, reduce_range="on"), (
             "re-exported with 7-bit weights [-64, 63] (reduce_range=on): u8s8 integer kernels without VNNI "
             "saturate their 16-bit intermediate with full-range int8 weights"

@@ -68,7 +68,7 @@ class ExportResult:
     model_path: Path
     tqc_path: Path
     files: tuple[Path, ...]  # everything written (model, its external data if any, the table)
-    quantize_linear_nodes: int
+    quantize_linear_nodes: int  # QuantizeLinear and DynamicQuantizeLinear
     dequantize_linear_nodes: int
     opset: int = 13  # the exported model's default opset
     warnings: tuple[str, ...] = ()
@@ -160,8 +160,13 @@ def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.ModelProto:
     """A new model: ``prepared.model`` with Q/DQ inserted per the calibrated ``annotation``."""
     for name, tqc in annotation.configs.items():
-        if tqc.scale is None:
+        if tqc.scale is None and not tqc.dynamic:
             raise ValueError(f"tensor {name!r} is not calibrated (state {tqc.state.value}); run calibrate first")
+        if tqc.dynamic and (name in annotation.parameters or storage_of(tqc).name != "uint8" or tqc.per_channel):
+            raise UnsupportedModelError(
+                f"tensor {name!r}: a dynamic config exports as DynamicQuantizeLinear, which computes a uint8 "
+                "per-tensor activation only"
+            )
     model = onnx.ModelProto()
     model.CopyFrom(prepared.model)
     model = _with_opset(model, required_opset(annotation))
@@ -184,33 +189,52 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
             node.input[use.index] = dq_out
 
     for name, tqc in annotation.configs.items():
-        parameter = name in annotation.parameters
-        storage, shift = stored_as(name, tqc, annotation)
-        scale_name = scope.fresh(f"{name}_scale")
-        zero_name = scope.fresh(f"{name}_zero_point")
-        graph.initializer.append(numpy_helper.from_array(np.asarray(tqc.scale, dtype=np.float32), scale_name))
-        zero = np.zeros(np.shape(tqc.scale)) if tqc.floating else np.asarray(tqc.offset, np.int64) + shift
-        graph.initializer.append(typed_tensor(zero, storage, zero_name))
-        axis = {"axis": tqc.channel_axis} if tqc.per_channel else {}
         dq_out = scope.fresh(f"{name}_dequantized")
-        if parameter:
-            codes_name = scope.fresh(f"{name}_quantized")
-            codes = quantize_array(index.array(name), tqc)
-            if shift:
-                codes = codes.astype(np.int64) + shift
-            graph.initializer.append(typed_tensor(codes, storage, codes_name))
-            head.append(
+        if tqc.dynamic:  # scale and zero point computed from the value at run time
+            codes_name, scale_name, zero_name = (
+                scope.fresh(f"{name}_{p}") for p in ("quantized", "scale", "zero_point")
+            )
+            pair = [
+                helper.make_node(
+                    "DynamicQuantizeLinear",
+                    [name],
+                    [codes_name, scale_name, zero_name],
+                    name=scope.fresh(f"{name}_DynamicQuantizeLinear"),
+                ),
                 helper.make_node(
                     "DequantizeLinear",
                     [codes_name, scale_name, zero_name],
                     [dq_out],
                     name=scope.fresh(f"{name}_DequantizeLinear"),
-                    **axis,
-                )
-            )
+                ),
+            ]
         else:
+            storage, shift = stored_as(name, tqc, annotation)
+            scale_name = scope.fresh(f"{name}_scale")
+            zero_name = scope.fresh(f"{name}_zero_point")
+            graph.initializer.append(numpy_helper.from_array(np.asarray(tqc.scale, dtype=np.float32), scale_name))
+            zero = np.zeros(np.shape(tqc.scale)) if tqc.floating else np.asarray(tqc.offset, np.int64) + shift
+            graph.initializer.append(typed_tensor(zero, storage, zero_name))
+            axis = {"axis": tqc.channel_axis} if tqc.per_channel else {}
+            if name in annotation.parameters:
+                codes_name = scope.fresh(f"{name}_quantized")
+                codes = quantize_array(index.array(name), tqc)
+                if shift:
+                    codes = codes.astype(np.int64) + shift
+                graph.initializer.append(typed_tensor(codes, storage, codes_name))
+                head.append(
+                    helper.make_node(
+                        "DequantizeLinear",
+                        [codes_name, scale_name, zero_name],
+                        [dq_out],
+                        name=scope.fresh(f"{name}_DequantizeLinear"),
+                        **axis,
+                    )
+                )
+                rewire(name, annotation.consumers[name], dq_out)
+                continue
             source = name
-            pair: list[onnx.NodeProto] = []
+            pair = []
             bounds = narrow_range(tqc, storage)
             if bounds is not None:
                 lo_name, hi_name = scope.fresh(f"{name}_clip_min"), scope.fresh(f"{name}_clip_max")
@@ -237,11 +261,8 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                     **axis,
                 ),
             ]
-            producer = index.producers.get(name)
-            if producer is None:
-                head.extend(pair)
-            else:
-                after.setdefault(producer.name, []).extend(pair)
+        producer = index.producers.get(name)
+        (head if producer is None else after.setdefault(producer.name, [])).extend(pair)
         rewire(name, annotation.consumers[name], dq_out)
 
     for name, link in annotation.biases.items():
@@ -320,8 +341,11 @@ def tqc_table(annotation: Annotation, *, platform: str | None = None) -> dict[st
     }
 
 
-def count_ops(model: onnx.ModelProto, op_type: str) -> int:
-    return sum(1 for node in model.graph.node if node.op_type == op_type)
+QUANTIZERS = ("QuantizeLinear", "DynamicQuantizeLinear")  # the nodes that round a tensor to codes
+
+
+def count_ops(model: onnx.ModelProto, *op_types: str) -> int:
+    return sum(1 for node in model.graph.node if node.op_type in op_types)
 
 
 def _fails_full_check(model: onnx.ModelProto) -> bool:
@@ -377,7 +401,7 @@ def export(
         model_path=model_path,
         tqc_path=tqc_path,
         files=(*files, tqc_path),
-        quantize_linear_nodes=count_ops(model, "QuantizeLinear"),
+        quantize_linear_nodes=count_ops(model, *QUANTIZERS),
         dequantize_linear_nodes=count_ops(model, "DequantizeLinear"),
         opset=default_opset(model) or 13,
         warnings=tuple(warnings),

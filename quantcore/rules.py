@@ -258,6 +258,8 @@ class Platform:
     floating: the platform quantizes to FP8 (``tensorrt-fp8``). notes: statements for the report
     about choices made for this run (e.g. a reduced weight range). unsigned_weights: whether int8
     weight codes are exported as uint8 with zero point + 128 (``Annotation.unsigned_weights``).
+    reduced_range_remedy: its weights run on ONNX Runtime's u8s8 kernels, so 7-bit weights
+    (``reduce_range="on"``) are the parity check's remedy for a saturating CPU (``quantcore.parity``).
     """
 
     name: str
@@ -270,6 +272,7 @@ class Platform:
     floating: bool = False
     notes: Callable[[QuantizeConfig], list[str]] = field(default=lambda config: [])
     unsigned_weights: Callable[[QuantizeConfig], bool] = field(default=lambda config: False)
+    reduced_range_remedy: bool = False
 
     def rule_for(self, node: onnx.NodeProto) -> Rule:
         if node.domain not in ("", "ai.onnx"):

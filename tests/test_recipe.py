@@ -28,6 +28,7 @@ def error_of(recipe: dict) -> tuple[str, str]:
         {"platform": "tensorrt-fp8", "precision": "fp8", "calibration": {"observer": "floating"}},
         {"platform": "tensorrt-fp8"},
         {"platform": "onnxruntime", "precision": "w8a8", "reduce_range": "on"},
+        {"platform": "onnxruntime-dynamic", "reduce_range": "off"},
         {"platform": "academic", "precision": "w4a4", "calibration": {"observer": "mse"}},
         {"platform": "academic", "precision": "w2a8"},
         {
@@ -63,8 +64,15 @@ def test_a_recipe_without_precision_gets_its_platforms_own() -> None:
         "fp8",
         "int8",
         "int8",
+        "int8",
     ]
-    assert [QuantizeConfig(platform=p).precision for p in PLATFORM_PRECISIONS] == ["int8", "fp8", "int8", "int8"]
+    assert [QuantizeConfig(platform=p).precision for p in PLATFORM_PRECISIONS] == [
+        "int8",
+        "fp8",
+        "int8",
+        "int8",
+        "int8",
+    ]
 
 
 def test_overrides_translate_in_order() -> None:
@@ -106,7 +114,7 @@ def test_overrides_translate_in_order() -> None:
             "overrides",
             "fp8",
         ),
-        ({"reduce_range": "on"}, "reduce_range", "onnxruntime only"),
+        ({"reduce_range": "on"}, "reduce_range", "platforms onnxruntime, onnxruntime-dynamic only"),
         ({"platform": "onnxruntime", "reduce_range": "maybe"}, "reduce_range", "'auto'"),
         ({"exclude": {"op_types": [""]}}, "exclude.op_types", "non-empty"),
         ({"exclude": {"node_patterns": ["*"] * 257}}, "exclude.node_patterns", "at most 256"),

@@ -260,4 +260,5 @@ ONNXRUNTIME = Platform(
     "int32 biases, Q/DQ around every op with an integer kernel",
     notes=_notes,
     unsigned_weights=_unsigned_weights,
+    reduced_range_remedy=True,
 )

@@ -131,7 +131,7 @@ def test_matmul_and_convtranspose_export_runs_in_onnxruntime(tmp_path) -> None:
         assert np.abs(out[0] - fp32[0]).max() <= 0.1 * np.abs(fp32[0]).max()
 
 
-@pytest.mark.parametrize("platform", ["onnxruntime", "tensorrt"])
+@pytest.mark.parametrize("platform", ["onnxruntime", "onnxruntime-dynamic", "tensorrt"])
 def test_masked_attention_keeps_its_accuracy(tmp_path, platform: str) -> None:
     # padded tokens get -3.4e38 added to their scores before the Softmax. At int8, this block measures
     # about 35 dB against FP32 on either platform; quantizing the masked sum (the onnxruntime rules before
@@ -147,6 +147,28 @@ def test_masked_attention_keeps_its_accuracy(tmp_path, platform: str) -> None:
     (quantized,) = session.run(None, held_out)
     sqnr = 10 * np.log10(np.sum(reference**2) / np.sum((reference - quantized) ** 2))
     assert sqnr > 28.0, f"{platform}: {sqnr:.1f} dB"
+
+
+def test_onnxruntime_dynamic_runs_as_dynamic_quantize_matmul(tmp_path) -> None:
+    """The dynamic platform's whole point: ONNX Runtime fuses its DynamicQuantizeLinear → DequantizeLinear →
+    MatMul ← DequantizeLinear(int8 weights) into DynamicQuantizeMatMul / MatMulIntegerToFloat, for the four
+    projections of the attention block; the two MatMuls of activations stay float."""
+    annotation, exported = quantize_stages(
+        masked_attention(), padded_tokens(16, 12, 8), tmp_path, platform="onnxruntime-dynamic", batch_size=8
+    )
+    qdq = onnx.load(str(exported.model_path))
+    ops = Counter(n.op_type for n in qdq.graph.node)
+    # x read by q, k and v: one quantizer; the context read by proj: the other
+    assert ops["DynamicQuantizeLinear"] == exported.quantize_linear_nodes == 2 and ops["QuantizeLinear"] == 0
+    assert all(annotation.configs[name].dynamic for name in annotation.activations)
+    assert {annotation.configs[name].channel_axis for name in annotation.parameters} == {1}
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(exported.model_path), options, providers=["CPUExecutionProvider"])
+    optimized = Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+    assert optimized["DynamicQuantizeMatMul"] + optimized["MatMulIntegerToFloat"] == 4, optimized
+    # q·kᵀ becomes a FusedMatMul (the Transpose and the scaling folded in), p·v stays a MatMul
+    assert optimized["MatMul"] + optimized["FusedMatMul"] == 2 and optimized["DequantizeLinear"] == 0, optimized
 
 
 def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig, QuantState, annotate, calibrate, prepare
 from quantcore.annotation import NodeInput
 from quantcore.precision import parse_precision
-from tests.quantcore.models import conv_bn_residual, masked_attention
+from tests.quantcore.models import conv_bn_residual, masked_attention, padded_tokens
 
 
 def _init(name: str, array) -> onnx.TensorProto:
@@ -76,7 +76,8 @@ def depthwise_concat_head() -> onnx.ModelProto:
 
 
 def test_registry_names_and_precisions() -> None:
-    assert set(PLATFORMS) == {"tensorrt", "tensorrt-fp8", "onnxruntime", "academic"}
+    assert set(PLATFORMS) == {"tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"}
+    assert not PLATFORMS["onnxruntime-dynamic"].accepts("w4a8")  # DynamicQuantizeLinear is uint8 only
     assert PLATFORMS["tensorrt-fp8"].accepts("fp8") and not PLATFORMS["tensorrt-fp8"].accepts("int8")
     assert not PLATFORMS["tensorrt"].accepts("fp8") and not PLATFORMS["onnxruntime"].accepts("w4a8")
     assert PLATFORMS["academic"].accepts("w2a4") and not PLATFORMS["academic"].accepts("fp8")
@@ -284,6 +285,23 @@ def test_onnxruntime_keeps_float_what_no_integer_kernel_reads() -> None:
     assert decisions["proj.bias"] == decisions["residual"] == "float"
     # a projection whose biased result goes on to an integer MatMul keeps QLinearMatMul → QLinearAdd
     assert decisions["q.bias"] == "quantized" and {"q_raw", "q"} <= set(configs)
+
+
+def test_onnxruntime_dynamic_quantizes_weighted_matmuls_at_run_time() -> None:
+    prepared = prepare(masked_attention())
+    config = QuantizeConfig(platform="onnxruntime-dynamic")
+    annotation = annotate(prepared, config)
+    assert {n for n, d in annotation.decisions.items() if d == "quantized"} == {"q", "k", "v", "proj"}
+    assert set(annotation.activations) == {"x", "c"} and set(annotation.parameters) == {"Wq", "Wk", "Wv", "Wo"}
+    x = annotation.configs["x"]
+    assert x.dynamic and not x.symmetric and not x.per_channel and (x.quant_min, x.quant_max) == (0, 255)
+    # calibration observes nothing for them: their range is each batch's own at run time
+    calibrated = calibrate(prepared, annotation, padded_tokens(8, 12, 8), config)
+    assert all(calibrated.configs[n].state is QuantState.ACTIVATED for n in annotation.configs)
+    assert calibrated.configs["x"].scale is None and calibrated.configs["Wq"].scale is not None
+    # a CNN has no MatMul with a constant weight (its Gemm is not fused with a dynamic input): nothing, said so
+    cnn = annotate(prepare(conv_bn_residual()), config)
+    assert not cnn.configs and any("found nothing to quantize" in warning for warning in cnn.warnings)
 
 
 def hard_swish_model() -> onnx.ModelProto:
