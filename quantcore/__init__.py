@@ -8,7 +8,7 @@ One call does everything::
     result = quantcore.quantize("model.onnx", calibration, evaluation, config, "out/",
                                 labels=labels, progress=print, should_cancel=lambda: False)
 
-Platforms (``PLATFORMS``): tensorrt, tensorrt-fp8, onnxruntime, academic.
+Platforms (``PLATFORMS``): tensorrt, tensorrt-fp8, onnxruntime, onnxruntime-dynamic, academic.
 
 or compose the stages::
 

@@ -167,7 +167,7 @@ class QuantizeConfig:
     """Options of one quantization run.
 
     platform: rule set placing Q/DQ (``quantcore.platforms``: tensorrt, tensorrt-fp8, onnxruntime,
-    academic). precision: ``int8`` | ``fp8`` | ``wXaY`` (``quantcore.precision``), accepted per
+    onnxruntime-dynamic, academic). precision: ``int8`` | ``fp8`` | ``wXaY`` (``quantcore.precision``), accepted per
     platform (fp8 only on tensorrt-fp8; wXaY other than w8a8 only on academic); None (the default):
     the platform's own, fp8 on tensorrt-fp8 and int8 elsewhere.
     observer: how activation ranges are derived (``quantcore.observers``; ``percentile`` takes
@@ -177,7 +177,7 @@ class QuantizeConfig:
     then holds the one kept); () tries none. batch_size: samples per ONNX Runtime run (a fixed
     batch dimension in the model wins). exclude_op_types / exclude_node_patterns: nodes kept in float,
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
-    reduce_range: ``auto`` (7-bit weights on the onnxruntime platform when this CPU's u8s8 kernels
+    reduce_range: ``auto`` (7-bit weights on the onnxruntime platforms when this CPU's u8s8 kernels
     saturate, see ``quantcore.cpu_features``), ``on`` (7-bit), ``off`` (the full int8 grid, stored as
     uint8 where u8s8 kernels saturate). device: ``cpu`` or ``cuda``.
     disabled_optimizers: ONNX Runtime graph rewrites (``disabled_optimizers`` names) the deployed

@@ -6,6 +6,8 @@ placed right after t's producer; every annotated consumer reads ``t_dequantized`
 (other consumers, graph outputs) still reads float t. When the config's quant range is narrower than
 its storage type (a 3-bit config stored as int4, 7-bit weights in int8), QuantizeLinear would saturate
 at the type's range, so a Clip to [(quant_min - o)·s, (quant_max - o)·s] goes in front of it.
+A dynamic config (platform onnxruntime-dynamic) gets ``t → DynamicQuantizeLinear → DequantizeLinear``
+instead: uint8 codes, scale and zero point all computed from t's value at run time (opset 11).
 
 Weights: stored quantized, ``q = clip(round(W / s) + o, quant_min, quant_max)`` (FP8: W/s on the E4M3
 grid) as an initializer of the storage type, followed by DequantizeLinear (``axis`` = the
