@@ -6,6 +6,7 @@
   and the still-running worker takes it up again;
 - to the whole process group (kill -TERM -PGID, systemd): released, and the worker exits; the job
   waits `queued` for the next worker.
+And Celery's soft time limit (SIGUSR1 to the pool process) fails the job, naming the limit.
 Never `running` without a worker. And the API: SIGTERM lets requests in flight finish.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import time
 import uuid
@@ -108,6 +110,34 @@ def test_sigterm_to_the_whole_worker_leaves_the_job_queued(service: Service, slo
             service.start_job_worker()
         assert _wait_terminal(client, job_id, timeout=240) == "succeeded"
         assert client.get(f"/jobs/{job_id}").json()["attempts"] == 1
+
+
+def test_the_soft_time_limit_fails_the_job_and_names_it(service: Service, digits) -> None:
+    """Celery's soft time limit (SIGUSR1 from the pool's parent) stops the job at its next cancellation
+    point: failed, with the limit and the stage in the error, and no partial artifacts."""
+    model_path, data_path = digits
+    with np.load(data_path) as archive:
+        images = np.tile(archive["input"], (20, 1, 1, 1))  # 35940 samples: about 10 s of calibration
+    buffer = io.BytesIO()
+    np.savez(buffer, input=images)
+    key = service.new_key()
+    model, dataset = service.upload(key, model_path.read_bytes(), buffer.getvalue())
+    recipe = {**SLOW_RECIPE, "calibration": {**SLOW_RECIPE["calibration"], "num_samples": 30000}}
+    service.stack.kill("gpu", signal.SIGTERM)  # idle: a warm shutdown, at once
+    limits = {"QUANT_JOB_SOFT_TIME_LIMIT": "2", "QUANT_JOB_TIME_LIMIT": "120"}
+    service.stack.start_worker("gpu", "gpu", concurrency=1, env=limits)
+    try:
+        with service.client(key) as client:
+            request = {"model_id": model["id"], "dataset_id": dataset["id"], "recipe": recipe}
+            job_id = client.post("/jobs", json=request).json()["id"]
+            assert _wait_terminal(client, job_id, timeout=120) == "failed"
+            job = client.get(f"/jobs/{job_id}").json()
+        assert re.fullmatch(r"time limit of 2 s exceeded during [a-z]+", job["error"]), job
+        assert job["attempts"] == 1
+        assert not [p for p in (service.var_dir / "storage").rglob(f"*{job_id}*") if p.is_file()]
+    finally:
+        service.stack.kill("gpu", signal.SIGTERM)
+        service.start_job_worker()
 
 
 def service_host_pid(pid: int) -> str:

@@ -10,7 +10,7 @@ A redelivered duplicate finds the job claimed by a live worker and does nothing.
 worker died is claimable again (same host: the owner pid is gone; elsewhere: the heartbeat is
 stale), and the reaper requeues it; the retry works in the same per-job directory and resumes from
 quantcore's checkpoint (calibrate and export are not redone). Database writes ride out an outage
-(`jobs.db.in_transaction`). Cancellation, and a SIGTERM to the process (`worker.shutdown`), are checked
+(`jobs.db.in_transaction`). Cancellation, and a SIGTERM to the process (`worker.job_signals`), are checked
 between stages and inside every batch loop, through quantcore's `should_cancel`.
 """
 
@@ -41,7 +41,7 @@ from quantcore.batching import input_specs
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.report_html import HTML_FILE
 from worker.engine_routing import EngineRouter
-from worker.shutdown import stop_if_requested
+from worker.job_signals import stop_if_requested
 from worker.splits import Split, split_dataset, split_images
 from worker.translate import parse_recipe, to_quantize_config
 
@@ -174,7 +174,7 @@ class Progress:
         """quantcore calls this once per batch: inside a stage, read the flag from the DB at most every
         CANCEL_CHECK_INTERVAL seconds rather than once per batch; at every stage boundary, read it
         afresh (``__call__`` resets the clock), so a request is never missed by a short stage."""
-        stop_if_requested()  # SIGTERM to this process: worker.shutdown releases the job
+        stop_if_requested()  # SIGTERM or the soft time limit (worker.job_signals)
         if self.lost.is_set():
             raise Abandoned(f"job {self.job_id} was taken from this worker")
         now = time.monotonic()

@@ -15,16 +15,16 @@ from jobs.queue import (
 )
 from worker.app import app
 from worker.engine_task import build_for_job
+from worker.job_signals import job_signals
 from worker.reaper import reap
 from worker.runner import run_job, worker_id
-from worker.shutdown import release_on_shutdown
 from worker.validation import validate_dataset, validate_model
 from worker.webhooks import deliver, poll
 
 
 @app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
 def run_job_task(job_id: str) -> None:
-    with release_on_shutdown(app, uuid.UUID(job_id), worker_id()):
+    with job_signals(app, uuid.UUID(job_id), worker_id()):
         run_job(uuid.UUID(job_id))
 
 
