@@ -190,6 +190,11 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                 )
             node.input[use.index] = dq_out
 
+    def dequantize(tensor: str, inputs: list[str], dq_out: str, axis: dict[str, int]) -> onnx.NodeProto:
+        return helper.make_node(
+            "DequantizeLinear", inputs, [dq_out], name=scope.fresh(f"{tensor}_DequantizeLinear"), **axis
+        )
+
     for name, tqc in annotation.configs.items():
         dq_out = scope.fresh(f"{name}_dequantized")
         if tqc.dynamic:  # scale and zero point computed from the value at run time
@@ -203,12 +208,7 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                     [codes_name, scale_name, zero_name],
                     name=scope.fresh(f"{name}_DynamicQuantizeLinear"),
                 ),
-                helper.make_node(
-                    "DequantizeLinear",
-                    [codes_name, scale_name, zero_name],
-                    [dq_out],
-                    name=scope.fresh(f"{name}_DequantizeLinear"),
-                ),
+                dequantize(name, [codes_name, scale_name, zero_name], dq_out, {}),
             ]
         else:
             storage, shift = stored_as(name, tqc, annotation)
@@ -224,15 +224,7 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                 if shift:
                     codes = codes.astype(np.int64) + shift
                 graph.initializer.append(typed_tensor(codes, storage, codes_name))
-                head.append(
-                    helper.make_node(
-                        "DequantizeLinear",
-                        [codes_name, scale_name, zero_name],
-                        [dq_out],
-                        name=scope.fresh(f"{name}_DequantizeLinear"),
-                        **axis,
-                    )
-                )
+                head.append(dequantize(name, [codes_name, scale_name, zero_name], dq_out, axis))
                 rewire(name, annotation.consumers[name], dq_out)
                 continue
             source = name
@@ -255,13 +247,7 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
                     name=scope.fresh(f"{name}_QuantizeLinear"),
                     **axis,
                 ),
-                helper.make_node(
-                    "DequantizeLinear",
-                    [q_out, scale_name, zero_name],
-                    [dq_out],
-                    name=scope.fresh(f"{name}_DequantizeLinear"),
-                    **axis,
-                ),
+                dequantize(name, [q_out, scale_name, zero_name], dq_out, axis),
             ]
         producer = index.producers.get(name)
         (head if producer is None else after.setdefault(producer.name, [])).extend(pair)
@@ -280,15 +266,7 @@ def build_qdq_model(prepared: PreparedModel, annotation: Annotation) -> onnx.Mod
             ]
         )
         axis = {"axis": 0} if scale.ndim == 1 else {}
-        head.append(
-            helper.make_node(
-                "DequantizeLinear",
-                [codes_name, scale_name, zero_name],
-                [dq_out],
-                name=scope.fresh(f"{name}_DequantizeLinear"),
-                **axis,
-            )
-        )
+        head.append(dequantize(name, [codes_name, scale_name, zero_name], dq_out, axis))
         rewire(name, [link.consumer], dq_out)
 
     ordered = list(head)
