@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from jobs.recipe import PLATFORM_PRECISIONS, Recipe
+from jobs.recipe import ONNXRUNTIME_PLATFORMS, PLATFORM_PRECISIONS, Recipe
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig
 from quantcore.observers import ACTIVATION_OBSERVERS
 from worker.translate import to_quantize_config
@@ -163,6 +163,8 @@ def test_recipe_choices_match_quantcore() -> None:
     assert set(PLATFORM_PRECISIONS) == set(PLATFORMS)
     for name, precisions in PLATFORM_PRECISIONS.items():
         assert precisions == PLATFORMS[name].precisions or (precisions is None and PLATFORMS[name].precisions is None)
+    # reduce_range is accepted exactly where the engine's weights run on u8s8 kernels
+    assert set(ONNXRUNTIME_PLATFORMS) == {name for name, p in PLATFORMS.items() if p.reduced_range_remedy}
     observers = set(Recipe.model_json_schema()["$defs"]["CalibrationSpec"]["properties"]["observer"]["enum"])
     assert observers == set(ACTIVATION_OBSERVERS)
 
