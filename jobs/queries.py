@@ -19,6 +19,7 @@ from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from jobs import workers
 from jobs.cursors import paginate
 from jobs.models import (
     TERMINAL_STATUSES,
@@ -307,6 +308,7 @@ def claim_job(
             attempts=Job.attempts + 1,
             started_at=job.started_at or now,
             updated_at=now,
+            **workers.hand_off_closed("a new attempt took the job over before its engine build ended"),
         )
         .execution_options(synchronize_session=False)
     )
@@ -492,6 +494,9 @@ def _transition(
     query = update(Job).where(Job.id == job_id, Job.status.in_(allowed))
     if extra is not None:
         query = query.where(extra)
+    if status not in (JobStatus.running, JobStatus.canceling):  # the attempt is over: so is its hand-off
+        ended = "was queued again" if status == JobStatus.queued else f"ended {status.value}"
+        values = {**values, **workers.hand_off_closed(f"the job {ended} before its engine build ended")}
     result = session.execute(
         query.values(status=status, updated_at=utcnow(), **values).execution_options(synchronize_session=False)
     )

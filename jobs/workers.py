@@ -11,6 +11,8 @@ Hand-off, one job row carries it (columns ``engine_*``):
            └─ finish_engine (engine worker: running → built | skipped | failed, same request id)
     end_engine (runner: queued | running → skipped/failed when it stops waiting; the late task then
                 finds its request no longer current and does nothing)
+    hand_off_closed (`jobs.queries`: a job leaving its attempt, whatever the runner did, retires the
+                request and ends a stage still queued | running as skipped, in the same UPDATE)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import case, delete, select, update
 from sqlalchemy.orm import Session
 
 from jobs.models import Job, JobStatus, Worker, utcnow
@@ -208,6 +210,19 @@ def finish_engine(
         .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1
+
+
+def hand_off_closed(reason: str) -> dict[str, Any]:
+    """UPDATE values that retire the job's hand-off: the engine worker can no longer claim it or report
+    on it, and its build stops at its next check; a stage still queued or running ends ``skipped`` with
+    `reason`, an ended one keeps what it says. For every change that takes a job out of its attempt, so
+    no path (release, soft time limit, reaper, a takeover after a crash) leaves a hand-off open."""
+    waiting = Job.engine_status.in_(ENGINE_WAITING)
+    return {
+        "engine_status": case((waiting, "skipped"), else_=Job.engine_status),
+        "engine_reason": case((waiting, reason), else_=Job.engine_reason),
+        "engine_request": None,
+    }
 
 
 def end_engine(*, session: Session, job_id: uuid.UUID, request: uuid.UUID, status: str, reason: str) -> bool:

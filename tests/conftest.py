@@ -62,6 +62,22 @@ def make_database(kind: str) -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A migrated database of each kind, for tests of the queries alone (no service)."""
+    from alembic import command
+    from alembic.config import Config
+
+    from jobs.db import get_engine
+
+    with make_database(request.param) as url:
+        config = Config(str(ARTIFACTS.parent / "alembic.ini"))
+        config.attributes["url"] = url
+        command.upgrade(config, "head")
+        yield url
+        get_engine(url).dispose()
+
+
 @contextmanager
 def redis_database() -> Iterator[str]:
     """A Redis database number no other test run on this machine holds, emptied for this run.

@@ -16,6 +16,7 @@ import json
 import signal
 import socket
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,31 @@ def test_cancel_while_waiting_for_a_gpu_worker_stops_promptly(service: Service, 
     # Promptly: the wait polls every 0.5 s; 3 s leaves room for a loaded machine, and is under the 8 s wait.
     assert took < 3.0, took
     assert job["engine_status"] == "skipped" and "canceled" in job["engine_reason"]
+
+
+def test_a_job_worker_shut_down_during_the_wait_retires_the_hand_off(service: Service, digits, engine_worker) -> None:
+    """SIGTERM to the job's worker while a build waits at a busy GPU worker: the job goes back to the
+    queue, and its hand-off with it (a GPU worker that frees up must not build for an attempt that is
+    over); the next attempt hands off anew."""
+    engine_worker()
+    _stop_consuming(service)
+    key, job_id = _submit(service, digits)
+    _poll(service, key, job_id, lambda j: j["engine_status"] == "queued")
+    service.stack.kill("gpu", signal.SIGTERM)  # parent and pool; returns once the worker has exited
+    try:
+        with service.client(key) as client:
+            job = client.get(f"/jobs/{job_id}").json()
+        assert (job["status"], job["attempts"]) == ("queued", 0), job
+        assert job["engine_status"] == "skipped", job
+        assert job["engine_reason"] == "the job was queued again before its engine build ended"
+        with session_scope(service.database_url) as session:
+            state = workers.engine_state(session=session, job_id=uuid.UUID(job_id))
+        assert state is not None and state.request is None  # the engine worker's claim would now fail
+    finally:
+        service.start_job_worker()
+    job, _ = _finished(service, key, job_id)
+    assert (job["status"], job["attempts"]) == ("succeeded", 1), job
+    assert job["engine_reason"].startswith(f"no GPU worker took the engine build within {WAIT:g} s"), job
 
 
 def test_a_job_worker_with_a_gpu_builds_its_own_engine(service: Service, digits) -> None:

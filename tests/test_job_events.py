@@ -9,31 +9,13 @@ second observation of the stage that ended.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import func, select
 
 from jobs import queries, timings
-from jobs.db import get_engine, session_scope
+from jobs.db import session_scope
 from jobs.models import JobEvent
-from tests.conftest import make_database
 from tests.rows import placeholder_job
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest) -> Iterator[str]:
-    with make_database(request.param) as url:
-        config = Config(str(ROOT / "alembic.ini"))
-        config.attributes["url"] = url
-        command.upgrade(config, "head")
-        yield url
-        get_engine(url).dispose()
 
 
 def _job(url: str) -> uuid.UUID:
