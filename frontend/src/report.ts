@@ -10,6 +10,7 @@ import { bytes, h, label, num, percent, table } from "./dom";
 type Analysis = Schemas["Analysis"];
 type LayerHarm = Schemas["LayerHarm"];
 type Target = Schemas["TargetOutcome"];
+type Parity = Schemas["Parity"];
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Obj = { [key: string]: Json };
@@ -17,7 +18,7 @@ type Obj = { [key: string]: Json };
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 
 const LATENCY = /latency|_ms$|throughput/i; // shown together in the latency table
-const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target"]);
+const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity"]);
 const HANDLED_EVAL = new Set(["model", "num_samples", "top1_output"]);
 
 /** Render into `section`; returns a cleanup that destroys the charts. */
@@ -33,6 +34,7 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     );
   }
   section.append(summary(evaluation, variants));
+  if (isObj(report.parity)) section.append(parityView(report.parity as unknown as Parity, isObj(report.config) ? report.config : {}));
   if (isObj(report.target)) section.append(targetView(report.target as unknown as Target));
   section.append(outputMetrics(variants));
 
@@ -134,6 +136,29 @@ function outputMetrics(variants: [string, Obj][]): HTMLElement {
     scroll("Output metrics", table(null, ["Measured as", "Output", ...keys.map(label)], rows.map(([variant, output, m]) => [label(variant), h("code", {}, output), ...keys.map((k) => num(m[k]))]), { class: "data", id: "output-metrics" })),
     extra,
     variantExtras,
+  );
+}
+
+// ---- deployment: does the model run as the report measured it, and how to run it so ----
+
+function parityView(parity: Parity, config: Obj): HTMLElement {
+  const disabled = Array.isArray(config.disabled_optimizers) ? config.disabled_optimizers.filter((n): n is string => typeof n === "string") : [];
+  const kind = parity.agree === true ? "info" : parity.agree === false ? "error" : "warn";
+  const verdict = parity.agree === true ? "Deployed as measured" : parity.agree === false ? "Deployed model disagrees with exact QDQ" : "Deployment not measured";
+  return h(
+    "section",
+    { "aria-labelledby": "deployment-title", id: "deployment" },
+    h("h3", { id: "deployment-title" }, "Deployment"),
+    h("p", { class: `notice ${kind}`, role: "status", id: "parity-verdict" }, h("strong", {}, `${verdict}: `), parity.reason),
+    parity.remedy ? h("p", { id: "parity-remedy" }, h("strong", {}, "What was changed: "), parity.remedy) : null,
+    disabled.length
+      ? h(
+          "p",
+          { class: "notice warn", id: "run-as" },
+          h("strong", {}, "Run it as measured: "),
+          h("code", {}, `onnxruntime.InferenceSession(path, disabled_optimizers=${JSON.stringify(disabled)})`),
+        )
+      : null,
   );
 }
 

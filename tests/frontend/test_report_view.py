@@ -107,6 +107,9 @@ def test_report_view_ranks_layers_and_shows_the_target(page, service: Service, t
     expect(layers.locator("#tensor-table tbody tr")).to_have_count(len(report["analysis"]["tensors"]))
     expect(page.locator("#output-metrics")).to_contain_text("relative error p99")
     expect(section.get_by_text("reconstruction", exact=True)).to_be_visible()
+    expect(page.locator("#parity-verdict")).to_contain_text(report["parity"]["reason"])
+    expect(page.locator("#parity-verdict")).to_have_class(re.compile("info"))
+    expect(page.locator("#run-as")).to_have_count(0)  # nothing to change in how it runs
     screenshot(page, "report-with-layers")
     audit(page, "report-with-layers")
 
@@ -122,6 +125,24 @@ def test_unmet_target_is_shown_as_a_failure_with_its_report(page, service: Servi
     expect(page.locator("#layer-table tbody tr").first).to_contain_text("conv3")
     screenshot(page, "report-target-not-met")
     audit(page, "report-target-not-met")
+
+
+def test_a_deployment_that_needs_rewrites_off_says_how_to_run_it(page, service: Service, tmp_path):
+    """The parity section as the pipeline writes it when a remedy was needed (the reason and remedy texts
+    of quantcore.parity for an ONNX Runtime rewrite that changed the results): the dashboard shows what
+    was changed and the exact InferenceSession call that runs the model as measured."""
+    report = real_report(tmp_path, AccuracyTarget("cosine", 0.999))
+    before = dict(report["parity"], agree=False, reason="deployed vs exact SQNR 12.0 dB < 30.0 dB")
+    remedy = "ONNX Runtime 1.32.0's graph rewrite 'QDQSelectorActionTransformer' changes this model's results"
+    report["parity"] = {**report["parity"], "remedy": remedy, "before_remedy": before}
+    report["config"]["disabled_optimizers"] = ["QDQSelectorActionTransformer"]
+    serve_job(page, JOB, report)
+    sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
+    expect(page.locator("#parity-remedy")).to_contain_text(remedy)
+    expect(page.locator("#run-as")).to_contain_text(
+        'onnxruntime.InferenceSession(path, disabled_optimizers=["QDQSelectorActionTransformer"])'
+    )
+    audit(page, "report-rewrites-off")
 
 
 def test_event_stream_resumes_with_last_event_id_after_a_drop(page, service: Service):
