@@ -110,6 +110,23 @@ def _summary(report: Mapping[str, Any]) -> str:
     return _table(["", "value"], rows)
 
 
+def _deployment(report: Mapping[str, Any]) -> str:
+    """The parity verdict: does the model run as measured, what was changed, and how to run it so."""
+    parity = report.get("parity")
+    if not parity:
+        return ""
+    agree = parity.get("agree")
+    verdict_class = "ok" if agree else "fail" if agree is False else "note"
+    html = f'<h2>Deployment</h2><p class="{verdict_class}">{_e(parity.get("reason"))}</p>'
+    if parity.get("remedy"):
+        html += f"<p>What was changed: {_e(parity['remedy'])}</p>"
+    disabled = (report.get("config") or {}).get("disabled_optimizers") or []
+    if disabled:
+        call = f"onnxruntime.InferenceSession(path, disabled_optimizers={list(disabled)!r})"
+        html += f"<p>Run it as measured: <code>{_e(call)}</code></p>"
+    return html
+
+
 def _target(target: Mapping[str, Any] | None) -> str:
     if not target:
         return ""
@@ -227,7 +244,8 @@ def render_html(report: Mapping[str, Any]) -> str:
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{STYLE}</style></head><body><h1>{_e(title)}</h1>"
-        f"{_summary(report)}{_target(report.get('target'))}{_outputs(report.get('evaluation') or {})}"
+        f"{_summary(report)}{_deployment(report)}{_target(report.get('target'))}"
+        f"{_outputs(report.get('evaluation') or {})}"
         f"{_analysis(report.get('analysis'))}"
         + (f"<h2>Warnings</h2><ul>{warning_list}</ul>" if warnings else "")
         + f'<p class="note">Report format {_e(report.get("format"))}.</p></body></html>\n'

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+from html import escape
 
 import numpy as np
 import onnxruntime as ort
@@ -122,5 +123,10 @@ def test_html_report_is_standalone_with_the_layer_chart(model_path, tmp_path) ->
     assert "script" not in parser.tags and "link" not in parser.tags and parser.urls == []  # no external assets
     assert parser.tags.count("svg") == 1 and parser.tags.count("rect") == 4  # one bar per layer
     assert "conv3" in page and "cosine &gt;= 0.999" in page
+    assert "<h2>Deployment</h2>" in page and escape(result.report["parity"]["reason"]) in page
+    assert "Run it as measured" not in page  # nothing to change in how it runs
+    rewrites_off = {**result.report, "config": {**result.report["config"], "disabled_optimizers": ["NchwcTransformer"]}}
+    call = "onnxruntime.InferenceSession(path, disabled_optimizers=['NchwcTransformer'])"
+    assert f"Run it as measured: <code>{escape(call)}</code>" in render_html(rewrites_off)
     hostile = {**result.report, "warnings": ["<script>alert(1)</script>"]}
     assert "<script>alert" not in render_html(hostile)  # report values are escaped
