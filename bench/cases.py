@@ -202,24 +202,20 @@ CAPTCHA_LETTERS = "abcdefghijkmnpqrstuvwxyz23456789ABCDEFGHJKLMNPQRSTUVWXYZ"  # 
 
 def _captcha_glyphs(
     rng: np.random.Generator, canvas, text: str, left: int, top: tuple[int, int], size: tuple[int, int], advance: int
-) -> list[tuple[int, int, int, int]]:
+) -> None:
     """Draw ``text`` on the PIL image ``canvas`` one rotated glyph at a time (Pillow's own scalable font,
     ``size`` px, dark random colours, -20 to 20 degrees), from ``left``, each glyph's top drawn from
-    ``top``; the next glyph ``advance`` px on, plus up to 6. Returns each glyph's box."""
+    ``top``; the next glyph ``advance`` px on, plus up to 6."""
     from PIL import Image, ImageDraw, ImageFont
 
-    boxes = []
     for char in text:
         font = ImageFont.load_default(size=int(rng.integers(*size)))
         ink = Image.new("L", (int(size[1] * 1.3), int(size[1] * 1.4)), 0)
         ImageDraw.Draw(ink).text((6, 2), char, fill=255, font=font)
         ink = ink.rotate(float(rng.uniform(-20, 20)), resample=Image.BILINEAR)
         colour = Image.new("RGB", ink.size, tuple(int(v) for v in rng.integers(0, 120, 3)))
-        y = int(rng.integers(*top))
-        canvas.paste(colour, (left, y), ink)
-        boxes.append((left, y, *ink.size))
+        canvas.paste(colour, (left, int(rng.integers(*top))), ink)
         left += advance + int(rng.integers(0, 7))
-    return boxes
 
 
 def _clutter(rng: np.random.Generator, canvas, lines: int, dots: int) -> None:
