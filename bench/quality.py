@@ -156,8 +156,8 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
 
         # Deployment measurements off: the wall time compared with quantize_static is quantization's.
         config = QuantizeConfig(batch_size=BATCH_SIZE, cpu_latency=False, **QUANTCORE_CONFIGS[method])
-        # The held-out samples for the stage's own evaluation too: its parity check decides how the model
-        # must run (until session 22 it had one batch, a single sample for models of batch 1).
+        # All held-out samples for the stage's own evaluation too: its parity check decides how the model
+        # must run, and one batch (one sample for a model of batch 1) is too few to decide on.
         quantized = quantize(model_path, calibration, evaluation, config, out_dir, progress=progress)
         seconds = quantized.report["stage_seconds"]
         unmeasured = ("evaluate", "analyze", "latency", "engine")

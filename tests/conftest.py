@@ -25,7 +25,8 @@ from launcher.stack import Stack
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS_LOCK = "quant-test:lock"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +72,7 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
     from jobs.db import get_engine
 
     with make_database(request.param) as url:
-        config = Config(str(ARTIFACTS.parent / "alembic.ini"))
+        config = Config(str(ROOT / "alembic.ini"))
         config.attributes["url"] = url
         command.upgrade(config, "head")
         yield url
