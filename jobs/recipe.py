@@ -75,9 +75,9 @@ class CalibrationSpec(_Spec):
     percentile_candidates: list[Annotated[float, Field(ge=90.0, le=100.0)]] = Field(
         [99.9, 99.99, 99.999, 100.0],
         max_length=8,
-        description="With observer=percentile: other percentiles to try; the one whose quantized model reproduces "
-        "the FP32 outputs best on the calibration data is kept, given 64 samples or more (the report's config "
-        "names it). [] tries none.",
+        description="With observer=percentile: other percentiles to try, with each tensor's MSE threshold read from "
+        "the same histograms; the one whose quantized model reproduces the FP32 outputs best on the calibration "
+        "data is kept, given 64 samples or more (the report's config names it). [] tries none.",
     )
     num_samples: int = Field(
         512, ge=1, le=100_000, description="At most this many dataset samples are used for calibration."

@@ -65,6 +65,11 @@ class RunConfig(_Section):
     observer: str
     percentile: float = Field(description="The percentile the run used: the one the search kept, if it ran.")
     percentile_candidates: list[float] = Field(default_factory=list)
+    clip: Literal["percentile", "mse"] = Field(
+        "percentile",
+        description="Where tensors observed by percentile were clipped: at the percentile, or at the threshold "
+        "minimising their quantization error estimated on the same histogram (kept by the search).",
+    )
     batch_size: int
     exclude_op_types: list[str]
     exclude_node_patterns: list[str] = Field(description="Includes the layers the accuracy-target mode kept in float.")
@@ -120,12 +125,14 @@ class AnnotationSummary(_Section):
 
 
 class PercentileCandidate(_Section):
-    percentile: float
+    clip: Literal["percentile", "mse"] = "percentile"
+    percentile: float | None = Field(description="The candidate's percentile (null: the MSE threshold).")
     sqnr_db: float | None = Field(description="Worst output SQNR on the search samples (null: exact, or not finite).")
 
 
 class PercentileSearch(_Section):
-    chosen: float
+    chosen: float = Field(description="The percentile the run went on with (with clip mse: the configured one).")
+    clip: Literal["percentile", "mse"] = Field("percentile", description="The kind of candidate kept.")
     samples: int
     candidates: list[PercentileCandidate]
 
@@ -136,8 +143,8 @@ class CalibrationSummary(_Section):
     num_batches: int
     percentile_search: PercentileSearch | None = Field(
         None,
-        description="The clipping percentile kept among the candidates (null: no search ran: observer not "
-        "percentile, no candidates, or fewer than 64 calibration samples).",
+        description="The clipping percentile, or MSE threshold, kept among the candidates (null: no search ran: "
+        "observer not percentile, no candidates, or fewer than 64 calibration samples).",
     )
 
 

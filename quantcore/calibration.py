@@ -20,9 +20,10 @@ A percentile observer whose percentile the later batches pushed below the bins i
 resolved one, fed by a second pass over the batches that exposes only the tensors it observes.
 Tensors sharing a scale through ``dominator`` links feed a single observer, that of the root of the
 chain; the root becomes ACTIVATED and the others PASSIVE with the root's scale.
-``calibrate_percentiles`` returns the calibration at several percentiles from the same pass (the
+``calibrate_clips`` returns the calibration at several percentiles from the same pass (the
 percentile histograms resolve their tails down to 64 times the configured percentile's share of
-values: 99.9 and above for 99.99), for ``quantcore.clip_search`` to choose among.
+values: 99.9 and above for 99.99), and at each tensor's MSE threshold estimated on the same histogram
+(``config.clip`` = ``mse``, ``quantcore.clipping.mse_amax``), for ``quantcore.clip_search`` to choose among.
 ``quantcore.scaling.scale_offset`` turns each observer's range into scale/offset.
 """
 
@@ -40,6 +41,7 @@ import onnxruntime as ort
 from quantcore import observers
 from quantcore.annotation import Annotation
 from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, input_specs
+from quantcore.clipping import mse_amax
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.graph import GraphIndex
@@ -52,6 +54,7 @@ from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
 
 STAGE = "calibrate"
+Clip = float | str  # where a percentile-observed tensor is clipped: a percentile of |x|, or "mse"
 
 
 def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig, *, resolve_all: bool = False) -> Observer:
@@ -211,6 +214,11 @@ def _observe(
     return batches
 
 
+def configured_clip(config: QuantizeConfig) -> Clip:
+    """The clip ``config`` names for the tensors observed by ``percentile``: its percentile, or ``"mse"``."""
+    return "mse" if config.clip == "mse" else config.percentile
+
+
 def calibrate(
     prepared: PreparedModel,
     annotation: Annotation,
@@ -227,27 +235,32 @@ def calibrate(
     Raises ``InvalidDataError`` for data that doesn't fit the model or drives a tensor non-finite,
     ``Canceled`` when ``should_cancel()`` turns True between batches.
     """
-    calibrated = calibrate_percentiles(
+    calibrated = calibrate_clips(
         prepared, annotation, calibration, config, (), progress=progress, should_cancel=should_cancel
     )
-    return calibrated[config.percentile]
+    return calibrated[configured_clip(config)]
 
 
-def calibrate_percentiles(
+def _threshold(observer: PercentileObserver, clip: Clip) -> float:
+    return mse_amax(observer) if clip == "mse" else observer.amax(clip)
+
+
+def calibrate_clips(
     prepared: PreparedModel,
     annotation: Annotation,
     calibration: Mapping[str, np.ndarray] | Batches,
     config: QuantizeConfig,
-    percentiles: Sequence[float],
+    clips: Sequence[Clip],
     *,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
-) -> dict[float, Annotation]:
-    """``calibrate``'s result at ``config.percentile`` and at each of ``percentiles``, from one pass over
-    the data: the tensors observed by ``percentile`` take their range at that percentile of the same
-    histograms, every other tensor the same range in all. A percentile below what the histograms
-    resolved (``PercentileObserver.resolves``) is left out, and all but ``config.percentile`` when no
-    tensor is observed by ``percentile`` (they would all be the same)."""
+) -> dict[Clip, Annotation]:
+    """``calibrate``'s result for ``configured_clip(config)`` and for each of ``clips`` (percentiles, or
+    ``"mse"``), from one pass over the data: the tensors observed by ``percentile`` take their range from
+    the same histograms at that percentile or at their estimated MSE threshold, every other tensor the
+    same range in all. A percentile below what the histograms resolved (``PercentileObserver.resolves``)
+    is left out, and every clip but the configured one when no tensor is observed by ``percentile`` (they
+    would all be the same)."""
     monitor = Monitor(progress, should_cancel)
     batches = (
         calibration
@@ -291,14 +304,15 @@ def calibrate_percentiles(
             f"tensors are kept under {EXPOSED_BYTES_PER_BATCH >> 20} MB",
         )
     percentile_observers = [o for o in observers.values() if isinstance(o, PercentileObserver)]
+    configured = configured_clip(config)
     results = {}
-    for percentile in dict.fromkeys((config.percentile, *(percentiles if percentile_observers else ()))):
-        if percentile != config.percentile and not all(o.resolves(percentile) for o in percentile_observers):
+    for clip in dict.fromkeys((configured, *(clips if percentile_observers else ()))):
+        if clip != "mse" and clip != configured and not all(o.resolves(clip) for o in percentile_observers):
             continue
         configs = {**annotation.configs, **weights, **dynamic}
         for root, observer in observers.items():
             if isinstance(observer, PercentileObserver):
-                bounds = observer.bounds_for(observer.amax(percentile))
+                bounds = observer.bounds_for(_threshold(observer, clip))
             else:
                 bounds = observer.bounds()
             scale, offset = scale_offset(annotation.configs[root], *bounds)
@@ -308,5 +322,5 @@ def calibrate_percentiles(
                 configs[name] = annotation.configs[name].with_scale(
                     configs[root].scale, configs[root].offset, state=QuantState.PASSIVE
                 )
-        results[percentile] = replace(annotation.with_configs(configs), notes=notes)
+        results[clip] = replace(annotation.with_configs(configs), notes=notes)
     return results

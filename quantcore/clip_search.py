@@ -1,4 +1,4 @@
-"""Choosing the clipping percentile of the activations on the calibration data.
+"""Choosing where the activations are clipped, on the calibration data: a percentile, or the MSE threshold.
 
 A ``percentile`` observer clips a tensor at the p-th percentile of |x|. Which p suits a model depends on
 how much its outputs rely on the rare large values, and no single one suits every model: on the bench's
@@ -6,10 +6,13 @@ real models (``bench.quality``, 128 calibration samples, output SQNR dB at 99.9 
 PP-OCR's direction classifier gives 11.4 / 17.4 / 19.0 / 15.7, openWakeWord's speech embedding 18.2 /
 17.9 / 19.7 / 20.6 and its hey-jarvis classifier 32.7 / 30.5 / 27.0 / 24.1.
 
-The calibration pass keeps histograms that give several percentiles at no extra cost
-(``quantcore.calibration.calibrate_percentiles``). ``choose_percentile`` builds the exact Q/DQ model of
-each candidate, runs it on the first ``SEARCH_SAMPLES`` calibration samples and keeps the candidate whose
-worst float output comes closest to FP32 (SQNR; ties: the configured percentile). Calibration samples,
+The calibration pass keeps histograms that give several percentiles at no extra cost, and each tensor's
+MSE threshold estimated on the same histogram (``quantcore.clipping.mse_amax``): the candidates
+(``quantcore.calibration.calibrate_clips``). No one rule suits every model either: with the ``mse``
+observer instead of the percentile, the bench's held-out SQNR moved by -1.6 to +7.6 dB across its real
+models (bench/README.md, session 23). ``choose_clip`` builds the exact Q/DQ model of each candidate,
+runs it on the first ``SEARCH_SAMPLES`` calibration samples and keeps the candidate whose worst float
+output comes closest to FP32 (SQNR; ties: the configured clip). Calibration samples,
 not evaluation ones, so the figures the report gives on the evaluation data are not the ones selected on;
 with fewer than ``MIN_SAMPLES`` of them no choice is made.
 Cost: one FP32 run over those samples, and one exact Q/DQ run per candidate.
@@ -18,14 +21,15 @@ Cost: one FP32 run over those samples, and one exact Q/DQ run per candidate.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches
+from quantcore.calibration import Clip, configured_clip
 from quantcore.config import QuantizeConfig
 from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
@@ -42,26 +46,52 @@ MIN_SAMPLES = 64
 
 
 @dataclass(frozen=True)
-class PercentileChoice:
-    """The percentile kept, its calibrated annotation, and every candidate's worst output SQNR (dB; +inf:
-    the outputs matched exactly, -inf: some were not finite) on ``samples`` calibration samples."""
+class ClipChoice:
+    """The clip kept (a percentile, or ``"mse"``), its calibrated annotation, the percentile the run goes
+    on with (with ``"mse"``: the configured one, whose histograms the thresholds were read from), and
+    every candidate's worst output SQNR (dB; +inf: the outputs matched exactly, -inf: some were not
+    finite) on ``samples`` calibration samples."""
 
+    clip: Clip
     percentile: float
     annotation: Annotation
-    scores: dict[float, float]
+    scores: dict[Clip, float]
     samples: int
+
+    def applied(self, config: QuantizeConfig) -> QuantizeConfig:
+        """``config`` going on with the clip kept (re-calibrations then give the same ranges)."""
+        if self.clip == "mse":
+            return replace(config, clip="mse")
+        return replace(config, clip="percentile", percentile=self.clip)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "chosen": self.percentile,
+            "clip": "mse" if self.clip == "mse" else "percentile",
             "samples": self.samples,
-            "candidates": [{"percentile": p, "sqnr_db": _finite_or_none(s)} for p, s in sorted(self.scores.items())],
+            "candidates": [
+                {
+                    "clip": "mse" if c == "mse" else "percentile",
+                    "percentile": None if c == "mse" else c,
+                    "sqnr_db": _finite_or_none(self.scores[c]),
+                }
+                for c in _ordered(self.scores)
+            ],
         }
 
     @property
     def statement(self) -> str:
-        scores = ", ".join(f"{p:g}: {s:.1f} dB" for p, s in sorted(self.scores.items()))
-        return f"percentile {self.percentile:g} kept ({scores} on {self.samples} calibration samples)"
+        scores = ", ".join(f"{_name(c)}: {self.scores[c]:.1f} dB" for c in _ordered(self.scores))
+        return f"{_name(self.clip)} kept ({scores} on {self.samples} calibration samples)"
+
+
+def _ordered(clips: Iterable[Clip]) -> list[Clip]:
+    """Percentiles in increasing order, then ``"mse"``."""
+    return sorted(clips, key=lambda c: (c == "mse", 0.0 if c == "mse" else c))
+
+
+def _name(clip: Clip) -> str:
+    return "mse threshold" if clip == "mse" else f"percentile {clip:g}"
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -76,26 +106,26 @@ def worst_sqnr(agreements: Mapping[str, OutputAgreement]) -> float:
     return min((r["sqnr_db"] for r in results if r["sqnr_db"] is not None), default=math.inf)
 
 
-def choose_percentile(
+def choose_clip(
     prepared: PreparedModel,
-    candidates: Mapping[float, Annotation],
+    candidates: Mapping[Clip, Annotation],
     batches: Batches,
     config: QuantizeConfig,
     monitor: Monitor | None = None,
-) -> PercentileChoice:
-    """The candidate (percentile → calibrated annotation, ``config.percentile`` among them) whose exact Q/DQ
-    model reproduces the FP32 outputs best on the first ``SEARCH_SAMPLES`` calibration samples. A model
-    too large to hold in memory as one protobuf keeps the configured percentile, unscored."""
+) -> ClipChoice:
+    """The candidate (clip → calibrated annotation, ``configured_clip(config)`` among them) whose exact
+    Q/DQ model reproduces the FP32 outputs best on the first ``SEARCH_SAMPLES`` calibration samples. A
+    model too large to hold in memory as one protobuf keeps the configured clip, unscored."""
     monitor = monitor or Monitor()
-    configured = config.percentile
+    configured = configured_clip(config)
     if len(candidates) == 1 or prepared.model.ByteSize() >= PROTOBUF_LIMIT:
-        return PercentileChoice(configured, candidates[configured], {}, 0)
+        return ClipChoice(configured, config.percentile, candidates[configured], {}, 0)
     samples = batches.first(SEARCH_SAMPLES)
     outputs = [o.name for o in prepared.model.graph.output]
     with open_session(prepared.model, device=config.device) as session:
         reference = [session.run(outputs, batch) for batch in samples]
     scores = {}
-    for i, (percentile, annotation) in enumerate(candidates.items()):
+    for i, (clip, annotation) in enumerate(candidates.items()):
         monitor.check(STAGE)
         agreements = {name: OutputAgreement(argmax=False) for name in outputs}
         with open_session(build_qdq_model(prepared, annotation), device=config.device, exact_qdq=True) as session:
@@ -103,7 +133,8 @@ def choose_percentile(
                 for name, x, y in zip(outputs, expected, session.run(outputs, batch), strict=True):
                     if np.issubdtype(x.dtype, np.floating):
                         agreements[name].update(x, y)
-        scores[percentile] = worst_sqnr({name: a for name, a in agreements.items() if a.elements})
-        monitor.report(STAGE, (i + 1) / len(candidates), f"percentile {percentile:g}: {scores[percentile]:.1f} dB")
-    chosen = max(scores, key=lambda p: (scores[p], p == configured))
-    return PercentileChoice(chosen, candidates[chosen], scores, samples.num_samples)
+        scores[clip] = worst_sqnr({name: a for name, a in agreements.items() if a.elements})
+        monitor.report(STAGE, (i + 1) / len(candidates), f"{_name(clip)}: {scores[clip]:.1f} dB")
+    chosen = max(scores, key=lambda c: (scores[c], c == configured))
+    percentile = config.percentile if chosen == "mse" else chosen
+    return ClipChoice(chosen, percentile, candidates[chosen], scores, samples.num_samples)

@@ -12,7 +12,8 @@ merged into n equal groups and spread back uniformly over
 each group's non-empty bins. T = i · w for the i minimising KL(P ‖ Q) = Σ p log(p / q) over p > 0 (q floored at 1e-12).
 With n >= bins there is nothing to search (16-bit grids): T = max|x|.
 
-``mse``: among thresholds spread over [max|x|/64, max|x|] (refined around the best), the expected
+``mse`` (``mse_amax``, which also reads a percentile's tail-resolved histogram): among thresholds
+spread over [max|x|/64, max|x|] (refined around the best), the expected
 squared error of quantizing the data on the grid of the range [-T, T] (asymmetric:
 [max(min x, -T), min(max x, T)]), evaluated on the histogram, each bin's count at its centre c::
 
@@ -101,52 +102,65 @@ class KLObserver(HistogramObserver):
         return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
 
 
-class MSEObserver(HistogramObserver):
-    """Threshold minimising the histogram's expected quantization MSE on the tqc's grid (see module).
+# The MSE search: COARSE thresholds evenly spaced from max|x| / 64 (or the histogram's floor) to max|x|,
+# then FINE thresholds between the best one's neighbours.
+FIRST_CANDIDATE_FRACTION = 1 / 64
+COARSE = 64
+FINE = 32
 
-    Coarse-to-fine: ``COARSE`` thresholds evenly spaced over [max|x| · first_candidate_fraction, max|x|],
-    then ``FINE`` thresholds between the best one's neighbours. Only non-empty bins are scored, so a
-    sparse histogram (a weight channel of a few hundred values) costs little.
+
+def mse_amax(histogram: HistogramObserver) -> float:
+    """The threshold minimising ``histogram``'s expected quantization MSE on its tqc's grid (see module).
+
+    Only occupied bins are scored, so a sparse histogram (a weight channel of a few hundred values) costs
+    little. A histogram with a floor (a percentile's, ``quantcore.histogram``) is scored on its estimated
+    counts (``estimated_counts``: the tail exact, the bins below the floor as its floor sample was spread)
+    and over thresholds from the floor up: a threshold lower than that would clip values it cannot see.
     """
+    abs_max = histogram.abs_max
+    if histogram.total == 0 or abs_max == 0.0:
+        return 0.0
+    counts = histogram.estimated_counts()
+    occupied = np.flatnonzero(counts)
+    centers = np.minimum(histogram.centers()[occupied], abs_max)  # (n,) the last bin's centre may pass max|x|
+    weights = counts[occupied]
+    lowest = min(max(abs_max * FIRST_CANDIDATE_FRACTION, histogram.floor * histogram.bin_width), abs_max)
+    coarse = np.linspace(lowest, abs_max, COARSE)
+    losses = _mse_losses(histogram, coarse, centers, weights)
+    best = int(np.flatnonzero(losses <= losses.min())[-1])
+    fine = np.linspace(coarse[max(best - 1, 0)], coarse[min(best + 1, len(coarse) - 1)], FINE)
+    thresholds = np.concatenate([coarse, fine])
+    return _pick(np.concatenate([losses, _mse_losses(histogram, fine, centers, weights)]), thresholds)
 
-    first_candidate_fraction = 1 / 64  # smallest threshold scored: max|x| / 64
-    COARSE = 64
-    FINE = 32
+
+def _mse_losses(
+    histogram: HistogramObserver, thresholds: np.ndarray, centers: np.ndarray, weights: np.ndarray
+) -> np.ndarray:
+    """(K,) expected squared error for each threshold, on the occupied bins' centres."""
+    tqc = histogram.tqc
+    if tqc.symmetric:
+        lo, hi = -thresholds, thresholds
+    else:
+        lo = np.maximum(histogram.lo_seen, -thresholds)
+        hi = np.minimum(histogram.hi_seen, thresholds)
+    scale, offset = scale_offset(tqc, lo, hi)  # (K,) each, power-of-two applied when the policy says so
+    rows = torch.from_numpy(centers).expand(len(thresholds), -1)  # (K, n), one candidate grid per row
+    s = torch.from_numpy(scale.astype(np.float64))
+    with torch.no_grad():
+        if tqc.floating:
+            x_hat = fake_quantize_float(rows, s, tqc.float_format, 0, quant_max=tqc.quant_max, rounding=tqc.rounding)
+        else:
+            o = torch.from_numpy(offset.astype(np.float64))
+            x_hat = fake_quantize(rows, s, o, tqc.quant_min, tqc.quant_max, 0, rounding=tqc.rounding)
+    w = torch.from_numpy(weights)
+    return (((rows - x_hat) ** 2 * w).sum(dim=1) / w.sum()).numpy()
+
+
+class MSEObserver(HistogramObserver):
+    """Threshold minimising the histogram's expected quantization MSE on the tqc's grid (``mse_amax``)."""
 
     def amax(self) -> float:
-        if self.total == 0 or self.abs_max == 0.0:
-            return 0.0
-        occupied = np.flatnonzero(self.counts)
-        centers = np.minimum(self.centers()[occupied], self.abs_max)  # (n,) the last bin's centre may pass max|x|
-        weights = self.counts[occupied].astype(np.float64)
-        coarse = np.linspace(self.abs_max * self.first_candidate_fraction, self.abs_max, self.COARSE)
-        losses = self._losses(coarse, centers, weights)
-        best = int(np.flatnonzero(losses <= losses.min())[-1])
-        fine = np.linspace(coarse[max(best - 1, 0)], coarse[min(best + 1, len(coarse) - 1)], self.FINE)
-        thresholds = np.concatenate([coarse, fine])
-        return _pick(np.concatenate([losses, self._losses(fine, centers, weights)]), thresholds)
-
-    def _losses(self, thresholds: np.ndarray, centers: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """(K,) expected squared error for each threshold, on the occupied bins' centres."""
-        tqc = self.tqc
-        if tqc.symmetric:
-            lo, hi = -thresholds, thresholds
-        else:
-            lo = np.maximum(self.lo_seen, -thresholds)
-            hi = np.minimum(self.hi_seen, thresholds)
-        scale, offset = scale_offset(tqc, lo, hi)  # (K,) each, power-of-two applied when the policy says so
-        rows = torch.from_numpy(centers).expand(len(thresholds), -1)  # (K, n), one candidate grid per row
-        s = torch.from_numpy(scale.astype(np.float64))
-        with torch.no_grad():
-            if tqc.floating:
-                x_hat = fake_quantize_float(
-                    rows, s, tqc.float_format, 0, quant_max=tqc.quant_max, rounding=tqc.rounding
-                )
-            else:
-                o = torch.from_numpy(offset.astype(np.float64))
-                x_hat = fake_quantize(rows, s, o, tqc.quant_min, tqc.quant_max, 0, rounding=tqc.rounding)
-        w = torch.from_numpy(weights)
-        return (((rows - x_hat) ** 2 * w).sum(dim=1) / w.sum()).numpy()
+        return mse_amax(self)
 
 
 FP8_POLICY = QuantPolicy.PER_TENSOR | QuantPolicy.FLOATING | QuantPolicy.SYMMETRIC

@@ -19,6 +19,7 @@ from quantcore.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
 
 PLATFORM_NAMES = tuple(PLATFORMS)
 DEVICES = ("cpu", "cuda")
+CLIPS = ("percentile", "mse")  # where a percentile-observed tensor is clipped (QuantizeConfig.clip)
 RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
 MAX_RECONSTRUCTION_ITERS = 100_000
 
@@ -172,9 +173,12 @@ class QuantizeConfig:
     the platform's own, fp8 on tensorrt-fp8 and int8 elsewhere.
     observer: how activation ranges are derived (``quantcore.observers``; ``percentile`` takes
     amax = the ``percentile``-th percentile of |x|). percentile_candidates: other percentiles the run
-    tries for the tensors observed by ``percentile``, keeping whichever reproduces the FP32 outputs best
-    on the calibration data, given at least 64 samples (``quantcore.clip_search``; the report's config
-    then holds the one kept); () tries none. batch_size: samples per ONNX Runtime run (a fixed
+    tries for the tensors observed by ``percentile``, with the MSE threshold (``clip="mse"``), keeping
+    whichever reproduces the FP32 outputs best on the calibration data, given at least 64 samples
+    (``quantcore.clip_search``; the report's config then holds the one kept); () tries none. clip: where
+    a tensor observed by ``percentile`` is clipped: ``percentile``, at that percentile of |x|, or ``mse``,
+    at the threshold minimising its quantization error estimated on the same histogram
+    (``quantcore.clipping.mse_amax``). batch_size: samples per ONNX Runtime run (a fixed
     batch dimension in the model wins). exclude_op_types / exclude_node_patterns: nodes kept in float,
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platforms when this CPU's u8s8 kernels
@@ -196,6 +200,7 @@ class QuantizeConfig:
     observer: str = "percentile"
     percentile: float = 99.99
     percentile_candidates: tuple[float, ...] = (99.9, 99.99, 99.999, 100.0)
+    clip: str = "percentile"
     batch_size: int = 16
     exclude_op_types: tuple[str, ...] = ()
     exclude_node_patterns: tuple[str, ...] = ()
@@ -221,6 +226,7 @@ class QuantizeConfig:
                 f"(it accepts {', '.join(accepted)})"
             )
         require_choice("observer", self.observer, ACTIVATION_OBSERVERS)
+        require_choice("clip", self.clip, CLIPS)
         require_choice("device", self.device, DEVICES)
         object.__setattr__(self, "disabled_optimizers", string_tuple("disabled_optimizers", self.disabled_optimizers))
         require_choice("reduce_range", self.reduce_range, REDUCE_RANGE_CHOICES)
@@ -269,6 +275,7 @@ class QuantizeConfig:
             "observer": self.observer,
             "percentile": self.percentile,
             "percentile_candidates": list(self.percentile_candidates),
+            "clip": self.clip,
             "batch_size": self.batch_size,
             "exclude_op_types": list(self.exclude_op_types),
             "exclude_node_patterns": list(self.exclude_node_patterns),

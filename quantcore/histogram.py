@@ -12,7 +12,9 @@ kept too, so that an asymmetric config gets a one-sided range for a one-sided te
 Bins below ``floor`` may be left unresolved: their total count is kept in bin ``floor - 1`` and the
 bins under it stay empty, so cumulative counts from bin ``floor - 1`` upwards are exact. Merging 2^k
 bins keeps the property, the floor becoming ceil(floor / 2^k). The base class and the KL/MSE searches
-resolve every bin (floor 0); the percentile needs only the tail above its bin (``PercentileObserver``).
+resolve every bin (floor 0); the percentile needs only the tail above its bin (``PercentileObserver``),
+which also keeps the histogram of the sample it placed the floor with, to estimate the bins below the
+floor (``estimated_counts``, for the MSE threshold read from a percentile's histogram, ``quantcore.clipping``).
 
 A batch is read by ``quantcore._binning.scan`` (C, one pass, 8 values per vector instruction): its
 extremes and the NaN/inf test, and the count of every value with trunc(|x| · bins / top) >= floor,
@@ -68,6 +70,18 @@ def bin_multiplier(values: np.ndarray, bins: int, top: float) -> tuple[np.ndarra
         return values, multiplier
     mantissa, exponent = math.frexp(top)  # top = mantissa · 2^exponent
     return np.ldexp(values, -exponent), bins / mantissa
+
+
+def merged_bins(counts: np.ndarray, factor: int) -> np.ndarray:
+    """``counts`` with every ``factor`` adjacent bins summed into one, from the first, padded with zeros to
+    the same length (``factor`` a power of two)."""
+    bins = counts.size
+    merged = np.zeros_like(counts)
+    if factor >= bins:
+        merged[0] = counts.sum()
+    else:
+        merged[: bins // factor] = counts.reshape(bins // factor, factor).sum(axis=1)
+    return merged
 
 
 class HistogramObserver:
@@ -181,20 +195,23 @@ class HistogramObserver:
             mantissa, exponent = math.frexp(new_max)
             self.top = math.ldexp(1.0, exponent) if self.ALIGNED and mantissa != 0.5 else new_max
             return
-        bins = self.counts.size
         mantissa, exponent = math.frexp(self.top)  # exact, with no overflow of new_max / top
         new_mantissa, new_exponent = math.frexp(new_max)
         k = new_exponent - exponent + (new_mantissa > mantissa)  # the smallest k with top · 2^k >= new_max
         factor = 2**k
-        merged = np.zeros_like(self.counts)
-        if factor >= bins:
-            merged[0] = self.counts.sum()
-        else:
-            merged[: bins // factor] = self.counts.reshape(bins // factor, factor).sum(axis=1)
-        self.counts = merged
+        self._merge(factor)
         self.top = math.ldexp(self.top, k)
         floor = -(-self.floor // factor)  # ceil: the merged bin holding floor - 1 holds all below it
         self.floor = floor if floor > 1 else 0
+
+    def _merge(self, factor: int) -> None:
+        """Merge every ``factor`` adjacent bins into one (the range grew ``factor`` times)."""
+        self.counts = merged_bins(self.counts, factor)
+
+    def estimated_counts(self) -> np.ndarray:
+        """(bins,) float64 counts with every bin resolved: the counts as they are. A histogram with a floor
+        estimates the bins below it (``PercentileObserver``)."""
+        return self.counts.astype(np.float64)
 
     def used_bins(self) -> int:
         """Bins up to the one holding abs_max: candidate thresholds beyond it clip nothing."""
@@ -265,6 +282,7 @@ class PercentileObserver(HistogramObserver):
         super().__init__(bins=bins, tqc=tqc)
         self.percentile = float(percentile)
         self.floor_chosen = resolve_all  # resolve_all: never a floor
+        self.sampled = np.zeros(bins, dtype=np.int64)  # the floor sample's histogram (estimated_counts)
 
     @property
     def floor_pending(self) -> bool:
@@ -285,6 +303,7 @@ class PercentileObserver(HistogramObserver):
         bins = self.counts.size
         per_bin = np.bincount(sample.astype(np.intp), minlength=bins + 1)
         per_bin[bins - 1] += per_bin[bins]  # |x| = top counts in the last bin
+        self.sampled = per_bin[:bins].copy()
         # A mass in the last bin (a saturated activation: Sigmoid at 1, ReLU6 at 6) is no tail: batches with
         # less of it would leave the percentile below the floor. The floor keeps ``kept`` values under it.
         kept += int(per_bin[bins - 1])
@@ -292,6 +311,26 @@ class PercentileObserver(HistogramObserver):
         from_top = np.cumsum(per_bin[bins - 1 :: -1])
         floor = bins - 1 - int(np.searchsorted(from_top, kept))  # the bin of the kept-th largest sampled value
         return max(floor, 0)
+
+    @property
+    def state_nbytes(self) -> int:
+        return super().state_nbytes + self.sampled.nbytes
+
+    def _merge(self, factor: int) -> None:
+        super()._merge(factor)
+        self.sampled = merged_bins(self.sampled, factor)
+
+    def estimated_counts(self) -> np.ndarray:
+        """The counts with the bins below the floor estimated: their total spread over them as the floor
+        sample's values were (evenly, if none of those fell there). The tail from the floor up is exact."""
+        counts = self.counts.astype(np.float64)
+        if not self.floor:
+            return counts
+        shape = self.sampled[: self.floor].astype(np.float64)
+        if not shape.any():
+            shape[:] = 1.0
+        counts[: self.floor] = counts[: self.floor].sum() * shape / shape.sum()
+        return counts
 
     @property
     def complete(self) -> bool:

@@ -3,9 +3,9 @@
     prepare → annotate → calibrate → clip → reconstruct → export → evaluate → analyze → target → latency → engine
 
 ``clip`` runs when activations are observed by ``percentile``, ``config.percentile_candidates`` names
-others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the
-percentile that reproduces the FP32 outputs best on the calibration data (``quantcore.clip_search``),
-and the run goes on with it (re-calibrations too). ``reconstruct`` learns
+others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the percentile,
+or the MSE threshold read from the same histograms, that reproduces the FP32 outputs best on the
+calibration data (``quantcore.clip_search``), and the run goes on with it (re-calibrations too). ``reconstruct`` learns
 the rounding when ``config.reconstruction`` is set (otherwise it reports itself skipped at once).
 ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
 quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
@@ -49,8 +49,8 @@ from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
-from quantcore.calibration import calibrate, calibrate_percentiles
-from quantcore.clip_search import MIN_SAMPLES, choose_percentile
+from quantcore.calibration import calibrate, calibrate_clips, configured_clip
+from quantcore.clip_search import MIN_SAMPLES, choose_clip
 from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
@@ -175,23 +175,23 @@ def quantize(
     if restored is not None:
         exported, percentile_search = restored.exported, restored.percentile_search
         calibrated = checkpoint.restore_configs(annotation, exported.tqc_path)
-        if percentile_search is not None:  # re-calibrations (remedy, target) go on with the percentile kept
-            config = replace(config, percentile=percentile_search["chosen"])
+        if percentile_search is not None:  # re-calibrations (remedy, target) go on with the clip kept
+            config = replace(config, percentile=percentile_search["chosen"], clip=percentile_search["clip"])
             resumed.insert(1, "clip")
     else:
         started = stages.begin("calibrate")
         enough = calibration_batches.num_samples >= MIN_SAMPLES
-        searched = config.percentile_candidates if enough else ()
-        candidates = calibrate_percentiles(
+        searched = (*config.percentile_candidates, "mse") if enough and config.percentile_candidates else ()
+        candidates = calibrate_clips(
             prepared, annotation, calibration_batches, config, searched, progress=progress, should_cancel=should_cancel
         )
-        calibrated = candidates[config.percentile]
+        calibrated = candidates[configured_clip(config)]
         stages.end("calibrate", started, f"calibrated on {calibration_batches.num_samples} samples")
         if len(candidates) > 1:
             started = stages.begin("clip")
-            choice = choose_percentile(prepared, candidates, calibration_batches, config, monitor)
+            choice = choose_clip(prepared, candidates, calibration_batches, config, monitor)
             percentile_search = choice.to_dict()
-            calibrated, config = choice.annotation, replace(config, percentile=choice.percentile)
+            calibrated, config = choice.annotation, choice.applied(config)
             stages.end("clip", started, choice.statement)
 
         started = stages.begin("reconstruct")
