@@ -66,7 +66,8 @@ class CalibrationSpec(_Spec):
     observer: Observer = Field(
         "percentile",
         description="How activation ranges are derived from the calibration data: minmax, ema_minmax "
-        "(moving average of batch ranges), percentile (of |x|), kl (TensorRT entropy), mse (error "
+        "(moving average of batch ranges), percentile (of |x|), kl (TensorRT entropy; it can clip heavy-tailed "
+        "activations far too hard), mse (error "
         "minimizing), floating (FP8 scale search).",
     )
     percentile: float = Field(

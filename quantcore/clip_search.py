@@ -9,7 +9,7 @@ PP-OCR's direction classifier gives 11.4 / 17.4 / 19.0 / 15.7, openWakeWord's sp
 The calibration pass keeps histograms that give several percentiles at no extra cost, and each tensor's
 MSE threshold estimated on the same histogram (``quantcore.clipping.mse_amax``): the candidates
 (``quantcore.calibration.calibrate_clips``). No one rule suits every model either: with the ``mse``
-observer instead of the percentile, the bench's held-out SQNR moved by -1.6 to +7.6 dB across its real
+observer instead of the percentile, the bench's held-out SQNR moved by -1.5 to +7.7 dB across its real
 models (bench/README.md, session 23). ``choose_clip`` builds the exact Q/DQ model of each candidate,
 runs it on the first ``SEARCH_SAMPLES`` calibration samples and keeps the candidate whose worst float
 output comes closest to FP32 (SQNR; ties: the configured clip). Calibration samples,
