@@ -5,8 +5,9 @@
 ``clip`` runs when activations are observed by ``percentile``, ``config.percentile_candidates`` names
 others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the percentile,
 or the MSE threshold read from the same histograms, that reproduces the FP32 outputs best on the
-calibration data (``quantcore.clip_search``), and the run goes on with it (re-calibrations too). ``reconstruct`` learns
-the rounding when ``config.reconstruction`` is set (otherwise it reports itself skipped at once).
+calibration data (``quantcore.clip_search``), and the run goes on with it (re-calibrations too).
+``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
+skipped at once).
 ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
 quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
 (``quantcore.accuracy_target``): it keeps the most harmful layers in float until the target is met
