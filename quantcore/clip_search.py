@@ -67,11 +67,11 @@ class ClipChoice:
     def to_dict(self) -> dict[str, Any]:
         return {
             "chosen": self.percentile,
-            "clip": "mse" if self.clip == "mse" else "percentile",
+            "clip": _kind(self.clip),
             "samples": self.samples,
             "candidates": [
                 {
-                    "clip": "mse" if c == "mse" else "percentile",
+                    "clip": _kind(c),
                     "percentile": None if c == "mse" else c,
                     "sqnr_db": _finite_or_none(self.scores[c]),
                 }
@@ -88,6 +88,11 @@ class ClipChoice:
 def _ordered(clips: Iterable[Clip]) -> list[Clip]:
     """Percentiles in increasing order, then ``"mse"``."""
     return sorted(clips, key=lambda c: (c == "mse", 0.0 if c == "mse" else c))
+
+
+def _kind(clip: Clip) -> str:
+    """The report's name for a candidate's kind: ``percentile`` or ``mse``."""
+    return "mse" if clip == "mse" else "percentile"
 
 
 def _name(clip: Clip) -> str:
