@@ -15,6 +15,11 @@ prints the process CPU time per value (median of ``--repeats``), summed over eve
   the same arithmetic as numpy (bit-identical counts), with one and with two intra-op threads
   (OpenMP threads spin after each parallel region: that CPU time counts).
 
+Then the MSE threshold search each tensor's percentile histogram gets in the clip search
+(``quantcore.clipping.mse_amax``), run with ``SEARCH_THREADS`` (one) and with two torch threads: process
+CPU ms and wall ms over every tensor (median of ``--repeats``; the first pass, which starts torch's
+threads, apart).
+
     python -m bench.observer_kernels --case /tmp/qb3/cases/ocr-rec [--repeats 5]
 
 ``--case`` is a case directory ``bench.quality`` wrote (``model.onnx``, ``calibration.npz``).
@@ -33,7 +38,7 @@ import numpy as np
 import onnx
 import torch
 
-from quantcore import QuantizeConfig
+from quantcore import QuantizeConfig, clipping
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.graph import GraphIndex
@@ -116,6 +121,28 @@ def cpu_ns_per_value(kernel: Callable[[np.ndarray], object], tensors: list[np.nd
     return statistics.median(times) / values * 1e9
 
 
+def mse_search_ms(tensors: list[np.ndarray], threads: int, repeats: int) -> tuple[float, float, float, float]:
+    """(CPU, wall) ms of ``mse_amax`` over every tensor's percentile histogram with ``threads`` torch
+    threads: the first pass, then the median of ``repeats`` more."""
+    observers = []
+    for t in tensors:
+        observers.append(PercentileObserver())
+        observers[-1].observe(t)
+    searched = clipping.SEARCH_THREADS
+    clipping.SEARCH_THREADS = threads
+    try:
+        passes = []
+        for _ in range(repeats + 1):
+            cpu, wall = time.process_time(), time.perf_counter()
+            for observer in observers:
+                clipping.mse_amax(observer)
+            passes.append(((time.process_time() - cpu) * 1e3, (time.perf_counter() - wall) * 1e3))
+    finally:
+        clipping.SEARCH_THREADS = searched
+    later = passes[1:]
+    return (*passes[0], statistics.median(p[0] for p in later), statistics.median(p[1] for p in later))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", required=True, help="a bench.quality case directory")
@@ -130,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         ns = cpu_ns_per_value(kernel, tensors, args.repeats)
         print(f"| {name} | {ns:.2f} | {ns * total / 1e9:.3f} |")
+    print("\n| MSE threshold search, torch threads | first pass CPU ms | wall ms | later passes CPU ms | wall ms |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for threads in (clipping.SEARCH_THREADS, 2):
+        torch.set_num_threads(2)  # what a process starts with on this machine; mse_amax sets its own
+        timings = mse_search_ms(tensors, threads, args.repeats)
+        print(f"| {threads} | " + " | ".join(f"{t:.1f}" for t in timings) + " |")
     return 0
 
 

@@ -40,6 +40,7 @@ from quantcore.histogram import HistogramObserver
 from quantcore.linear import fake_quantize
 from quantcore.policy import QuantPolicy
 from quantcore.scaling import scale_offset
+from quantcore.threads import torch_threads
 from quantcore.tqc import TensorQuantConfig
 
 MAX_CANDIDATES = 256  # KL thresholds scored per search; bounds the search's time
@@ -107,6 +108,12 @@ class KLObserver(HistogramObserver):
 FIRST_CANDIDATE_FRACTION = 1 / 64
 COARSE = 64
 FINE = 32
+# torch threads a search's kernels run on. Its tensors are small (COARSE x 2048 values at most): on this
+# 2-core machine, every search of a model on two threads took about twice the CPU time for at most 14 %
+# less wall time (ocr-det 122 against 60 CPU ms, 62 against 60 wall ms; ocr-cls 78 / 44 CPU, 38 / 44
+# wall), and with another process busy on a core, more of both (ocr-cls 118 / 42 CPU, 78 / 42 wall ms):
+# ``bench.observer_kernels``, bench/README.md session 24.
+SEARCH_THREADS = 1
 
 
 def mse_amax(histogram: HistogramObserver) -> float:
@@ -126,11 +133,12 @@ def mse_amax(histogram: HistogramObserver) -> float:
     weights = counts[occupied]
     lowest = min(max(abs_max * FIRST_CANDIDATE_FRACTION, histogram.floor * histogram.bin_width), abs_max)
     coarse = np.linspace(lowest, abs_max, COARSE)
-    losses = _mse_losses(histogram, coarse, centers, weights)
-    best = int(np.flatnonzero(losses <= losses.min())[-1])
-    fine = np.linspace(coarse[max(best - 1, 0)], coarse[min(best + 1, len(coarse) - 1)], FINE)
-    thresholds = np.concatenate([coarse, fine])
-    return _pick(np.concatenate([losses, _mse_losses(histogram, fine, centers, weights)]), thresholds)
+    with torch_threads(SEARCH_THREADS):
+        losses = _mse_losses(histogram, coarse, centers, weights)
+        best = int(np.flatnonzero(losses <= losses.min())[-1])
+        fine = np.linspace(coarse[max(best - 1, 0)], coarse[min(best + 1, len(coarse) - 1)], FINE)
+        fine_losses = _mse_losses(histogram, fine, centers, weights)
+    return _pick(np.concatenate([losses, fine_losses]), np.concatenate([coarse, fine]))
 
 
 def _mse_losses(

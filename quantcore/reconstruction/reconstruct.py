@@ -51,6 +51,7 @@ from quantcore.reconstruction.blocks import Block, partition
 from quantcore.reconstruction.cache import BlockCache
 from quantcore.reconstruction.converter import BlockModule, learnable_activation, learnable_weight
 from quantcore.session import open_session
+from quantcore.threads import torch_threads
 from quantcore.tqc import QuantState
 
 STAGE = "reconstruct"
@@ -353,7 +354,7 @@ def reconstruct(
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
     boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in graph_inputs))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_torch_threads(rc.threads if device.type == "cpu" else 0))
+        stack.enter_context(torch_threads(rc.threads if device.type == "cpu" else 0))
         fp_session = stack.enter_context(open_session(_exposing(prepared.model, boundary), device=config.device))
         run = _Run(prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session)
         reports = []
@@ -368,18 +369,6 @@ def reconstruct(
         num_samples=count,
         device=config.device,
     )
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int):
-    """torch's intra-op thread count set to ``threads`` (0: unchanged) for the block, then restored."""
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _read_activations(block: Block, annotation: Annotation) -> list[str]:
