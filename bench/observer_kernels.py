@@ -17,8 +17,9 @@ prints the process CPU time per value (median of ``--repeats``), summed over eve
 
 Then the MSE threshold search each tensor's percentile histogram gets in the clip search
 (``quantcore.clipping.mse_amax``), run with ``SEARCH_THREADS`` (one) and with two torch threads: process
-CPU ms and wall ms over every tensor (median of ``--repeats``; the first pass, which starts torch's
-threads, apart).
+CPU ms and wall ms over every tensor: a first pass, then the median of ``--repeats`` more. (The kernels
+above have already started torch's threads here; in a fresh process the first searches also pay for
+that.)
 
     python -m bench.observer_kernels --case /tmp/qb3/cases/ocr-rec [--repeats 5]
 
@@ -124,10 +125,9 @@ def cpu_ns_per_value(kernel: Callable[[np.ndarray], object], tensors: list[np.nd
 def mse_search_ms(tensors: list[np.ndarray], threads: int, repeats: int) -> tuple[float, float, float, float]:
     """(CPU, wall) ms of ``mse_amax`` over every tensor's percentile histogram with ``threads`` torch
     threads: the first pass, then the median of ``repeats`` more."""
-    observers = []
-    for t in tensors:
-        observers.append(PercentileObserver())
-        observers[-1].observe(t)
+    observers = [PercentileObserver() for _ in tensors]
+    for observer, t in zip(observers, tensors, strict=True):
+        observer.observe(t)
     searched = clipping.SEARCH_THREADS
     clipping.SEARCH_THREADS = threads
     try:
