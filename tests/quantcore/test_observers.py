@@ -12,9 +12,8 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
-import torch
 
-from quantcore import _binning, clipping
+from quantcore import _binning
 from quantcore.clipping import mse_amax
 from quantcore.histogram import HistogramObserver
 from quantcore.observers import MinMaxObserver, PercentileObserver
@@ -233,29 +232,6 @@ def test_mse_search_finds_a_threshold_as_good_as_brute_force_on_the_samples(tqc:
     # thresholds are bin edges: allow 10% above the brute-force optimum over 200 thresholds.
     assert true_mse(data, tqc, chosen) <= 1.10 * best
     assert chosen < abs_max or tqc.floating  # the outliers are clipped for integer grids
-
-
-def test_the_mse_search_runs_on_one_torch_thread_and_gives_the_callers_count_back() -> None:
-    """Its tensors are small: split over two threads they cost more CPU than they save
-    (``clipping.SEARCH_THREADS``)."""
-    observer = make_observer(TensorQuantConfig(num_bits=8, observer="mse"))
-    observer.observe(heavy_tailed(np.random.default_rng(3), 20_000))
-    threads_seen = []
-    search = clipping._mse_losses
-
-    def recording(*args: object) -> np.ndarray:
-        threads_seen.append(torch.get_num_threads())
-        return search(*args)
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with patch("quantcore.clipping._mse_losses", recording):
-            observer.bounds()
-        assert threads_seen == [1, 1]  # the coarse and the fine search
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(previous)
 
 
 def test_kl_clips_heavy_tails_and_keeps_uniform_ranges() -> None:
