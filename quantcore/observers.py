@@ -110,15 +110,22 @@ class MinMaxObserver:
         self.hi: np.ndarray | None = None
         self.nonfinite = 0
 
-    def observe(self, x: np.ndarray) -> None:
+    def _batch_extremes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """One batch's (lo, hi) (see ``_channel_extremes``), its non-finite values counted; None for a
+        batch with nothing to fold in."""
         x = np.asarray(x)
-        if x.size == 0:
-            return
-        extremes = _channel_extremes(x, self.axis)
+        extremes = _channel_extremes(x, self.axis) if x.size else None
         if extremes is None:
-            return
+            return None
         lo, hi, bad = extremes
         self.nonfinite += bad
+        return lo, hi
+
+    def observe(self, x: np.ndarray) -> None:
+        extremes = self._batch_extremes(x)
+        if extremes is None:
+            return
+        lo, hi = extremes
         self.lo = lo if self.lo is None else np.minimum(self.lo, lo)
         self.hi = hi if self.hi is None else np.maximum(self.hi, hi)
 
@@ -145,14 +152,10 @@ class EMAMinMaxObserver(MinMaxObserver):
         self.momentum = float(momentum)
 
     def observe(self, x: np.ndarray) -> None:
-        x = np.asarray(x)
-        if x.size == 0:
-            return
-        extremes = _channel_extremes(x, self.axis)
+        extremes = self._batch_extremes(x)
         if extremes is None:
             return
-        lo, hi, bad = extremes
-        self.nonfinite += bad
+        lo, hi = extremes
         if self.lo is None or self.hi is None:
             self.lo, self.hi = lo, hi
             return

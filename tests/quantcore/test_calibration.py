@@ -162,6 +162,7 @@ def test_fetcher_reuses_its_buffers_and_reruns_when_a_shape_depends_on_the_data(
     exposed.graph.output.append(onnx.ValueInfoProto(name="relu"))
     session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
     fetch = ActivationFetcher(session, names)
+    assert fetch.quiet.get_run_config_entry("gpu_graph_id") == "0"  # the default, found without an error raised
     rng = np.random.default_rng(3)
     first, same_count = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
     same_count.flat[np.argsort(same_count.ravel())] = np.sort(first.ravel())  # same values (and NonZero count)
