@@ -173,11 +173,11 @@ def wakeword_inputs(models: Path, frames: int, samples: int, seed: int) -> np.nd
     if not frames:
         return x[:, 0]
     embedding = ort.InferenceSession(str(models / "embedding_model.onnx"), providers=["CPUExecutionProvider"])
-    # in chunks: one run over every window grows ONNX Runtime's arena to 2.4 GB, which this process then
+    # in chunks: one run over every window grows ONNX Runtime's arena to 2.3 GiB, which this process then
     # keeps, and a worker started after it took about 1.5 times the CPU time to calibrate (bench/README,
     # session 25); the embeddings are the same to the bit
-    windows = x.reshape(-1, 76, 32, 1)
-    y = np.concatenate([embedding.run(None, {"input_1": windows[i : i + 256]})[0] for i in range(0, len(windows), 256)])
+    flat = x.reshape(-1, 76, 32, 1)  # every window of every sample
+    y = np.concatenate([embedding.run(None, {"input_1": flat[i : i + 256]})[0] for i in range(0, len(flat), 256)])
     return y.reshape(samples, frames, 96)  # (N·windows, 1, 1, 96) -> (N, frames, 96)
 
 
