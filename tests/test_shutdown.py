@@ -120,7 +120,7 @@ def test_the_soft_time_limit_fails_the_job_and_names_it(service: Service, digits
     model, dataset = service.upload(key, model_path.read_bytes(), data_path.read_bytes())
     # Work that outlasts the limit many times over on any machine: AdaRound at its most steps (100000 per
     # layer, polled for cancellation every 10). A long calibration did it until calibration got faster: 30000
-    # batches of one took 2.5 s of CPU, then 1.4 to 1.7 s (bench/README session 25), and the job ended in time.
+    # batches of one took 2.5 s, then 1.4 to 1.7 s (wall; bench/README session 25), and the job ended in time.
     recipe = {
         **SLOW_RECIPE,
         "calibration": {"num_samples": 256},
