@@ -295,12 +295,18 @@ def speedup(case: Case, row: dict) -> str:
     return " / ".join(f"{value:.2f}" for value in measured["speedup_p50"].values())
 
 
-def bench_case(case: Case, methods: list[str], workdir: Path, *, latency: bool = False) -> list[dict]:
+def write_case(case: Case, workdir: Path) -> Path:
+    """``workdir/cases/NAME`` holding the case's model and arrays, as the workers read them."""
     case_dir = workdir / "cases" / case.name
     case_dir.mkdir(parents=True, exist_ok=True)
     (case_dir / "model.onnx").write_bytes(Path(case.model_path).read_bytes())
     np.savez(case_dir / "calibration.npz", **case.calibration)
     np.savez(case_dir / "evaluation.npz", **case.evaluation)
+    return case_dir
+
+
+def bench_case(case: Case, methods: list[str], workdir: Path, *, latency: bool = False) -> list[dict]:
+    case_dir = write_case(case, workdir)
     reference, _, _ = run_model(case.model_path, case, case.evaluation)
     _, fp32_calibration_seconds, fp32_calibration_cpu = run_model(case.model_path, case, case.calibration)
     rows = [{"model": case.name, "method": "fp32", **compare(reference, reference, case)}]

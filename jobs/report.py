@@ -230,7 +230,12 @@ class LayerwiseBounds(_Section):
     layers_analyzed: int
     runs_per_batch: int
     bounds: AnalysisConfig
-    seconds_per_run: float | None = Field(None, description="A run of the first sample, pricing layerwise_seconds.")
+    seconds_per_run: float | None = Field(
+        None, description="A whole run of the first sample, pricing layerwise_seconds."
+    )
+    layer_run_fraction: float | None = Field(
+        None, description="Wall time of a layer's run (on the graph downstream of it) against a whole run, measured."
+    )
     statement: str
 
 

@@ -26,8 +26,11 @@ lowest layer-wise SQNR first (non-finite outputs first of all; layers without a 
 
 Cost: graphwise 2 runs per batch; layer-wise (1 + L) runs per batch over ``layerwise_samples``
 samples, for L = min(layers, ``max_layers``) layers (those with the lowest local SQNR at their
-inputs), both lowered to keep the layer-wise runs to ``layerwise_seconds`` (priced by a run of the
-first sample); the report states the bounds and what they allowed.
+inputs), each of the L on only the part of the graph downstream of its layer
+(``quantcore.analysis_cones``; the report's ``layer_run_fraction``: the wall time of such a run against
+the whole-model reference run, measured). Samples and layers are lowered to keep the layer-wise runs to
+``layerwise_seconds`` (priced by runs of the first sample); the report states the bounds and what they
+allowed.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from quantcore.analysis_cones import Cone, LayerRuns, layer_runs
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_ranges import RangeStats, channel_range_ratio
-from quantcore.analysis_switch import MASK_INPUT, GatedModel, SwitchableModel, gated_model, switchable_model
+from quantcore.analysis_switch import MASK_INPUT, SwitchableModel, gated_model, switchable_model
 from quantcore.annotation import Annotation
 from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
@@ -107,16 +111,26 @@ def analyze(
     order = sorted(range(len(layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
     wanted, wanted_samples = min(len(layers), options.max_layers), layerwise_batches.num_samples
     gated = gated_model(prepared, annotation)
-    with open_session(gated.model, **options_of_session) as session:
-        run_seconds = None
+    first_sample = layerwise_batches.first_sample()
+    with layer_runs(gated, order[:wanted], first_sample, device=config.device) as runs:
+        price = runs.price(first_sample)
+        unit = layerwise_batches.batch_size if layerwise_batches.fixed else 1
         if options.layerwise_seconds is not None and wanted:
-            run_seconds, unit = _run_seconds(session, gated, layerwise_batches)
-            samples, wanted = affordable(options.layerwise_seconds, run_seconds, unit, wanted_samples, wanted)
+            samples, wanted = affordable(
+                options.layerwise_seconds,
+                price.reference_seconds * max(len(runs.cones), 1),
+                [price.of_layer(k) for k in order[:wanted]],
+                unit,
+                wanted_samples,
+            )
             layerwise_batches = batches(samples)
-            progress.total = progress.done + len(layerwise_batches)
+        # a reference run also fetches its group's cut: a batch holds at most the exposed-bytes budget
+        layerwise_batches = layerwise_batches.within(price.fetched_bytes // unit, EXPOSED_BYTES_PER_BATCH)
         chosen = sorted(order[:wanted])
-        harm = _layerwise(session, gated, chosen, layerwise_batches, progress)
-
+        plan = runs.plan(chosen)
+        progress.total = progress.done + len(plan) * len(layerwise_batches)
+        harm, fraction = _layerwise(runs, plan, layerwise_batches, progress)
+    del gated
     rows = []
     for k, layer in enumerate(layers):
         results = [a.result() for a in harm[k].values() if a.elements] if k in harm else []
@@ -148,15 +162,17 @@ def analyze(
             "samples": samples,
             "layers_total": total,
             "layers_analyzed": measured,
-            "runs_per_batch": 1 + measured,
+            "runs_per_batch": len(plan) + measured,
             "bounds": options.to_dict(),
-            "seconds_per_run": run_seconds,
+            "seconds_per_run": price.reference_seconds,
+            "layer_run_fraction": fraction,
             "statement": (
                 f"layer-wise error measured on the first {samples} evaluation samples for {measured} of {total} layers"
                 + ("" if measured == total else " (those with the lowest local SQNR at their inputs)")
                 + (
-                    f", held to {options.layerwise_seconds:g} s at {run_seconds:.3g} s a run of the first sample"
-                    if held and run_seconds is not None
+                    f", held to {options.layerwise_seconds:g} s as priced on the first sample"
+                    f" ({price.reference_seconds:.3g} s a whole run)"
+                    if held and options.layerwise_seconds is not None
                     else ""
                 )
             ),
@@ -244,46 +260,53 @@ def _graphwise(
 
 
 def _layerwise(
-    session: ort.InferenceSession, gated: GatedModel, chosen: list[int], batches: Batches, progress: _Progress
-) -> dict[int, dict[str, OutputAgreement]]:
-    """Per chosen layer k, the float outputs with only k quantized against all flags off (1 + L runs per batch)."""
-    harm = {k: {name: OutputAgreement() for name in gated.outputs} for k in chosen}
-    outputs = list(gated.outputs)
-    all_off = np.zeros(len(gated.layers), bool)
-    for i, batch in enumerate(batches):
-        progress.check()
-        reference = session.run(outputs, {**batch, MASK_INPUT: all_off})
-        for k in chosen:
-            mask = all_off.copy()
-            mask[k] = True
-            quantized = session.run(outputs, {**batch, MASK_INPUT: mask})
-            for name, x, y in zip(outputs, reference, quantized, strict=True):
-                if np.issubdtype(x.dtype, np.floating):
-                    harm[k][name].update(x, y)
-        progress.step(f"layer-wise batch {i + 1}/{len(batches)}")
-    return harm
+    runs: LayerRuns, plan: list[tuple[Cone | None, list[int]]], batches: Batches, progress: _Progress
+) -> tuple[dict[int, dict[str, OutputAgreement]], float | None]:
+    """Per planned layer k, the float outputs with only k quantized against all flags off, group by group
+    (per batch one reference run, then each layer's run on its group's cone); and the wall time of a
+    layer's run against a reference run's, over all of them (None without layers)."""
+    harm = {k: {name: OutputAgreement() for name in runs.outputs} for _, layers in plan for k in layers}
+    seconds = {"reference": 0.0, "layers": 0.0}
+    references = runs_of_layers = 0
+    for g, (cone, layers) in enumerate(plan):
+        with runs.group(cone) as group:
+            for i, batch in enumerate(batches):
+                progress.check()
+                started = time.perf_counter()
+                reference = group.reference(batch)
+                seconds["reference"] += time.perf_counter() - started
+                references += 1
+                for k in layers:
+                    started = time.perf_counter()
+                    quantized = group.quantized(k, batch, reference)
+                    seconds["layers"] += time.perf_counter() - started
+                    runs_of_layers += 1
+                    for name, y in zip(runs.outputs, quantized, strict=True):
+                        x = reference[name]
+                        if np.issubdtype(x.dtype, np.floating):
+                            harm[k][name].update(x, y)
+                progress.step(f"layer-wise batch {i + 1}/{len(batches)} of layer group {g + 1}/{len(plan)}")
+    if not runs_of_layers or seconds["reference"] <= 0:
+        return harm, None
+    return harm, (seconds["layers"] / runs_of_layers) / (seconds["reference"] / references)
 
 
-def _run_seconds(session: ort.InferenceSession, gated: GatedModel, batches: Batches) -> tuple[float, int]:
-    """Wall seconds of an all-float run of the gated model on the first sample (a fixed batch: the first
-    batch), the faster of two, and the samples that run took."""
-    feeds = {**batches.first_sample(), MASK_INPUT: np.zeros(len(gated.layers), bool)}
-    times = []
-    for _ in range(2):
-        started = time.perf_counter()
-        session.run(list(gated.outputs), feeds)
-        times.append(time.perf_counter() - started)
-    return min(times), batches.batch_size if batches.fixed else 1
-
-
-def affordable(seconds: float, run_seconds: float, unit: int, samples: int, layers: int) -> tuple[int, int]:
-    """(samples, layers) of layer-wise runs that fit ``seconds`` when a run of ``unit`` samples takes
-    ``run_seconds`` and each unit of samples costs 1 + layers runs: every layer on fewer samples (whole
-    units, at least one); where one unit over every layer does not fit, fewer layers on one unit."""
-    units = int(seconds // ((1 + layers) * run_seconds))
+def affordable(
+    seconds: float, reference_seconds: float, layer_seconds: list[float], unit: int, samples: int
+) -> tuple[int, int]:
+    """(samples, layers) of layer-wise runs that fit ``seconds`` when, on ``unit`` samples, the reference
+    runs take ``reference_seconds`` and the run of each layer (most harmful first) ``layer_seconds``: every
+    layer on fewer samples (whole units, at least one); where one unit over every layer does not fit, the
+    first layers that do on one unit (one at least)."""
+    units = int(seconds // (reference_seconds + sum(layer_seconds)))
     if units >= 1:
-        return min(samples, units * unit), layers
-    return min(samples, unit), min(layers, max(1, int(seconds // run_seconds) - 1))
+        return min(samples, units * unit), len(layer_seconds)
+    spent, layers = reference_seconds, 0
+    for cost in layer_seconds:
+        if layers and spent + cost > seconds:
+            break
+        spent, layers = spent + cost, layers + 1
+    return min(samples, unit), layers
 
 
 def min_or_none(values: list[float | None]) -> float | None:

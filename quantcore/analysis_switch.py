@@ -69,9 +69,12 @@ class _Site:
 Gate = Callable[[_Site], list[onnx.NodeProto]]
 
 
-def _switched(prepared: PreparedModel, annotation: Annotation, gate: Gate) -> tuple[onnx.ModelProto, list[Layer]]:
-    """The exported graph with every layer's rewired inputs behind ``gate`` on its mask flag, and the
-    layers in flag order. Float initializers the export replaced by codes are put back for the float side."""
+def _switched(
+    prepared: PreparedModel, annotation: Annotation, gate: Gate
+) -> tuple[onnx.ModelProto, list[Layer], list[str]]:
+    """The exported graph with every layer's rewired inputs behind ``gate`` on its mask flag, the layers in
+    flag order (the graph's node order) and their flag tensors. Float initializers the export replaced by
+    codes are put back for the float side."""
     model = build_qdq_model(prepared, annotation)
     graph = model.graph
     original_nodes = {node.name: node for node in prepared.model.graph.node}
@@ -80,6 +83,7 @@ def _switched(prepared: PreparedModel, annotation: Annotation, gate: Gate) -> tu
     present = {t.name for t in graph.initializer}
     scope = NameScope(GraphIndex(graph).used_names() | {MASK_INPUT})
     layers: list[Layer] = []
+    flags: list[str] = []
     ordered: list[onnx.NodeProto] = []
     for node in list(graph.node):
         source = original_nodes.get(node.name)
@@ -97,12 +101,13 @@ def _switched(prepared: PreparedModel, annotation: Annotation, gate: Gate) -> tu
             ordered += gate(_Site(scope, flag, node, source, changed, made))
             tensors = tuple(source.input[i] for i in changed if source.input[i] in annotation.configs)
             layers.append(Layer(node.name, node.op_type, tensors))
+            flags.append(flag)
         else:
             ordered.append(node)
     del graph.node[:]
     graph.node.extend(ordered)
     graph.input.append(helper.make_tensor_value_info(MASK_INPUT, TensorProto.BOOL, [len(layers)]))
-    return model, layers
+    return model, layers, flags
 
 
 def _where_gate(site: _Site) -> list[onnx.NodeProto]:
@@ -173,12 +178,13 @@ class GatedModel:
     model: onnx.ModelProto
     layers: tuple[Layer, ...]
     outputs: tuple[str, ...]  # the model's own outputs, its only outputs
+    flags: tuple[str, ...]  # per layer, the tensor its If reads: a Gather of the mask input
 
 
 def gated_model(prepared: PreparedModel, annotation: Annotation) -> GatedModel:
     """The exported graph with each layer's Q/DQ behind an ``If`` on its mask flag (see module). The
     export's own nodes, read by nobody once every layer is gated, are dropped."""
-    model, layers = _switched(prepared, annotation, _if_gate)
+    model, layers, flags = _switched(prepared, annotation, _if_gate)
     graph = model.graph
     original = {node.name for node in prepared.model.graph.node}
     needed = set(GraphIndex(graph).graph_outputs)
@@ -191,13 +197,13 @@ def gated_model(prepared: PreparedModel, annotation: Annotation) -> GatedModel:
     del graph.node[:]
     graph.node.extend(reversed(kept))
     outputs = tuple(o.name for o in prepared.model.graph.output)
-    return GatedModel(model, tuple(layers), outputs)
+    return GatedModel(model, tuple(layers), outputs, tuple(flags))
 
 
 def switchable_model(prepared: PreparedModel, annotation: Annotation) -> SwitchableModel:
     """The exported graph with every rewired node input behind a ``Where`` on its layer's mask flag,
     every quantized activation and its dequantized value a graph output (see module)."""
-    model, layers = _switched(prepared, annotation, _where_gate)
+    model, layers, _ = _switched(prepared, annotation, _where_gate)
     graph = model.graph
     dequantized = _dequantized_outputs(graph, set(annotation.activations))
     outputs = tuple(o.name for o in prepared.model.graph.output)

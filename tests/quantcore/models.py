@@ -264,6 +264,29 @@ def padded_tokens(samples: int, tokens: int, width: int, seed: int = 0) -> dict[
     return {"x": rng.normal(size=(samples, tokens, width)).astype(np.float32), "mask": mask}
 
 
+def two_heads(seed: int = 0) -> onnx.ModelProto:
+    """input (N, 3, 8, 8) → Conv stem → Relu → Conv head_a → out_a, and → Conv head_b → out_b: two
+    outputs, each reached by one head only."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["input", "stem_w"], ["stem"], name="stem", pads=[1] * 4),
+        helper.make_node("Relu", ["stem"], ["features"], name="relu"),
+        helper.make_node("Conv", ["features", "a_w"], ["out_a"], name="head_a"),
+        helper.make_node("Conv", ["features", "b_w"], ["out_b"], name="head_b"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_heads",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("out_a", "out_b")],
+        [
+            _init(name, rng.normal(0, 0.3, shape))
+            for name, shape in {"stem_w": (8, 3, 3, 3), "a_w": (2, 8, 1, 1), "b_w": (4, 8, 1, 1)}.items()
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save_model(model, str(path))
     return str(path)
