@@ -146,7 +146,7 @@ class LayerRuns:
 
     def price(self, sample: Mapping[str, np.ndarray]) -> Price:
         """What the runs cost on ``sample`` (see ``Price``): each cone's session is opened for it."""
-        fetched = [*self.outputs, *self._values]
+        fetched = [*self.outputs, *(name for name in self._values if name not in self.outputs)]
         feeds = {**sample, MASK_INPUT: np.zeros(len(self._gated.layers), bool)}
         values = self._reference.run(fetched, feeds)
         fetched_bytes = sum(value.nbytes for value in values if isinstance(value, np.ndarray))
@@ -183,16 +183,17 @@ def layer_runs(
     ``sample`` (a batch of the run's inputs) types the cuts. No cones over ``CONE_MODEL_BYTES``."""
     groups = groups_for(len(layers)) if gated.model.ByteSize() <= CONE_MODEL_BYTES else 1
     cones = _cones(gated, sorted(layers), groups) if groups >= 2 else []
-    fetched = sorted({name for cone in cones for name in cone.cut} - set(sample) - set(gated.outputs))
+    cut = sorted({name for cone in cones for name in cone.cut} - set(sample))  # model outputs among them too
+    extra = [name for name in cut if name not in set(gated.outputs)]
     model = gated.model
-    if fetched:
+    if extra:
         model = onnx.ModelProto()
         model.CopyFrom(gated.model)
-        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in fetched)
+        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
     with open_session(model, device=device, exact_qdq=True) as reference:
         del model
         every_flag_off = {**sample, MASK_INPUT: np.zeros(len(gated.layers), bool)}
-        values = dict(zip(fetched, reference.run(fetched, every_flag_off), strict=True)) if fetched else {}
+        values = dict(zip(cut, reference.run(cut, every_flag_off), strict=True)) if cut else {}
         if not all(isinstance(value, np.ndarray) for value in values.values()):
             cones, values = [], {}  # a sequence in the cut: whole-model runs
         yield LayerRuns(gated, reference, cones, values, sample, device)

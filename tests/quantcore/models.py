@@ -265,8 +265,8 @@ def padded_tokens(samples: int, tokens: int, width: int, seed: int = 0) -> dict[
 
 
 def two_heads(seed: int = 0) -> onnx.ModelProto:
-    """input (N, 3, 8, 8) → Conv stem → Relu → Conv head_a → out_a, and → Conv head_b → out_b: two
-    outputs, each reached by one head only."""
+    """input (N, 3, 8, 8) → Conv stem → Relu → features, an output read by Conv head_a → out_a and by
+    Conv head_b → out_b: each head reaches one output only."""
     rng = np.random.default_rng(seed)
     nodes = [
         helper.make_node("Conv", ["input", "stem_w"], ["stem"], name="stem", pads=[1] * 4),
@@ -278,7 +278,7 @@ def two_heads(seed: int = 0) -> onnx.ModelProto:
         nodes,
         "two_heads",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("out_a", "out_b")],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("out_a", "out_b", "features")],
         [
             _init(name, rng.normal(0, 0.3, shape))
             for name, shape in {"stem_w": (8, 3, 3, 3), "a_w": (2, 8, 1, 1), "b_w": (4, 8, 1, 1)}.items()

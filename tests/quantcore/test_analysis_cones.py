@@ -74,15 +74,16 @@ def test_an_output_a_layer_does_not_reach_is_the_references(tmp_path, monkeypatc
     assert [layer.node for layer in gated.layers] == ["stem", "head_a", "head_b"]
     with layer_runs(gated, [0, 1, 2], {"input": data[:1]}, device="cpu") as runs:
         stem, head_a, head_b = runs.cones
-        # each head's cone is that head alone, reading the shared features
-        assert stem.outputs == ("out_a", "out_b")
+        # each head's cone is that head alone, reading the shared features (a model output itself)
+        assert stem.outputs == ("out_a", "out_b", "features")
         assert head_a.outputs == ("out_a",) and head_b.outputs == ("out_b",)
         assert head_a.cut == ("features",) and len(head_a.nodes) == 2  # its flag's Gather, its If
         batch = {"input": data[4:]}
         with runs.group(head_a) as group:
             reference = group.reference(batch)
-            out_a, out_b = group.quantized(1, batch, reference)
-        assert out_b is reference["out_b"] and not np.array_equal(out_a, reference["out_a"])
+            out_a, out_b, features = group.quantized(1, batch, reference)
+        assert out_b is reference["out_b"] and features is reference["features"]
+        assert not np.array_equal(out_a, reference["out_a"])
 
 
 def test_a_model_too_big_for_cones_runs_whole(tmp_path, monkeypatch) -> None:
