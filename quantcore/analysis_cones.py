@@ -15,7 +15,7 @@ along a chain, about G + L(G + 1)/2G whole runs, least at G = sqrt(L/2). ``group
 most ``GROUPS``, and no cones below two groups. Measured (``bench.analysis``, 16 samples, 256 layers in 8
 groups): the analyze stage 51.2 → 41.1 s on a PaddleOCR detector and 135.4 → 98.9 s on its recognizer,
 a layer's run 0.55 and 0.49 of a reference run, the same figures to the bit. Memory: the reference and
-one cone session are open at a time, which cost those two models 367 and 427 MB more at the peak (with
+one cone session are open at a time, which cost those two models 369 and 427 MB more at the peak (with
 every cone's session open at once it was 1 GB more); a model over ``CONE_MODEL_BYTES`` gets no cones (a
 cone's session holds a second copy of up to all of its weights), nor does one whose cut holds a value
 that is not a tensor (a sequence).
