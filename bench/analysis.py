@@ -29,17 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.cases import real_cases, zoo_cases
-from bench.quality import ROOT, write_case
+from bench.quality import ROOT, status_mb, write_case
 
 MODES = ("whole", "cones")
 WORKER_TIMEOUT = 1800
-
-
-def _status_mb(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"/proc/self/status has no {key}")
 
 
 def run_worker(mode: str, case_dir: Path, samples: int | None, budget: float | None) -> dict:
@@ -55,14 +48,14 @@ def run_worker(mode: str, case_dir: Path, samples: int | None, budget: float | N
     calibrated = calibrate(prepared, annotate(prepared, config), calibration, config)
     options = AnalysisOptions(layerwise_samples=samples or 64, layerwise_seconds=None if samples else budget)
     Path("/proc/self/clear_refs").write_text("5")  # peak resident memory from here on
-    base = _status_mb("VmRSS")
+    base = status_mb("VmRSS")
     started, cpu_started = time.perf_counter(), time.process_time()
     report = analyze(prepared, calibrated, evaluation, config, options=options)
     return {
         "seconds": time.perf_counter() - started,
         "cpu_seconds": time.process_time() - cpu_started,
         "base_mb": base,
-        "peak_mb": _status_mb("VmHWM"),
+        "peak_mb": status_mb("VmHWM"),
         "layerwise": {k: v for k, v in report["layerwise"].items() if k != "bounds"},
         "layers": {row["node"]: [row["rank"], row["sqnr_db"]] for row in report["layers"]},
     }

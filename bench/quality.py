@@ -108,7 +108,7 @@ WORKER_TIMEOUT = 900  # seconds per (model, method)
 # the worker: one method on one model, in its own process (for honest peak memory)
 
 
-def _status_mb(key: str) -> float:
+def status_mb(key: str) -> float:
     """A memory line of /proc/self/status in MB: ``VmRSS`` (resident now) or ``VmHWM`` (peak resident).
 
     Not ``getrusage().ru_maxrss``: on Linux a child started by fork + exec reports its parent's peak
@@ -147,7 +147,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     model_path = case_dir / "model.onnx"
     calibration = dict(np.load(case_dir / "calibration.npz"))
     evaluation = dict(np.load(case_dir / "evaluation.npz"))
-    base = _status_mb("VmRSS")
+    base = status_mb("VmRSS")
     started = time.perf_counter()
     cpu_started = time.process_time()
     result: dict = {"method": method}
@@ -221,7 +221,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
         result["calibrate_cpu_seconds"] = time.process_time() - cpu_started
         result["output"] = str(output)
     result["quantize_nodes"] = quantize_nodes(onnx.load(result["output"]).graph)
-    result["peak_rss_mb"] = _status_mb("VmHWM")
+    result["peak_rss_mb"] = status_mb("VmHWM")
     result["rss_growth_mb"] = result["peak_rss_mb"] - base
     return result
 
