@@ -113,9 +113,10 @@ def analyze(
     gated = gated_model(prepared, annotation)
     first_sample = layerwise_batches.first_sample()
     with layer_runs(gated, order[:wanted], first_sample, device=config.device) as runs:
-        price = runs.price(first_sample)
+        budgeted = options.layerwise_seconds is not None and wanted > 0
+        price = runs.price(first_sample, cones=budgeted)  # without a budget only the fetched bytes are used
         unit = layerwise_batches.batch_size if layerwise_batches.fixed else 1
-        if options.layerwise_seconds is not None and wanted:
+        if budgeted:
             samples, wanted = affordable(
                 options.layerwise_seconds,
                 price.reference_seconds * max(len(runs.cones), 1),

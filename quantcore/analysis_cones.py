@@ -144,15 +144,16 @@ class LayerRuns:
         groups = [(cone, sorted(wanted & cone.layers)) for cone in self.cones]
         return [(cone, chosen) for cone, chosen in groups if chosen]
 
-    def price(self, sample: Mapping[str, np.ndarray]) -> Price:
-        """What the runs cost on ``sample`` (see ``Price``): each cone's session is opened for it."""
+    def price(self, sample: Mapping[str, np.ndarray], *, cones: bool = True) -> Price:
+        """What the runs cost on ``sample`` (see ``Price``): each cone's session is opened for it, unless
+        ``cones`` is False (no cone priced: ``of_layer`` then gives the reference run's seconds)."""
         fetched = [*self.outputs, *(name for name in self._values if name not in self.outputs)]
         feeds = {**sample, MASK_INPUT: np.zeros(len(self._gated.layers), bool)}
         values = self._reference.run(fetched, feeds)
         fetched_bytes = sum(value.nbytes for value in values if isinstance(value, np.ndarray))
         reference_seconds = _fastest(lambda: self._reference.run(fetched, feeds))
         cone_seconds: dict[int, float] = {}
-        for cone in self.cones:
+        for cone in self.cones if cones else []:
             with self.group(cone) as group:
                 reference = group.reference(sample)
                 first = min(cone.layers)

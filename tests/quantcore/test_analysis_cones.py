@@ -38,6 +38,9 @@ def test_every_layer_on_its_cone_gives_the_whole_models_outputs(name: str, tmp_p
         # every layer in exactly one group, the groups in graph order, the last cone smaller than the model
         assert len(plan) == 3 and [k for _, group in plan for k in group] == layers
         assert len(plan[-1][0].nodes) < len(gated.model.graph.node)
+        # every layer's run is priced on its cone, unless the caller has no budget to price
+        assert len(runs.price(first).cone_seconds) == len(layers)
+        assert runs.price(first, cones=False).cone_seconds == {}
         want_reference = whole.run(outputs, {**batch, MASK_INPUT: np.zeros(len(layers), bool)})
         for cone, group_layers in plan:
             with runs.group(cone) as group:
