@@ -27,6 +27,7 @@ METRICS = {
     "max_abs_error": "max abs err",
     "mean_abs_error": "mean abs err",
     "argmax_agreement": "argmax agree",
+    "exact_match": "exact match",
     "top1": "top-1",
     "top5": "top-5",
 }

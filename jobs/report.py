@@ -160,7 +160,16 @@ class OutputMetrics(_Section):
     relative_error_p50: float | None = Field(None, description="Median over samples of ‖x - x̂‖ / ‖x‖.")
     relative_error_p90: float | None = None
     relative_error_p99: float | None = None
-    nonfinite: int = Field(description="NaN/inf values in the quantized output; all metrics are null when > 0.")
+    nonfinite: int = Field(
+        description="NaN/inf values in the quantized output where FP32's output is not the same NaN/inf (the same "
+        "value agrees and is left out of the other metrics); all metrics are null when > 0."
+    )
+    exact_match: float | None = Field(None, description="Fraction of elements equal to FP32's (NaN = NaN).")
+    comparison: Literal["numeric", "equality"] = Field(
+        "numeric",
+        description="numeric: a float output (a ZipMap's class probabilities as a (samples, classes) array), every "
+        "metric; equality: any other output (integer ids, strings, ...), exact_match only.",
+    )
 
 
 class ModelSizes(_Section):

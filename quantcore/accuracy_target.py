@@ -68,6 +68,8 @@ def measure(target: AccuracyTarget, evaluation: Mapping[str, Any]) -> float | No
         return None if fp32 is None or quantized is None else 100.0 * (fp32 - quantized)
     values = []
     for metrics in mode["outputs"].values():
+        if metrics.get("comparison") == "equality":
+            continue  # integer, string...: derived from the float outputs the target is measured on
         if metrics["nonfinite"]:
             return None
         if target.metric == "cosine":

@@ -283,9 +283,7 @@ def _layerwise(
                     seconds["layers"] += time.perf_counter() - started
                     runs_of_layers += 1
                     for name, y in zip(runs.outputs, quantized, strict=True):
-                        x = reference[name]
-                        if np.issubdtype(x.dtype, np.floating):
-                            harm[k][name].update(x, y)
+                        harm[k][name].update(reference[name], y)
                 progress.step(f"layer-wise batch {i + 1}/{len(batches)} of layer group {g + 1}/{len(plan)}")
     if not runs_of_layers or seconds["reference"] <= 0:
         return harm, None

@@ -25,8 +25,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches
 from quantcore.calibration import Clip, configured_clip
@@ -136,9 +134,8 @@ def choose_clip(
         with open_session(build_qdq_model(prepared, annotation), device=config.device, exact_qdq=True) as session:
             for batch, expected in zip(samples, reference, strict=True):
                 for name, x, y in zip(outputs, expected, session.run(outputs, batch), strict=True):
-                    if np.issubdtype(x.dtype, np.floating):
-                        agreements[name].update(x, y)
-        scores[clip] = worst_sqnr({name: a for name, a in agreements.items() if a.elements})
+                    agreements[name].update(x, y)
+        scores[clip] = worst_sqnr({name: a for name, a in agreements.items() if a.elements})  # float outputs
         monitor.report(STAGE, (i + 1) / len(candidates), f"{_name(clip)}: {scores[clip]:.1f} dB")
     chosen = max(scores, key=lambda c: (scores[c], c == configured))
     percentile = config.percentile if chosen == "mse" else chosen

@@ -39,7 +39,7 @@ from quantcore.batching import Batches, input_specs, output_batch_axes
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError, QuantcoreError
 from quantcore.graph import external_locations
-from quantcore.metrics import TASK_METRICS, OutputAgreement, TaskMetric
+from quantcore.metrics import TASK_METRICS, OutputAgreement, TaskMetric, as_array
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import QUANTIZERS, count_ops
 from quantcore.session import open_session
@@ -116,6 +116,13 @@ def check_labels(labels: np.ndarray | None, total: int, used: int) -> np.ndarray
     if len(labels) != total:
         raise InvalidDataError(f"labels has {len(labels)} entries but the evaluation data has {total} samples")
     return labels[:used]
+
+
+def _scores(value: Any) -> np.ndarray | None:
+    """An output as class scores for the task metrics: an array of rank >= 2 (``as_array``: a ZipMap's
+    probabilities too), else None."""
+    array = as_array(value)
+    return array if array is not None and array.ndim >= 2 else None
 
 
 def _task_results(metrics: dict[str, TaskMetric], labels: np.ndarray | None) -> dict[str, float | None]:
@@ -200,13 +207,13 @@ def evaluate(
             reference = dict(zip(output_names, fp32.run(output_names, batch), strict=True))
             seconds["fp32"] += time.perf_counter() - started
             if labels is not None and top1_output is None:
-                top1_output = next((n for n in output_names if reference[n].ndim >= 2), None)
+                top1_output = next((n for n in output_names if _scores(reference[n]) is not None), None)
                 if top1_output is None:
                     raise InvalidDataError("labels were given but no model output has rank >= 2 to take argmax of")
             batch_labels = labels[start : start + size] if labels is not None else None
             if batch_labels is not None:
                 for metric in task["fp32"].values():
-                    metric.update(reference[top1_output], batch_labels)
+                    metric.update(_scores(reference[top1_output]), batch_labels)
             results = {}
             for mode, session in sessions.items():
                 started = time.perf_counter()
@@ -216,7 +223,7 @@ def evaluate(
                     agreement[mode][name].update(reference[name], results[mode][name])
                 if batch_labels is not None:
                     for metric in task[mode].values():
-                        metric.update(results[mode][top1_output], batch_labels)
+                        metric.update(_scores(results[mode][top1_output]), batch_labels)
             if "qdq_deployed" in results:
                 for name in output_names:
                     parity[name].update(results["qdq_exact"][name], results["qdq_deployed"][name])

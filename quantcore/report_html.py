@@ -173,6 +173,7 @@ def _outputs(evaluation: Mapping[str, Any]) -> str:
         "relative_error_p90",
         "relative_error_p99",
         "argmax_agreement",
+        "exact_match",
     )
     rows = []
     for mode in ("qdq_exact", "qdq_deployed"):

@@ -11,7 +11,7 @@ import pytest
 
 from quantcore import QuantizeConfig, evaluate
 from quantcore.batching import output_batch_axes
-from quantcore.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, register_task_metric
+from quantcore.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, as_array, register_task_metric
 from quantcore.report import jsonable
 from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_relu_gemm, save
@@ -56,6 +56,59 @@ def test_top_five_and_its_undefined_case() -> None:
     few = TopKAccuracy(5)
     few.update(np.ones((2, 5)), np.array([0, 1]))
     assert few.result() is None  # five classes: top-5 would be trivially 1
+
+
+def test_non_finite_values_fp32_has_too_agree_and_stay_out_of_the_sums() -> None:
+    # a log of 0 (-inf) and a sqrt of a negative (NaN) in FP32, reproduced by the quantized model
+    x = np.array([[1.0, 2.0, np.nan, -np.inf, 3.0]])
+    agree = OutputAgreement()
+    agree.update(x, np.array([[1.1, 2.0, np.nan, -np.inf, 3.0]]))
+    result = agree.result()
+    assert result["nonfinite"] == 0
+    assert result["sqnr_db"] == pytest.approx(10 * math.log10((1 + 4 + 9) / 0.1**2), rel=1e-9)
+    assert result["max_abs_error"] == pytest.approx(0.1)
+    assert result["mean_abs_error"] == pytest.approx(0.1 / 3)  # over the three finite pairs
+    assert result["exact_match"] == pytest.approx(4 / 5)  # NaN = NaN and -inf = -inf count as equal
+    assert result["comparison"] == "numeric"
+    # non-finite where FP32 is finite, a finite value where FP32 is not, and the other infinity
+    for candidate in (
+        [[1.0, np.inf, np.nan, -np.inf, 3.0]],
+        [[1.0, 2.0, 0.0, -np.inf, 3.0]],
+        [[1, 2, np.nan, np.inf, 3]],
+    ):
+        disagree = OutputAgreement()
+        disagree.update(x, np.array(candidate, dtype=np.float64))
+        assert disagree.result()["nonfinite"] == 1
+        assert disagree.result()["sqnr_db"] is None and disagree.result()["cosine"] is None
+
+
+def test_outputs_that_are_not_float_tensors() -> None:
+    # integer class ids and string labels: compared for equality only
+    for reference, candidate in (
+        (np.array([3, 1, 4, 1]), np.array([3, 1, 5, 1])),
+        (np.array(["cat", "dog", "cat", "owl"], dtype=object), np.array(["cat", "dog", "owl", "owl"], dtype=object)),
+    ):
+        metric = OutputAgreement()
+        metric.update(reference, candidate)
+        result = metric.result()
+        assert result["comparison"] == "equality" and result["exact_match"] == pytest.approx(3 / 4)
+        assert result["sqnr_db"] is None and result["argmax_agreement"] is None and result["nonfinite"] == 0
+        assert metric.elements == 0  # nothing numeric: no SQNR for the clip search or the analysis to rank by
+    # a ZipMap (a list of {class: probability}) is the (samples, classes) array of its probabilities
+    zipmap = [{0: 0.7, 1: 0.2, 2: 0.1}, {0: 0.1, 1: 0.3, 2: 0.6}]
+    assert as_array(zipmap).tolist() == [[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]
+    metric = OutputAgreement()
+    metric.update(zipmap, [{0: 0.6, 1: 0.3, 2: 0.1}, {0: 0.1, 1: 0.3, 2: 0.6}])
+    result = metric.result()
+    assert result["comparison"] == "numeric" and result["argmax_agreement"] == 1.0
+    assert result["sqnr_db"] == pytest.approx(10 * math.log10(sum(v * v for d in zipmap for v in d.values()) / 0.02))
+    # a sequence of equal-shaped tensors is stacked; a ragged one is compared item by item
+    assert as_array([np.zeros(2), np.ones(2)]).shape == (2, 2)
+    ragged = [np.zeros(2), np.ones(3)]
+    assert as_array(ragged) is None
+    metric = OutputAgreement()
+    metric.update(ragged, [np.zeros(2), np.full(3, 2.0)])
+    assert metric.result()["exact_match"] == pytest.approx(1 / 2)
 
 
 def test_relative_error_percentiles_are_over_samples() -> None:
