@@ -1,4 +1,5 @@
-"""Every zoo model (tests/quantcore/zoo.py, plus the trained digits CNN) times every platform in
+"""Every zoo model (tests/quantcore/zoo.py, plus the trained digits CNN; those exported from torch also as
+its default dynamo exporter writes them, ``resnet:dynamo``...) times every platform in
 ``quantcore.platforms.PLATFORMS`` (iterated, so new platforms are covered as they land) quantizes
 with ``quantcore.quantize``, and the result
 
@@ -27,7 +28,7 @@ from onnx import TensorProto, numpy_helper
 from quantcore import QuantizeConfig, prepare, quantize
 from quantcore.platforms import PLATFORMS
 from quantcore.session import open_session
-from tests.quantcore.zoo import ZOO, ZooModel, build
+from tests.quantcore.zoo import EXPORTED, ZOO, ZooModel, build
 
 INTEGER_RANGES = {
     TensorProto.INT8: (-128, 127),
@@ -46,7 +47,8 @@ def zoo_model(request, digits_sample) -> ZooModel:
     if request.param == "digits":
         images = digits_sample.images
         return ZooModel("digits", onnx.load(str(digits_sample.model_path)), {"input": images[:24]})
-    return build(request.param)
+    name, _, exporter = request.param.partition(":")
+    return build(name, exporter or "torchscript")
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[int | str | None]:
@@ -108,8 +110,10 @@ def _simulate(x: np.ndarray, scale: np.ndarray, zero: onnx.TensorProto | None, a
 
     quant_min, quant_max = INTEGER_RANGES[elem_type]
     y = fake_quantize(x_t, torch.from_numpy(scale), torch.from_numpy(offset), quant_min, quant_max, axis).numpy()
-    # one step: a value on a rounding tie may round either way when x/s is computed as x·(1/s)
-    return y, step * (1 + 1e-4)
+    # one step: a value on a rounding tie may round either way when x/s is computed as x·(1/s) (or, for an
+    # int32 bias with codes near 2^16, in float32 at all: its ulp there is 1/256 of a step), plus the
+    # float32 rounding of the dequantized value itself (one ulp of it)
+    return y, step * (1 + 1e-4) + np.spacing(np.abs(y))
 
 
 def check_against_fake_quant(qdq_path: Path, prepared: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> int:
@@ -159,7 +163,7 @@ def check_against_fake_quant(qdq_path: Path, prepared: onnx.ModelProto, feeds: d
 
 
 @pytest.mark.parametrize("platform", sorted(PLATFORMS))
-@pytest.mark.parametrize("zoo_model", [*ZOO, "digits"], indirect=True)
+@pytest.mark.parametrize("zoo_model", [*ZOO, "digits", *(f"{name}:dynamo" for name in EXPORTED)], indirect=True)
 def test_zoo_model_quantizes(zoo_model: ZooModel, platform: str, tmp_path: Path) -> None:
     source = tmp_path / "model.onnx"
     onnx.save(zoo_model.model, str(source))

@@ -1,7 +1,8 @@
 """The model zoo: tiny networks in the shapes real models come in, built in torch and exported to ONNX
 (no downloads; random weights; each a few KB so the whole zoo quantizes in seconds on 2 cores).
 
-``build(name)`` returns a ``ZooModel``: the ONNX model plus sample inputs (first axis samples). Names:
+``build(name)`` returns a ``ZooModel``: the ONNX model plus sample inputs (first axis samples);
+``build(name, "dynamo")`` the same network as torch's default exporter writes it (``EXPORTED`` only). Names:
 
 - ``resnet``: Conv+BN+Relu stem, two residual blocks (Add joins, a strided 1x1 projection), GAP, Gemm.
 - ``mobilenet``: MobileNetV2 inverted residuals: 1x1 expand, depthwise 3x3 (group = channels),
@@ -65,9 +66,27 @@ def export(
     output_names: list[str],
     dynamic_axes: dict[str, dict[int, str]],
     opset: int = OPSET,
+    *,
+    exporter: str = "torchscript",
 ) -> onnx.ModelProto:
-    """TorchScript-based export in eval mode, BatchNormalization kept as nodes (as in samples/digits.py)."""
+    """Export in eval mode. ``torchscript``: the legacy exporter, BatchNormalization kept as nodes (as in
+    samples/digits.py); ``dynamo``: ``torch.onnx.export``'s default since PyTorch 2.9 (torch.export, opset
+    18 at least, its optimizer folds BatchNormalization into the convs), as most users' models now come."""
     module.eval()
+    if exporter == "dynamo":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module,
+                example,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes,
+                opset_version=max(opset, 18),
+                dynamo=True,
+                verbose=False,
+            )
+        return program.model_proto
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter warns that it is deprecated
@@ -259,14 +278,13 @@ class LegacyCNN(nn.Module):
         return self.fc(torch.flatten(F.relu(self.c2(F.relu(self.c1(x)))), 1))
 
 
-def _vision(name: str, network: type[nn.Module], seed: int, shape: tuple[int, int, int]) -> ZooModel:
+def _vision(name: str, network: type[nn.Module], seed: int, shape: tuple[int, int, int], exporter: str) -> ZooModel:
     torch.manual_seed(seed)  # before construction: the weights are drawn in __init__
     module = _randomize_batchnorm(network(), seed)
     rng = np.random.default_rng(seed)
     images = _images(rng, SAMPLES, *shape)
-    model = export(
-        module, (torch.from_numpy(images[:2]),), ["input"], ["output"], {"input": {0: "N"}, "output": {0: "N"}}
-    )
+    axes = {"input": {0: "N"}, "output": {0: "N"}}
+    model = export(module, (torch.from_numpy(images[:2]),), ["input"], ["output"], axes, exporter=exporter)
     return ZooModel(name, model, {"input": images})
 
 
@@ -323,20 +341,28 @@ def branchy(seed: int = 0) -> ZooModel:
 
 
 @functools.cache
-def build(name: str) -> ZooModel:
-    """The zoo model ``name`` (cached: built once per test session)."""
+def build(name: str, exporter: str = "torchscript") -> ZooModel:
+    """The zoo model ``name`` (cached: built once per test session); those in ``EXPORTED`` as the torch
+    ``exporter`` writes them (``export``)."""
+    if exporter != "torchscript" and name not in EXPORTED:
+        raise KeyError(f"zoo model {name!r} is not exported from torch")
     if name == "resnet":
-        return _vision(name, ResNetish, 1, (3, 16, 16))
+        return _vision(name, ResNetish, 1, (3, 16, 16), exporter)
     if name == "mobilenet":
-        return _vision(name, MobileNetish, 2, (3, 16, 16))
+        return _vision(name, MobileNetish, 2, (3, 16, 16), exporter)
     if name == "detector":
-        return _vision(name, DetectorHead, 3, (3, 16, 16))
+        return _vision(name, DetectorHead, 3, (3, 16, 16), exporter)
     if name == "unet":
         torch.manual_seed(4)
         images = _images(np.random.default_rng(4), SAMPLES, 3, 16, 16)
         axes = {0: "N", 2: "H", 3: "W"}
         model = export(
-            UNetish(), (torch.from_numpy(images[:2]),), ["input"], ["output"], {"input": axes, "output": axes}
+            UNetish(),
+            (torch.from_numpy(images[:2]),),
+            ["input"],
+            ["output"],
+            {"input": axes, "output": axes},
+            exporter=exporter,
         )
         resized = {"input": _images(np.random.default_rng(40), 2, 3, 12, 20)}
         return ZooModel(name, model, {"input": images}, resized=resized)
@@ -345,7 +371,7 @@ def build(name: str) -> ZooModel:
         rng = np.random.default_rng(5)
         tokens = rng.integers(0, TinyEncoder.vocab, (SAMPLES, 12)).astype(np.int64)
         axes = {"tokens": {0: "N", 1: "T"}, "output": {0: "N", 1: "T"}}
-        model = export(TinyEncoder(), (torch.from_numpy(tokens[:2]),), ["tokens"], ["output"], axes)
+        model = export(TinyEncoder(), (torch.from_numpy(tokens[:2]),), ["tokens"], ["output"], axes, exporter=exporter)
         resized = {"tokens": rng.integers(0, TinyEncoder.vocab, (3, 7)).astype(np.int64)}
         return ZooModel(name, model, {"tokens": tokens}, resized=resized)
     if name == "audio":
@@ -356,7 +382,7 @@ def build(name: str) -> ZooModel:
         audio = (audio + rng.normal(0, 0.05, audio.shape)).astype(np.float32)
         axes = {"audio": {0: "N", 2: "L"}, "output": {0: "N"}}
         module = _randomize_batchnorm(AudioNet(), 6)
-        model = export(module, (torch.from_numpy(audio[:2]),), ["audio"], ["output"], axes)
+        model = export(module, (torch.from_numpy(audio[:2]),), ["audio"], ["output"], axes, exporter=exporter)
         resized = {"audio": rng.normal(0, 0.5, (2, 1, 256)).astype(np.float32)}
         return ZooModel(name, model, {"audio": audio}, resized=resized)
     if name == "legacy":
@@ -372,3 +398,6 @@ def build(name: str) -> ZooModel:
 
 
 ZOO = ("resnet", "mobilenet", "unet", "detector", "transformer", "audio", "legacy", "branchy")
+# exported from torch at the current opset, so either exporter can write them (legacy is opset 11, which
+# the dynamo exporter does not write; branchy is built node by node)
+EXPORTED = ("resnet", "mobilenet", "unet", "detector", "transformer", "audio")
