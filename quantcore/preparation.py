@@ -3,7 +3,9 @@
 Steps, in order (each keeps every real graph input/output name, dtype and dynamic dimension):
 
 1. load, external data included (``InvalidModelError`` if the file can't be parsed);
-2. refuse models that are already quantized (``UnsupportedModelError``);
+2. refuse models that are already quantized (``UnsupportedModelError``); inline model-local functions
+   (``export_modules_as_functions``, onnxscript): a node inside a function cannot carry Q/DQ, so without
+   this every layer a function wraps would stay float;
 3. IR version newer than ONNX Runtime reads → lowered when the opsets allow; opset < 13 → upgraded
    to 13 (per-channel QuantizeLinear needs the ``axis`` attribute of opset 13); a failed conversion
    is an ``UnsupportedModelError`` (``quantcore.opset``);
@@ -35,6 +37,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
@@ -162,6 +165,18 @@ def _simplify(
     return proto, folded_constants, folded_branches
 
 
+def _inline_functions(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """``proto`` with its model-local functions inlined, and what was done (or, where ONNX's inliner
+    refuses the model, ``proto`` as it was and why its functions' nodes stay float)."""
+    names = sorted({f"{f.domain}.{f.name}" if f.domain else f.name for f in proto.functions})
+    listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    try:
+        inlined = onnx.inliner.inline_local_functions(proto, convert_version=True)
+    except Exception as error:  # the C++ inliner's errors have no common type
+        return proto, f"model-local functions ({listed}) could not be inlined, their nodes stay float: {error}"
+    return inlined, f"{len(names)} model-local function(s) inlined so that their nodes can be quantized: {listed}"
+
+
 def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndarray] | None = None) -> PreparedModel:
     """Load (if given a path) and prepare a model; see the module docstring for the steps.
 
@@ -185,6 +200,9 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         raise InvalidModelError("model does not import the default ONNX operator set")
     source_ir_version = int(proto.ir_version)
     warnings: list[str] = []
+    if proto.functions:
+        proto, message = _inline_functions(proto)
+        warnings.append(message)
     if source_opset < MIN_QDQ_OPSET:
         proto = upgrade_opset(proto)
         warnings.append(f"opset upgraded from {source_opset} to {MIN_QDQ_OPSET} for per-channel Q/DQ")

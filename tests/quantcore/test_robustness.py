@@ -362,3 +362,41 @@ def test_a_half_precision_export_is_left_in_float16_with_the_way_out_named(tmp_p
     x32 = np.ones((4, 4), np.float32)
     other = quantize(tmp_path / "relu.onnx", {"x": x32}, {"x": x32}, QuantizeConfig(cpu_latency=False), tmp_path / "o2")
     assert any("node decisions say why" in w for w in other.report["warnings"])
+
+
+def test_model_local_functions_are_inlined_so_their_convs_are_quantized(tmp_path) -> None:
+    """As torch.onnx.export(..., export_modules_as_functions=...) writes a model: each block a call of a
+    model-local function (Conv with weights passed in, Relu), which would otherwise hide every Conv."""
+    block = helper.make_function(
+        "blocks",
+        "ConvRelu",
+        ["x", "w"],
+        ["y"],
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4), helper.make_node("Relu", ["c"], ["y"])],
+        [helper.make_opsetid("", 17)],
+    )
+    nodes = [
+        helper.make_node("ConvRelu", ["x", "w1"], ["h"], name="block1", domain="blocks"),
+        helper.make_node("ConvRelu", ["h", "w2"], ["y"], name="block2", domain="blocks"),
+    ]
+    model = _model(
+        nodes,
+        [_value("x", ["N", 3, 8, 8])],
+        [_value("y", ["N", 4, 8, 8])],
+        [_init("w1", (4, 3, 3, 3)), _init("w2", (4, 4, 3, 3))],
+    )
+    model.opset_import.append(helper.make_opsetid("blocks", 1))
+    model.functions.append(block)
+    onnx.checker.check_model(model)
+    feeds = {"x": RNG.normal(0, 1, (16, 3, 8, 8)).astype(np.float32)}
+    prepared = prepare(model)
+    assert not prepared.model.functions
+    assert [n.op_type for n in prepared.model.graph.node] == ["Conv", "Relu", "Conv", "Relu"]
+    assert any("model-local function(s) inlined" in w and "blocks.ConvRelu" in w for w in prepared.warnings)
+    _same_outputs(model, prepared.model, feeds)
+    onnx.save(model, tmp_path / "functions.onnx")
+    result = quantize(tmp_path / "functions.onnx", feeds, feeds, QuantizeConfig(cpu_latency=False), tmp_path / "out")
+    exported = onnx.load(result.model_path)
+    producers = {o: n.op_type for n in exported.graph.node for o in n.output}
+    convs = [n for n in exported.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 2 and all(producers[n.input[1]] == "DequantizeLinear" for n in convs)
