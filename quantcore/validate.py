@@ -92,7 +92,12 @@ def check_external_data(model: onnx.ModelProto, directory: Path) -> None:
                 f"{label}: external data location {location!r} resolves outside the model's directory"
             )
         if not target.is_file():
-            raise InvalidModelError(f"{label}: external data file {location!r} is missing")
+            raise InvalidModelError(
+                f"{label}: external data file {location!r} is missing. The model keeps its weights in a separate "
+                "file (torch.onnx.export with dynamo=True writes one by default); save it as a single file and "
+                "upload that: onnx.save(onnx.load('model.onnx'), 'model-single.onnx'), or export with "
+                "external_data=False (up to 2 GB)"
+            )
         try:
             offset = int(entries.get("offset", 0))
             length = int(entries["length"]) if "length" in entries else None

@@ -140,3 +140,16 @@ def test_external_data_range_past_the_end_is_refused(tmp_path) -> None:
     (tmp_path / "w.bin").write_bytes(raw[:-4])
     with pytest.raises(InvalidModelError, match="exceeds"):
         inspect_model(path)
+
+
+def test_a_model_uploaded_without_its_weights_file_is_told_how_to_make_one_file(tmp_path) -> None:
+    """What torch.onnx.export(..., dynamo=True) writes by default, model.onnx and model.onnx.data, with
+    only model.onnx uploaded."""
+    path, raw = _with_external_weight(tmp_path, "m.onnx.data")
+    with pytest.raises(InvalidModelError, match=r"'m\.onnx\.data' is missing") as refused:
+        inspect_model(path)
+    assert "onnx.save(onnx.load('model.onnx'), 'model-single.onnx')" in str(refused.value)
+    (tmp_path / "m.onnx.data").write_bytes(raw)  # the advice, followed: one file, the same weights
+    single = tmp_path / "single.onnx"
+    onnx.save(onnx.load(path), single)
+    assert inspect_model(str(single))["num_parameters"] == inspect_model(path)["num_parameters"] > 0
