@@ -2,7 +2,7 @@
 
     quantctl [--url URL] [--api-key KEY] [--timeout S] [--no-progress] COMMAND ...
 
-    models upload FILE.onnx [--no-wait]      models list [--limit N] [--cursor C] [--all] [--json]
+    models upload FILE.onnx|MODEL.zip [--no-wait]  models list [--limit N] [--cursor C] [--all] [--json]
     models show ID
     datasets upload FILE.npz|IMAGES.zip      datasets show ID
     compare MODEL_ID [--limit N] [--cursor C] [--all] [--json]
@@ -10,7 +10,7 @@
     jobs list [--status S] [--limit N] [--cursor C] [--all] [--json]
     jobs show ID | cancel ID | watch ID | report ID [--json]
     jobs download ID [--name ARTIFACT ...] [-o DIR]
-    quantize MODEL.onnx DATA.npz|IMAGES.zip [--recipe FILE] [--set KEY=VALUE ...] [-o DIR]
+    quantize MODEL.onnx|MODEL.zip DATA.npz|IMAGES.zip [--recipe FILE] [--set KEY=VALUE ...] [-o DIR]
 
 The URL and key come from `--url`/`--api-key`, else `QUANT_API_URL`/`QUANT_API_KEY`; the global
 options are accepted before or after the command. JSON goes to stdout, progress and errors to

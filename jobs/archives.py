@@ -1,4 +1,5 @@
-"""Read an image-zip dataset's listing safely, from the zip's central directory only.
+"""Read an image-zip dataset's listing safely, from the zip's central directory only (the member
+checks, `open_zip` and `checked_members`, also serve model archives: `jobs.model_archives`).
 
     archive.zip
     ├── cat/0001.jpg        one folder per class: labels = sorted folder names → 0, 1, ...
@@ -24,6 +25,7 @@ import csv
 import io
 import stat
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
@@ -111,12 +113,6 @@ def declared_members(path: Path) -> int | None:
         return count
 
 
-def _check_count(path: Path, max_files: int) -> None:
-    count = declared_members(path)
-    if count is not None and count > max_files:
-        raise InvalidImageArchive(f"the archive holds {count} members; at most {max_files} allowed")
-
-
 def is_image_zip(path: Path, *, max_files: int) -> bool:
     """An image archive rather than an `.npz`: a readable zip whose members are not all top-level `.npy`.
     A zip declaring more than `max_files` members counts as one (`inspect_image_zip` then refuses it)."""
@@ -131,60 +127,78 @@ def is_image_zip(path: Path, *, max_files: int) -> bool:
     return bool(names) and not all(n.endswith(".npy") and "/" not in n for n in names)
 
 
-def _check_name(name: str) -> None:
+def _check_name(name: str, error: type[ValueError]) -> None:
     if "\x00" in name or "\\" in name:
-        raise InvalidImageArchive(f"member '{name!r}' has a backslash or NUL in its name")
+        raise error(f"member '{name!r}' has a backslash or NUL in its name")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise InvalidImageArchive(f"member '{name}' has an absolute path")
+        raise error(f"member '{name}' has an absolute path")
     parts = PurePosixPath(name).parts
     if ".." in parts or any(p == "." for p in parts):
-        raise InvalidImageArchive(f"member '{name}' has a '..' or '.' component (path traversal)")
+        raise error(f"member '{name}' has a '..' or '.' component (path traversal)")
 
 
 def _is_junk(name: str) -> bool:
     return name.startswith(_JUNK_PREFIXES) or PurePosixPath(name).name in _JUNK_NAMES
 
 
+def open_zip(path: Path, max_files: int, error: type[ValueError]) -> zipfile.ZipFile:
+    """The archive at `path`, its declared member count checked first (`declared_members`)."""
+    count = declared_members(path)
+    if count is not None and count > max_files:
+        raise error(f"the archive holds {count} members; at most {max_files} allowed")
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise error(f"not a readable zip archive: {exc}") from exc
+
+
+def checked_members(
+    archive: zipfile.ZipFile, limits: ArchiveLimits, error: type[ValueError]
+) -> Iterator[zipfile.ZipInfo]:
+    """The archive's files (no directories, no archiver junk), each checked as the module docstring
+    says before it is yielded; `error` names the first member that fails."""
+    members = archive.infolist()
+    if len(members) > limits.max_files:
+        raise error(f"the archive holds {len(members)} members; at most {limits.max_files} allowed")
+    seen: set[str] = set()
+    total = 0
+    for member in members:
+        name = member.filename
+        _check_name(name, error)
+        if name in seen:
+            raise error(f"member '{name}' appears twice")
+        seen.add(name)
+        if stat.S_ISLNK(member.external_attr >> 16):
+            raise error(f"member '{name}' is a symbolic link")
+        if member.is_dir() or _is_junk(name):
+            continue
+        if member.flag_bits & 0x1:
+            raise error(f"member '{name}' is encrypted")
+        if member.file_size > limits.max_file_bytes:
+            raise error(
+                f"member '{name}' expands to {member.file_size} bytes; at most {limits.max_file_bytes} per file"
+            )
+        total += member.file_size
+        if total > limits.max_total_bytes:
+            raise error(f"the archive expands to more than {limits.max_total_bytes} bytes")
+        ratio = member.file_size / max(member.compress_size, 1)
+        if ratio > limits.max_ratio:
+            raise error(
+                f"member '{name}' has a compression ratio of {ratio:.0f}:1 (at most {limits.max_ratio:.0f}:1): "
+                "a zip bomb"
+            )
+        yield member
+
+
 def inspect_image_zip(path: Path, *, limits: ArchiveLimits) -> ImageListing:
     """List and check the archive's images and labels; raises `InvalidImageArchive` naming the member."""
-    _check_count(path, limits.max_files)
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise InvalidImageArchive(f"not a readable zip archive: {exc}") from exc
-    with archive:
-        members = archive.infolist()
-        if len(members) > limits.max_files:
-            raise InvalidImageArchive(f"the archive holds {len(members)} members; at most {limits.max_files} allowed")
+    with open_zip(path, limits.max_files, InvalidImageArchive) as archive:
         images: list[zipfile.ZipInfo] = []
         csv_member: zipfile.ZipInfo | None = None
-        seen: set[str] = set()
         total = 0
-        for member in members:
+        for member in checked_members(archive, limits, InvalidImageArchive):
             name = member.filename
-            _check_name(name)
-            if name in seen:
-                raise InvalidImageArchive(f"member '{name}' appears twice")
-            seen.add(name)
-            if stat.S_ISLNK(member.external_attr >> 16):
-                raise InvalidImageArchive(f"member '{name}' is a symbolic link")
-            if member.is_dir() or _is_junk(name):
-                continue
-            if member.flag_bits & 0x1:
-                raise InvalidImageArchive(f"member '{name}' is encrypted")
-            if member.file_size > limits.max_file_bytes:
-                raise InvalidImageArchive(
-                    f"member '{name}' expands to {member.file_size} bytes; at most {limits.max_file_bytes} per file"
-                )
             total += member.file_size
-            if total > limits.max_total_bytes:
-                raise InvalidImageArchive(f"the archive expands to more than {limits.max_total_bytes} bytes")
-            ratio = member.file_size / max(member.compress_size, 1)
-            if ratio > limits.max_ratio:
-                raise InvalidImageArchive(
-                    f"member '{name}' has a compression ratio of {ratio:.0f}:1 (at most {limits.max_ratio:.0f}:1): "
-                    "a zip bomb, not an image"
-                )
             suffix = PurePosixPath(name).suffix.lower()
             if name == LABELS_CSV:
                 csv_member = member

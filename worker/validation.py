@@ -1,4 +1,5 @@
-"""Validate an uploaded model (quantcore) or image dataset (every image decoded) and record the verdict.
+"""Validate an uploaded model (quantcore; a zip of one with its external data is unpacked first,
+`jobs.model_archives`) or image dataset (every image decoded) and record the verdict.
 
 Idempotent: a row is checked only while `pending`, and the verdict is written only onto a row still
 pending, so a re-sent message (`worker.reaper`) or a redelivered one never changes a decided row.
@@ -13,6 +14,7 @@ from jobs import queries, storage
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip
 from jobs.config import settings
 from jobs.db import session_scope
+from jobs.model_archives import InvalidModelArchive, inspect_model_zip, is_zip, model_archive_limits, unpack_model_zip
 from jobs.models import DatasetStatus, ModelStatus
 from quantcore import inspect_model
 from quantcore.errors import InvalidDataError, InvalidModelError
@@ -30,8 +32,10 @@ def validate_model(model_id: uuid.UUID) -> None:
         path = storage.resolve(settings.artifact_root, model.path)
     info, error = None, None
     try:
+        if is_zip(path):  # the model with its external data (checked at upload; re-read, then unpacked)
+            unpack_model_zip(path, inspect_model_zip(path, limits=model_archive_limits(settings)))
         info = inspect_model(path, min_opset=settings.min_opset, max_opset=settings.max_opset)
-    except InvalidModelError as exc:
+    except (InvalidModelError, InvalidModelArchive) as exc:
         error = str(exc)
     except Exception as exc:  # a validator crash must still end in a verdict, never a stuck 'pending'
         log.exception("validation of model %s crashed", model_id)

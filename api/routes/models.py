@@ -17,6 +17,7 @@ from jobs import queries, storage
 from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.keys import KeyProject
+from jobs.model_archives import InvalidModelArchive, inspect_model_zip, is_zip, model_archive_limits
 from jobs.models import Model, ModelStatus
 from jobs.queue import enqueue_validation
 from jobs.quotas import reserve_storage
@@ -37,7 +38,9 @@ async def upload_model(
 ) -> Model:
     """Streams the file to disk (size cap, SHA-256 on the fly), then a worker validates it: protobuf
     parse, `onnx.checker`, opset range, external data confined to the upload. An invalid file is
-    removed and answered with 422 naming the reason."""
+    removed and answered with 422 naming the reason. The file is an ONNX model, or a zip archive of one
+    with the external data files it references (`jobs.model_archives`: its listing is checked here,
+    its unpacked size counts against the quota, and the worker unpacks it before validating)."""
     root = settings.artifact_root
     upload = await receive_upload(
         request,
@@ -49,10 +52,11 @@ async def upload_model(
     model_id = uuid.uuid4()
     relative = storage.model_path(project.id, model_id)
     try:
+        stored_bytes = await run_in_threadpool(_stored_bytes, settings, upload)
         target = storage.resolve(root, relative)
         target.parent.mkdir(parents=True, exist_ok=True)
         upload.path.replace(target)
-        model = await run_in_threadpool(_create, settings, project, model_id, upload, relative)
+        model = await run_in_threadpool(_create, settings, project, model_id, upload, relative, stored_bytes)
         enqueue_validation(celery, model_id)
     except BaseException:
         upload.path.unlink(missing_ok=True)
@@ -80,16 +84,28 @@ def read_model(session: SessionDep, project: ProjectDep, model_id: uuid.UUID) ->
     return model
 
 
-def _create(settings: Settings, project: KeyProject, model_id: uuid.UUID, upload: Upload, relative: str) -> Model:
+def _stored_bytes(settings: Settings, upload: Upload) -> int:
+    """What the model will take in storage: the upload, or an archive's members unpacked."""
+    if not is_zip(upload.path):
+        return upload.size_bytes
+    try:
+        return inspect_model_zip(upload.path, limits=model_archive_limits(settings)).expanded_bytes
+    except InvalidModelArchive as exc:
+        raise Problem(422, f"not a usable ONNX model: {exc}", slug="invalid-model") from exc
+
+
+def _create(
+    settings: Settings, project: KeyProject, model_id: uuid.UUID, upload: Upload, relative: str, stored_bytes: int
+) -> Model:
     with session_scope(settings.resolved_database_url) as session:
-        reserve_storage(session=session, project=project, settings=settings, size_bytes=upload.size_bytes)
+        reserve_storage(session=session, project=project, settings=settings, size_bytes=stored_bytes)
         return queries.create_model(
             session=session,
             project_id=project.id,
             model_id=model_id,
             filename=upload.filename,
             sha256=upload.sha256,
-            size_bytes=upload.size_bytes,
+            size_bytes=stored_bytes,
             path=relative,
         )
 
