@@ -21,6 +21,7 @@ stderr. Exit codes: 0 success, 1 an API error or a job that did not succeed, 2 a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -35,7 +36,7 @@ import httpx
 from cli.client import DEFAULT_URL, ApiError, Client, ProtocolError, job_path, resource_path
 from cli.recipe import RecipeError, build_recipe
 from cli.report import render_report
-from cli.transfer import DownloadError, download, upload
+from cli.transfer import DownloadError, download, model_upload, upload
 from cli.watch import JobWatcher
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -98,8 +99,12 @@ JOB_COLUMNS = (
 
 
 def upload_checked(ctx: Context, collection: str, path: Path, *, wait: bool = True) -> dict[str, Any]:
-    """Upload a model or dataset, then poll while its validation task has not decided (202 / pending)."""
-    _, row = upload(ctx.client, collection, path, progress=ctx.progress)
+    """Upload a model or dataset, then poll while its validation task has not decided (202 / pending).
+    A model with its external data file beside it goes up as one zip of both (`model_upload`)."""
+    with model_upload(path) if collection == "models" else contextlib.nullcontext(path) as sent:
+        if sent != path:
+            note(f"{path.name} keeps its weights in {path.name}.data: uploading both, as one zip")
+        _, row = upload(ctx.client, collection, sent, filename=path.name, progress=ctx.progress)
     if not wait or row.get("status") != "pending":
         return row
     deadline, delay = time.monotonic() + ctx.model_wait, 0.5

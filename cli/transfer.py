@@ -10,8 +10,12 @@ and SHA-256 match what the artifact listing announced. An existing `.part` is re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -55,8 +59,28 @@ class _ProgressReader:
         return self._file.fileno()
 
 
-def upload(client: Client, collection: str, path: Path, *, progress: bool | None = None) -> tuple[int, dict[str, Any]]:
-    """POST `path` as multipart field `file` to `collection`; returns (status code, JSON body)."""
+@contextlib.contextmanager
+def model_upload(path: Path) -> Iterator[Path]:
+    """What to send for the model at `path`: the file itself, or, when the external data file that
+    `torch.onnx.export(..., dynamo=True)` writes beside it (`<name>.data`) is there, a temporary zip of
+    both, which the service unpacks (an `.onnx` alone would be refused: its weights are not in it)."""
+    data = path.with_name(path.name + ".data")
+    if path.suffix.lower() != ".onnx" or not data.is_file():
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="quantctl-") as scratch:
+        bundle = Path(scratch) / f"{path.name}.zip"
+        with zipfile.ZipFile(bundle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            archive.write(path, path.name)
+            archive.write(data, data.name)
+        yield bundle
+
+
+def upload(
+    client: Client, collection: str, path: Path, *, filename: str | None = None, progress: bool | None = None
+) -> tuple[int, dict[str, Any]]:
+    """POST `path` as multipart field `file` (named `filename`, else its own name) to `collection`;
+    returns (status code, JSON body)."""
     size = path.stat().st_size
     with (
         path.open("rb") as file,
@@ -67,7 +91,7 @@ def upload(client: Client, collection: str, path: Path, *, progress: bool | None
         reader = _ProgressReader(file, bar)
         response = client.http.post(
             collection,
-            files={"file": (path.name, reader, "application/octet-stream")},
+            files={"file": (filename or path.name, reader, "application/octet-stream")},
             timeout=_timeout(client, read=UPLOAD_READ_TIMEOUT),
         )
     raise_for_problem(response)

@@ -94,9 +94,9 @@ def check_external_data(model: onnx.ModelProto, directory: Path) -> None:
         if not target.is_file():
             raise InvalidModelError(
                 f"{label}: external data file {location!r} is missing. The model keeps its weights in a separate "
-                "file (torch.onnx.export with dynamo=True writes one by default); save it as a single file and "
-                "upload that: onnx.save(onnx.load('model.onnx'), 'model-single.onnx'), or export with "
-                "external_data=False (up to 2 GB)"
+                "file (torch.onnx.export with dynamo=True writes one by default): upload a zip of the model with "
+                "its data files (quantctl zips model.onnx with model.onnx.data by itself), or save it as one file, "
+                "onnx.save(onnx.load('model.onnx'), 'model-single.onnx'), or export with external_data=False"
             )
         try:
             offset = int(entries.get("offset", 0))

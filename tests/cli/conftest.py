@@ -161,6 +161,7 @@ def build_app(state: FakeApi) -> Starlette:
             "sha256": hashlib.sha256(data).hexdigest(),
             "size": len(data),
             "content_length": request.headers.get("content-length"),
+            "data": data,
         }
         state.uploads.append(record)
         item_id = f"{record['collection'][0]}-{len(state.uploads)}"

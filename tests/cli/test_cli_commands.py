@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,22 @@ def test_models_upload_streams_the_file_and_waits_for_validation(api, model_file
     assert upload["size"] == len(api.model_bytes)
     # A Content-Length header means the multipart body was sized from the file, not chunked from memory.
     assert upload["content_length"] is not None and int(upload["content_length"]) > len(api.model_bytes)
+
+
+def test_a_model_with_its_external_data_beside_it_goes_up_as_one_zip(api, model_file: Path, capsys) -> None:
+    # what torch.onnx.export(model, x, "net.onnx", dynamo=True) leaves: net.onnx and net.onnx.data
+    weights = bytes(range(7, 250)) * 50
+    model_file.with_name("net.onnx.data").write_bytes(weights)
+    code, out, err = run(capsys, "models", "upload", str(model_file))
+    assert code == 0 and json.loads(out)["status"] == "ready"
+    assert "net.onnx keeps its weights in net.onnx.data: uploading both, as one zip" in err
+    (upload,) = api.uploads
+    assert upload["filename"] == "net.onnx"
+    with zipfile.ZipFile(io.BytesIO(upload["data"])) as archive:
+        assert {name: archive.read(name) for name in archive.namelist()} == {
+            "net.onnx": api.model_bytes,
+            "net.onnx.data": weights,
+        }
 
 
 def test_models_upload_invalid_model_exits_1(api, tmp_path: Path, capsys) -> None:
