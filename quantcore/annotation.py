@@ -305,14 +305,14 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
             )
     if not state.configs:
         half = _half_precision(prepared.model.graph)
+        why = (
+            f"{half}, as the model does; the rules quantize float32 tensors only: export the model in float32 "
+            "(in PyTorch: model.float() before torch.onnx.export) and quantize that"
+            if half
+            else "float (the report's node decisions say why, node by node)"
+        )
         state.warnings.append(
-            f"platform {platform.name} found nothing to quantize in this model: the exported model computes in "
-            + (
-                f"{half}, as the model does; the rules quantize float32 tensors only: export the model in float32 "
-                "(in PyTorch: model.float() before torch.onnx.export) and quantize that"
-                if half
-                else "float (the report's node decisions say why, node by node)"
-            )
+            f"platform {platform.name} found nothing to quantize in this model: the exported model computes in {why}"
         )
     return Annotation(
         configs=state.configs,

@@ -65,14 +65,13 @@ def _no_common_sample_axis(data: dict[str, np.ndarray]) -> bool:
 
 @pytest.mark.parametrize("platform", sorted(PLATFORMS))
 def test_early_pytorch_exports_quantize_or_are_refused_with_the_reason(platform, tmp_path) -> None:
-    quantized = refused = 0
+    quantized = 0
     for directory in OPERATOR_CASES:
         model, data = _case(directory)
         config = QuantizeConfig(platform=platform, cpu_latency=False, analysis=AnalysisOptions(enabled=False))
         try:
             result = quantize(directory / "model.onnx", data, data, config, tmp_path / directory.name)
         except QuantcoreError as error:
-            refused += 1
             if isinstance(error, InvalidDataError):  # checked first, before the model is loaded
                 assert _no_common_sample_axis(data), (directory.name, error)
             else:
@@ -90,7 +89,7 @@ def test_early_pytorch_exports_quantize_or_are_refused_with_the_reason(platform,
                 assert metrics["sqnr_db"] >= MIN_SQNR_DB.get(platform, DEFAULT_MIN_SQNR_DB), (directory.name, name)
     # the refusals above leave exactly the cases ONNX Runtime runs whose inputs share a sample axis: 83
     # of the 117 in onnx 1.23 (the other 34 are opset 6 models ONNX Runtime has no kernels for)
-    assert quantized >= 83 and quantized + refused == len(OPERATOR_CASES)
+    assert quantized >= 83
 
 
 # The Caffe2 graphs small enough for the suite (resnet50, inception_v2, vgg19, alexnet and zfnet512 take
