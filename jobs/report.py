@@ -417,7 +417,10 @@ class Report(_Section):
     reconstruction: Reconstruction | None = Field(None, description="Null without reconstruction in the recipe.")
     evaluation: Evaluation
     parity: Parity
-    analysis: Analysis | None = Field(None, description="Null when the recipe turned the analysis off.")
+    analysis: Analysis | None = Field(
+        None,
+        description="Null when the recipe turned the analysis off, or the machine lacked its memory (see warnings).",
+    )
     target: TargetOutcome | None = Field(None, description="Null without a target in the recipe.")
     latency: Latency
     engine: EngineSummary | None

@@ -82,10 +82,12 @@ def analyze(
     *,
     options: AnalysisOptions | None = None,
     monitor: Monitor | None = None,
+    cones: bool = True,
 ) -> dict[str, Any]:
     """Per-tensor and per-layer error of the calibrated ``annotation`` on ``evaluation`` (``{input:
-    array}``, samples along each input's batch axis); a JSON-ready dict (see module). Raises
-    ``Canceled`` between batches."""
+    array}``, samples along each input's batch axis); a JSON-ready dict (see module). ``cones``: whether
+    the layer-wise runs may use cones (``quantcore.analysis_memory``). Raises ``Canceled`` between
+    batches."""
     options = options or config.analysis
     monitor = monitor or Monitor()
     switchable = switchable_model(prepared, annotation)
@@ -112,7 +114,7 @@ def analyze(
     wanted, wanted_samples = min(len(layers), options.max_layers), layerwise_batches.num_samples
     gated = gated_model(prepared, annotation)
     first_sample = layerwise_batches.first_sample()
-    with layer_runs(gated, order[:wanted], first_sample, device=config.device) as runs:
+    with layer_runs(gated, order[:wanted], first_sample, device=config.device, cones=cones) as runs:
         budgeted = options.layerwise_seconds is not None and wanted > 0
         price = runs.price(first_sample, cones=budgeted)  # without a budget only the fetched bytes are used
         unit = layerwise_batches.batch_size if layerwise_batches.fixed else 1

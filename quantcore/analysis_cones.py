@@ -37,6 +37,7 @@ from onnx import helper
 
 from quantcore.analysis_switch import MASK_INPUT, GatedModel
 from quantcore.graph import GraphIndex, subgraph_references
+from quantcore.protobuf import serialised_size
 from quantcore.session import open_session
 
 GROUPS = 8
@@ -178,21 +179,17 @@ class LayerRuns:
 
 @contextlib.contextmanager
 def layer_runs(
-    gated: GatedModel, layers: Sequence[int], sample: Mapping[str, np.ndarray], *, device: str
+    gated: GatedModel, layers: Sequence[int], sample: Mapping[str, np.ndarray], *, device: str, cones: bool = True
 ) -> Iterator[LayerRuns]:
     """The layer-wise runs of at most ``layers`` (flag indices) of ``gated``, in ``groups_for`` groups;
-    ``sample`` (a batch of the run's inputs) types the cuts. No cones over ``CONE_MODEL_BYTES``."""
-    groups = groups_for(len(layers)) if gated.model.ByteSize() <= CONE_MODEL_BYTES else 1
+    ``sample`` (a batch of the run's inputs) types the cuts. No cones over ``CONE_MODEL_BYTES``, nor
+    without ``cones``."""
+    use_cones = cones and serialised_size(gated.model) <= CONE_MODEL_BYTES
+    groups = groups_for(len(layers)) if use_cones else 1
     cones = _cones(gated, sorted(layers), groups) if groups >= 2 else []
     cut = sorted({name for cone in cones for name in cone.cut} - set(sample))  # model outputs among them too
     extra = [name for name in cut if name not in set(gated.outputs)]
-    model = gated.model
-    if extra:
-        model = onnx.ModelProto()
-        model.CopyFrom(gated.model)
-        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
-    with open_session(model, device=device, exact_qdq=True) as reference:
-        del model
+    with open_session(gated.model, device=device, exact_qdq=True, outputs=extra) as reference:
         every_flag_off = {**sample, MASK_INPUT: np.zeros(len(gated.layers), bool)}
         values = dict(zip(cut, reference.run(cut, every_flag_off), strict=True)) if cut else {}
         if not all(isinstance(value, np.ndarray) for value in values.values()):

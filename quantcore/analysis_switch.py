@@ -27,8 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 from quantcore.annotation import Annotation
 from quantcore.graph import GraphIndex, NameScope, subgraph_references
 from quantcore.preparation import PreparedModel
+from quantcore.protobuf import fits_in_protobuf
 from quantcore.qdq import build_qdq_model
-from quantcore.session import PROTOBUF_LIMIT
 
 MASK_INPUT = "quantcore_analysis_mask"
 
@@ -208,7 +208,7 @@ def switchable_model(prepared: PreparedModel, annotation: Annotation) -> Switcha
     dequantized = _dequantized_outputs(graph, set(annotation.activations))
     outputs = tuple(o.name for o in prepared.model.graph.output)
     existing = set(outputs) | set(GraphIndex(graph).graph_inputs)
-    typed = onnx.shape_inference.infer_shapes(model) if model.ByteSize() < PROTOBUF_LIMIT else model
+    typed = onnx.shape_inference.infer_shapes(model) if fits_in_protobuf(model) else model
     known = {v.name: v for v in [*typed.graph.value_info, *typed.graph.input, *typed.graph.output]}
     for tensor, dq_output in dequantized.items():  # typed as shape inference knew t (ONNX Runtime takes untyped)
         for name in (tensor, dq_output):

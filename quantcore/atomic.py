@@ -14,7 +14,7 @@ from typing import Any
 
 import onnx
 
-from quantcore.session import PROTOBUF_LIMIT
+from quantcore.protobuf import fits_in_protobuf
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -40,7 +40,7 @@ def write_json(path: Path, document: Any) -> None:
 def save_model(model: onnx.ModelProto, path: Path) -> list[Path]:
     """Save ``model`` at ``path``; beyond the protobuf limit its tensors go to ``<name>.data`` beside it.
     Returns the files written (the model first)."""
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if fits_in_protobuf(model):
         write_bytes(path, model.SerializeToString())
         return [path]
     path.parent.mkdir(parents=True, exist_ok=True)

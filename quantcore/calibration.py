@@ -35,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from quantcore import observers
@@ -112,21 +111,6 @@ def observe_threads(groups: int) -> int:
     return max(1, min(groups, os.cpu_count() or 1))
 
 
-def _with_observed_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
-    """Serialised ``model`` with ``names`` appended to the graph outputs (typed where shape inference
-    knew the type). The model itself is restored before returning."""
-    graph = model.graph
-    known = {v.name: v for v in graph.value_info}
-    existing = {o.name for o in graph.output}
-    added = [n for n in names if n not in existing]
-    graph.output.extend(known.get(n, onnx.ValueInfoProto(name=n)) for n in added)
-    try:
-        return model.SerializeToString()
-    finally:
-        for _ in added:
-            graph.output.pop()
-
-
 class ActivationFetcher:
     """Runs the calibration session on one batch and returns the observed tensors, in ``names`` order.
 
@@ -191,8 +175,7 @@ def _observe(
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
     names = [name for members in groups.values() for name in members]
     fetched = [name for name in names if name not in graph_inputs]
-    model_bytes = _with_observed_outputs(prepared.model, fetched)
-    with open_session(model_bytes, device=config.device, spinning=False) as session:
+    with open_session(prepared.model, device=config.device, spinning=False, outputs=fetched) as session:
         fetch = ActivationFetcher(session, fetched)
         if resizable and fetched and not batches.fixed and batches.batch_size > 1:
             batches = batches.within(sum(a.nbytes for a in fetch(batches.first_sample())), EXPOSED_BYTES_PER_BATCH)

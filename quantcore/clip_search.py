@@ -33,7 +33,7 @@ from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
 from quantcore.progress import Monitor
 from quantcore.qdq import build_qdq_model
-from quantcore.session import PROTOBUF_LIMIT, open_session
+from quantcore.session import open_session
 
 STAGE = "clip"
 SEARCH_SAMPLES = 32
@@ -117,11 +117,10 @@ def choose_clip(
     monitor: Monitor | None = None,
 ) -> ClipChoice:
     """The candidate (clip → calibrated annotation, ``configured_clip(config)`` among them) whose exact
-    Q/DQ model reproduces the FP32 outputs best on the first ``SEARCH_SAMPLES`` calibration samples. A
-    model too large to hold in memory as one protobuf keeps the configured clip, unscored."""
+    Q/DQ model reproduces the FP32 outputs best on the first ``SEARCH_SAMPLES`` calibration samples."""
     monitor = monitor or Monitor()
     configured = configured_clip(config)
-    if len(candidates) == 1 or prepared.model.ByteSize() >= PROTOBUF_LIMIT:
+    if len(candidates) == 1:
         return ClipChoice(configured, config.percentile, candidates[configured], {}, 0)
     samples = batches.first(SEARCH_SAMPLES)
     outputs = [o.name for o in prepared.model.graph.output]

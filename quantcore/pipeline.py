@@ -9,9 +9,11 @@ calibration data (``quantcore.clip_search``), and the run goes on with it (re-ca
 ``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
 skipped at once).
 ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
-quantized tensor's and each layer's error; ``target`` runs only with ``config.target``
-(``quantcore.accuracy_target``): it keeps the most harmful layers in float until the target is met
-and replaces the exported files with the model kept; ``report["target"]["met"]`` says whether it was.
+quantized tensor's and each layer's error, where the machine has the memory it needs
+(``quantcore.analysis_memory``: otherwise the report's analysis is null and a warning says why);
+``target`` runs only with ``config.target`` (``quantcore.accuracy_target``): it keeps the most harmful
+layers in float until the target is met and replaces the exported files with the model kept;
+``report["target"]["met"]`` says whether it was.
 
 Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
 end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
@@ -48,6 +50,7 @@ import onnx
 from quantcore import atomic, checkpoint
 from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
+from quantcore.analysis_memory import plan_memory
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate, calibrate_clips, configured_clip
@@ -55,6 +58,7 @@ from quantcore.clip_search import MIN_SAMPLES, choose_clip
 from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
+from quantcore.errors import UnsupportedModelError
 from quantcore.evaluation import check_labels, evaluate
 from quantcore.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
 from quantcore.preparation import prepare
@@ -87,6 +91,7 @@ class QuantizeResult:
     report_path: Path  # the report below, JSON
     # (report.html beside it: the same report as a standalone page, ``quantcore.report_html``)
     report: dict[str, Any]
+    model_data_path: Path | None = None  # the model's external data (``model.qdq.onnx.data``), beyond 2 GB
     engine_path: Path | None = None  # the TensorRT engine, when one was built
     engine_metadata_path: Path | None = None  # its engine.json
 
@@ -153,6 +158,9 @@ def quantize(
     evaluation_batches = Batches(evaluation, specs, config.batch_size, what="evaluation")
     check_labels(labels, evaluation_batches.total_samples, evaluation_batches.num_samples)
     check_target(config.target, labels)
+    memory = plan_memory(prepared.model)  # priced now: a target that needs the analysis fails before the slow stages
+    if config.target is not None and memory.skip is not None:
+        raise UnsupportedModelError(f"the accuracy target needs the layer-wise ranking, but {memory.skip}")
     stages.end(
         "prepare",
         started,
@@ -271,10 +279,15 @@ def quantize(
     stages.end("evaluate", started, f"evaluated on {evaluation_report['num_samples']} samples")
 
     analysis = target = None
+    analysis_warnings = []
     if config.analysis.enabled or config.target is not None:  # the target search needs the ranking
         started = stages.begin("analyze")
-        analysis = analyze(prepared, calibrated, evaluation, config, monitor=monitor)
-        stages.end("analyze", started, analysis["layerwise"]["statement"])
+        if memory.skip is None:
+            analysis = analyze(prepared, calibrated, evaluation, config, monitor=monitor, cones=memory.cones)
+            stages.end("analyze", started, analysis["layerwise"]["statement"])
+        else:
+            analysis_warnings.append(memory.skip)
+            stages.end("analyze", started, memory.skip)
     if config.target is not None:
         started = stages.begin("target")
         run = TargetRun(
@@ -348,6 +361,7 @@ def quantize(
                 *calibrated.warnings,
                 *(reconstruction.warnings if reconstruction is not None else ()),
                 *exported.warnings,
+                *analysis_warnings,
             ],
         }
     )
@@ -360,6 +374,7 @@ def quantize(
         tqc_path=exported.tqc_path,
         report_path=report_path,
         report=report,
+        model_data_path=next((f for f in exported.files if f.name == f"{exported.model_path.name}.data"), None),
         engine_path=engine.engine_path if built else None,
         engine_metadata_path=engine.metadata_path if built else None,
     )

@@ -43,7 +43,7 @@ from quantcore.fake_quant import quantize_array
 from quantcore.graph import GraphIndex, NameScope, default_opset
 from quantcore.opset import required_ir_version, upgrade_opset
 from quantcore.preparation import PreparedModel
-from quantcore.session import PROTOBUF_LIMIT
+from quantcore.protobuf import fits_in_protobuf
 from quantcore.storage import UNSIGNED_SHIFT, StorageType, storage_type, unsigned_twin
 from quantcore.tqc import QuantState, TensorQuantConfig
 
@@ -329,7 +329,7 @@ def count_ops(model: onnx.ModelProto, *op_types: str) -> int:
 
 
 def _fails_full_check(model: onnx.ModelProto) -> bool:
-    if model.ByteSize() >= PROTOBUF_LIMIT:
+    if not fits_in_protobuf(model):
         return False  # not re-checked beyond 2 GB: the exported model must pass on its own
     try:
         onnx.checker.check_model(model, full_check=True)
@@ -369,7 +369,7 @@ def export(
     """Write ``model.qdq.onnx`` and ``tqc.json`` into ``out_dir`` (atomically) and return their paths."""
     out_dir = Path(out_dir)
     model = build_qdq_model(prepared, annotation)
-    small = model.ByteSize() < PROTOBUF_LIMIT
+    small = fits_in_protobuf(model)
     warnings = _check(model, prepared.model) if small else []
     model_path = out_dir / MODEL_FILE
     tqc_path = out_dir / TQC_FILE

@@ -1,14 +1,14 @@
 """ONNX Runtime sessions: the executor that runs whole graphs (FP32 references, calibration, and the
 exported QDQ model both as exact Q/DQ arithmetic and as deployed with integer kernels).
 
-Models under 2 GB go to ONNX Runtime as bytes; bigger ones are written, with external data, to a
-temporary directory that lives as long as the session's ``with`` block.
+Models under 2 GB go to ONNX Runtime as bytes. A bigger one goes as its skeleton
+(``quantcore.protobuf``) with the detached initializers beside it as arrays
+(``SessionOptions.add_external_initializers``): nothing is written to disk.
 """
 
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -16,8 +16,8 @@ import onnx
 import onnxruntime as ort
 
 from quantcore.errors import QuantcoreError
+from quantcore.protobuf import fits_in_protobuf, skeleton
 
-PROTOBUF_LIMIT = 2**31 - 1 - 64 * 2**20  # serialised size above which a model must use external data
 # Exact Q/DQ runs at basic optimization (constant folding, no layout or fusion passes): the higher
 # levels rewrite Q/DQ and the ops beside them whatever ``session.disable_quant_qdq`` says (ONNX Runtime
 # 1.32's ReluQuantRewrite drops the Relu before a float8 QuantizeLinear: digits FP8 top-1 0.344 instead
@@ -46,6 +46,7 @@ def open_session(
     optimized_model_path: str | Path | None = None,
     spinning: bool = True,
     disabled_optimizers: Sequence[str] = (),
+    outputs: Sequence[str] = (),
 ) -> Iterator[ort.InferenceSession]:
     """An inference session for ``model``.
 
@@ -58,6 +59,8 @@ def open_session(
     callers that do their own work between runs (calibration's observers) on the same cores.
     disabled_optimizers: names of ONNX Runtime graph transformers or rewrite rules to skip (a deployment
     that must avoid a defective rewrite, ``quantcore.parity``).
+    outputs: intermediate tensors the session also returns, after the graph's outputs (``model`` must be
+    a ModelProto; it is left as it was).
     """
     options = ort.SessionOptions()
     if optimized_model_path is not None:
@@ -71,25 +74,46 @@ def open_session(
     if exact_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     providers = providers_for(device)
-    with contextlib.ExitStack() as stack:
-        if isinstance(model, bytes):
-            source: str | bytes = model
-        elif isinstance(model, onnx.ModelProto):
-            if model.ByteSize() < PROTOBUF_LIMIT:
-                source = model.SerializeToString()
-            else:
-                directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="quantcore-"))
-                path = Path(directory) / "model.onnx"
-                copy = onnx.ModelProto()
-                copy.CopyFrom(model)  # saving with external data rewrites the tensors in place
-                onnx.save_model(copy, str(path), save_as_external_data=True, location="model.onnx.data")
-                source = str(path)
-        else:
-            source = str(model)
+    detached: list[ort.OrtValue] = []  # referenced here until the session is closed
+    if isinstance(model, onnx.ModelProto):
+        source: str | bytes = _serialised(model, outputs, options, detached)
+    elif outputs:
+        raise ValueError("extra outputs need the model as a ModelProto")
+    else:
+        source = model if isinstance(model, bytes) else str(model)
+    try:
+        session = ort.InferenceSession(
+            source, sess_options=options, providers=providers, disabled_optimizers=list(disabled_optimizers)
+        )
+    except Exception as error:  # ONNX Runtime raises its own exception types
+        raise QuantcoreError(f"ONNX Runtime cannot load the model: {str(error).strip()[:500]}") from error
+    yield session
+
+
+def _serialised(
+    model: onnx.ModelProto, outputs: Sequence[str], options: ort.SessionOptions, detached: list[ort.OrtValue]
+) -> bytes:
+    """``model`` serialised with ``outputs`` appended to its graph outputs (typed where its value_info
+    knows them). Beyond the protobuf limit, its skeleton's; the detached initializers go to ``options``
+    as arrays, appended to ``detached``."""
+    if fits_in_protobuf(model):
+        added = _add_outputs(model.graph, outputs)
         try:
-            session = ort.InferenceSession(
-                source, sess_options=options, providers=providers, disabled_optimizers=list(disabled_optimizers)
-            )
-        except Exception as error:  # ONNX Runtime raises its own exception types
-            raise QuantcoreError(f"ONNX Runtime cannot load the model: {str(error).strip()[:500]}") from error
-        yield session
+            return model.SerializeToString()
+        finally:
+            for _ in range(added):
+                model.graph.output.pop()
+    header, tensors = skeleton(model)
+    detached.extend(ort.OrtValue.ortvalue_from_numpy(onnx.numpy_helper.to_array(t)) for t in tensors)
+    options.add_external_initializers([t.name for t in tensors], detached)
+    _add_outputs(header.graph, outputs)
+    return header.SerializeToString()
+
+
+def _add_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> int:
+    """Appends the ``names`` not yet among ``graph``'s outputs to them; returns how many it appended."""
+    known = {v.name: v for v in graph.value_info}
+    existing = {o.name for o in graph.output}
+    added = [n for n in dict.fromkeys(names) if n not in existing]
+    graph.output.extend(known.get(n, onnx.ValueInfoProto(name=n)) for n in added)
+    return len(added)

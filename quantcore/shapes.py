@@ -20,12 +20,14 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
+from quantcore.protobuf import skeleton
 from quantcore.session import open_session
 
 
 def _stripped(model: onnx.ModelProto, *, value_info: bool) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    """``model``'s skeleton (``quantcore.protobuf``: weights are not copied, and one beyond 2 GiB can be
+    inferred too) with its output shapes cleared, and its value_info unless ``value_info``."""
+    copy, _ = skeleton(model)
     for output in copy.graph.output:
         if output.type.HasField("tensor_type"):
             output.type.tensor_type.ClearField("shape")
@@ -35,9 +37,10 @@ def _stripped(model: onnx.ModelProto, *, value_info: bool) -> onnx.ModelProto:
 
 
 def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto | None, list[str]]:
-    """(model with inferred ``value_info``, the inferred copy with stripped outputs or None, warnings).
+    """(``model`` itself, its ``value_info`` replaced by inference's; the inferred skeleton with stripped
+    outputs, or None; warnings).
 
-    The returned model keeps its graph-output declarations; ``check_outputs`` reconciles them.
+    The model keeps its graph-output declarations; ``check_outputs`` reconciles them.
     """
     errors = []
     # the converter's own value_info first left out: stale or traced-at-one-size entries would be
@@ -50,16 +53,12 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelPro
         except Exception as error:  # shape inference is an aid, not a requirement
             errors.append(str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__)
             continue
-        result = onnx.ModelProto()
-        result.CopyFrom(model)
-        del result.graph.value_info[:]
+        del model.graph.value_info[:]
         outputs = {o.name for o in model.graph.output}
-        result.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in outputs)
-        return result, inferred, []
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
-    del result.graph.value_info[:]  # unverified shapes are worse than none
-    return result, None, [f"shape inference failed, continuing without it: {errors[-1]}"]
+        model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in outputs)
+        return model, inferred, []
+    del model.graph.value_info[:]  # unverified shapes are worse than none
+    return model, None, [f"shape inference failed, continuing without it: {errors[-1]}"]
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[int | str | None] | None:

@@ -142,15 +142,6 @@ def _with_weights(prepared: PreparedModel, weights: Mapping[str, np.ndarray]) ->
     return replace(prepared, model=model)
 
 
-def _exposing(model: onnx.ModelProto, names: list[str]) -> bytes:
-    """``model`` (a copy) with ``names`` added to the graph outputs, serialised."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    existing = {o.name for o in copy.graph.output}
-    copy.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
-    return copy.SerializeToString()
-
-
 def _run(session, names: list[str], samples: Mapping[str, np.ndarray], start: int, end: int) -> dict:
     feed = {name: value[start:end] for name, value in samples.items()}
     fetched = [n for n in names if n not in feed]
@@ -162,7 +153,7 @@ def _fill_cache(block: Block, fp_session, qdq_model: onnx.ModelProto, samples, c
     """BlockCache with ``q:<input>``, ``fp:<input>`` (when dropping) and ``y:<output>`` for every sample."""
     fp_names = [*(block.inputs if drop else ()), *block.outputs]
     cache = None
-    with open_session(_exposing(qdq_model, list(block.inputs)), device=device, exact_qdq=True) as qdq_session:
+    with open_session(qdq_model, device=device, exact_qdq=True, outputs=block.inputs) as qdq_session:
         for start in range(0, count, batch):
             end = min(count, start + batch)
             fp = _run(fp_session, fp_names, samples, start, end)
@@ -355,7 +346,7 @@ def reconstruct(
     boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in graph_inputs))
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(rc.threads if device.type == "cpu" else 0))
-        fp_session = stack.enter_context(open_session(_exposing(prepared.model, boundary), device=config.device))
+        fp_session = stack.enter_context(open_session(prepared.model, device=config.device, outputs=boundary))
         run = _Run(prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session)
         reports = []
         for k, block in enumerate(blocks):

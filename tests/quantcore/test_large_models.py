@@ -1,0 +1,210 @@
+"""Models beyond protobuf's 2 GiB (``quantcore.protobuf``), and the analysis's memory plan
+(``quantcore.analysis_memory``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import quantcore.analysis_memory
+from quantcore import QuantizeConfig, quantize
+from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
+from quantcore.analysis_memory import WITH_CONES, WITHOUT_CONES, available_bytes, plan_memory
+from quantcore.errors import UnsupportedModelError
+from quantcore.protobuf import fits_in_protobuf, initializer_bytes, skeleton
+from tests.quantcore.models import external_tensor, matmul_chain
+from tests.quantcore.zoo import build
+
+VOCAB, WIDTH, HIDDEN = 66_000, 8192, 32  # a 2.16 GB embedding table: past 2 GiB by 15 MB
+
+
+def embedding_model(directory) -> tuple[str, np.ndarray]:
+    """token ids -> Gather from a 2.16 GB table (written straight to model.onnx.data) -> MatMul -> Relu.
+    Returns the model's path and the table's first 1000 rows (the table repeats them)."""
+    rows = np.random.default_rng(0).normal(size=(1000, WIDTH)).astype(np.float32)
+    with open(directory / "model.onnx.data", "wb") as data:
+        table = external_tensor("table", rows, data)  # the first rows, then the same rows again, ...
+        for start in range(1000, VOCAB, 1000):
+            rows[: min(1000, VOCAB - start)].tofile(data)
+    table.dims[0] = VOCAB
+    next(entry for entry in table.external_data if entry.key == "length").value = str(VOCAB * WIDTH * 4)
+    weight = numpy_helper.from_array(
+        np.random.default_rng(1).normal(scale=WIDTH**-0.5, size=(WIDTH, HIDDEN)).astype(np.float32), "w"
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["embedded"], name="embed"),
+            helper.make_node("MatMul", ["embedded", "w"], ["projected"], name="project"),
+            helper.make_node("Relu", ["projected"], ["output"], name="relu"),
+        ],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16, HIDDEN])],
+        [table, weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = directory / "model.onnx"
+    onnx.save_model(model, str(path))
+    return str(path), rows
+
+
+def chain(layers: int, width: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    return matmul_chain(
+        layers,
+        width,
+        lambda i: numpy_helper.from_array(
+            rng.normal(scale=width**-0.5, size=(width, width)).astype(np.float32), f"w{i}"
+        ),
+    )
+
+
+def test_a_model_beyond_2_gib_quantizes_exports_and_runs(tmp_path) -> None:
+    """Every stage but the analysis (its memory is ``plan_memory``'s to decide, tested below) on a real
+    2.16 GB model: protobuf cannot serialise it, nor measure it, so each session gets its skeleton and
+    the table beside it, and shape inference its skeleton. Before, calibration died in protobuf
+    ("Failed to serialize proto") and shape inference failed with a warning."""
+    source, rows = embedding_model(tmp_path)
+    ids = np.random.default_rng(2).integers(0, VOCAB, size=(24, 16), dtype=np.int64)
+    config = QuantizeConfig(platform="tensorrt", analysis=AnalysisOptions(enabled=False), cpu_latency=False)
+    result = quantize(source, {"ids": ids[:16]}, {"ids": ids[16:]}, config, tmp_path / "out")
+
+    # the table is read by a Gather, not quantized: the export is past 2 GiB too, its weights beside it
+    assert result.model_data_path == result.model_path.with_name("model.qdq.onnx.data")
+    assert result.model_data_path.stat().st_size > VOCAB * WIDTH * 4
+    report = result.report
+    assert not [w for w in report["warnings"] if "shape inference" in w], report["warnings"]
+    sqnr = report["evaluation"]["qdq_exact"]["outputs"]["output"]["sqnr_db"]
+    assert sqnr > 25, sqnr  # int8 activations and weights of one MatMul: some 30-40 dB; a broken run is far off
+    # the exported model runs from its directory, as a user would run it, and agrees with FP32 math
+    session = ort.InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"ids": ids[16:]})[0]
+    weight = numpy_helper.to_array(onnx.load(source, load_external_data=False).graph.initializer[1])
+    expected = np.maximum(rows[ids[16:] % 1000] @ weight, 0)
+    error = got - expected
+    # the report's SQNR is of the same outputs, so the exported model reproduces it to rounding
+    assert 10 * np.log10((expected**2).sum() / (error**2).sum()) == pytest.approx(sqnr, abs=0.05)
+
+
+def test_the_skeleton_holds_everything_but_the_large_tensors() -> None:
+    model = chain(3, 512)  # 1 MiB weights: detached; 2 KiB biases: kept
+    header, detached = skeleton(model)
+    assert fits_in_protobuf(model) and initializer_bytes(model) == 3 * (512 * 512 + 512) * 4
+    assert [t.name for t in detached] == ["w0", "w1", "w2"]
+    stubs = {t.name: t for t in header.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    assert set(stubs) == {t.name for t in detached}
+    for tensor in detached:
+        assert list(stubs[tensor.name].dims) == list(tensor.dims) and not stubs[tensor.name].raw_data
+    assert header.graph.node == model.graph.node and header.opset_import == model.opset_import
+    assert header.graph.input == model.graph.input and header.graph.output == model.graph.output
+    assert [t for t in header.graph.initializer if t.name.startswith("b")] == list(model.graph.initializer)[1::2]
+    assert header.ByteSize() < 10_000
+
+
+@pytest.mark.parametrize(
+    ("available_weights", "cones", "skipped"),
+    [(WITH_CONES, True, False), (WITH_CONES - 1, False, False), (WITHOUT_CONES - 1, False, True)],
+)
+def test_the_memory_plan_drops_cones_then_the_analysis(available_weights, cones, skipped) -> None:
+    model = chain(3, 64)
+    weights = initializer_bytes(model)
+    plan = plan_memory(model, available=available_weights * weights)
+    assert (plan.cones, plan.skip is not None) == (cones, skipped)
+    if skipped:
+        assert "skipped" in plan.skip and "GiB" in plan.skip and f"{WITHOUT_CONES} times" in plan.skip
+
+
+def test_available_memory_is_the_lesser_of_the_machine_and_the_cgroup(tmp_path, monkeypatch) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    8000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    monkeypatch.setattr(quantcore.analysis_memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(quantcore.analysis_memory, "CGROUP", cgroup)
+    assert available_bytes() == 8000000 * 1024  # no cgroup files: the machine's
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("1000\n")
+    assert available_bytes() == 8000000 * 1024  # an unlimited group
+    (cgroup / "memory.max").write_text(f"{4 << 30}\n")
+    assert available_bytes() == (4 << 30) - 1000  # a container's limit, less what the group uses
+    monkeypatch.setattr(quantcore.analysis_memory, "MEMINFO", tmp_path / "absent")
+    monkeypatch.setattr(quantcore.analysis_memory, "CGROUP", tmp_path / "absent")
+    assert available_bytes() is None
+
+
+def test_without_the_memory_the_analysis_is_skipped_and_the_report_says_why(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(quantcore.analysis_memory, "available_bytes", lambda: 1000)
+    x = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
+    model = tmp_path / "chain.onnx"
+    onnx.save_model(chain(3, 64), str(model))
+    events = []
+    config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
+    result = quantize(model, {"input": x}, {"input": x}, config, tmp_path / "out", progress=lambda *e: events.append(e))
+    assert result.report["analysis"] is None
+    skip = [w for w in result.report["warnings"] if "layer-wise analysis was skipped" in w]
+    assert len(skip) == 1 and "available" in skip[0]
+    assert ("analyze", 1.0, skip[0]) in events
+    # an accuracy target needs the analysis's ranking: refused before the slow stages
+    events.clear()
+    target = QuantizeConfig(platform="tensorrt", target=AccuracyTarget(metric="sqnr", threshold=60))
+    with pytest.raises(UnsupportedModelError, match="accuracy target needs the layer-wise ranking"):
+        quantize(model, {"input": x}, {"input": x}, target, tmp_path / "out2", progress=lambda *e: events.append(e))
+    assert not [e for e in events if e[0] == "calibrate"]
+
+
+def test_without_memory_for_cones_the_layer_wise_runs_are_whole(tmp_path, monkeypatch) -> None:
+    x = np.random.default_rng(0).normal(size=(4, 64)).astype(np.float32)
+    model = tmp_path / "chain.onnx"
+    onnx.save_model(chain(12, 64), str(model))  # 12 layers: cones in 2 groups
+    weights = initializer_bytes(chain(12, 64))
+    config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
+    runs = {}
+    for label, factor in (("cones", WITH_CONES), ("whole", WITH_CONES - 1)):
+        monkeypatch.setattr(quantcore.analysis_memory, "available_bytes", lambda f=factor: f * weights)
+        layerwise = quantize(model, {"input": x}, {"input": x}, config, tmp_path / label).report["analysis"][
+            "layerwise"
+        ]
+        runs[label] = layerwise["runs_per_batch"] - layerwise["layers_analyzed"]  # the reference runs
+    assert runs["cones"] >= 2 and runs["whole"] == 1
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer", "chain"])
+def test_models_handled_as_beyond_the_limit_give_the_same_report(tmp_path, monkeypatch, name) -> None:
+    """Every session a run builds from a ModelProto (prepare's check, calibration with its exposed
+    tensors, the clip search, the analysis) built from skeletons and detached weights, as for a model
+    beyond 2 GiB, measures exactly what the same run of whole models measures. (Evaluation opens the
+    files.) The chain has the calibration samples the clip search needs."""
+    import quantcore.protobuf
+    import quantcore.session
+
+    if name == "chain":
+        x = np.random.default_rng(0).normal(size=(96, 64)).astype(np.float32)
+        proto, calibration, evaluation = chain(12, 64), {"input": x[:80]}, {"input": x[80:]}
+    else:
+        zoo = build(name)
+        proto, calibration, evaluation = zoo.model, zoo.calibration, zoo.evaluation
+    path = tmp_path / f"{name}.onnx"
+    onnx.save_model(proto, str(path))
+    config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
+    whole = quantize(path, calibration, evaluation, config, tmp_path / "whole").report
+    monkeypatch.setattr(quantcore.protobuf, "PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(quantcore.protobuf, "DETACHED_TENSOR_BYTES", 64)
+    detached_weights = []
+
+    def counted(model: onnx.ModelProto):
+        header, tensors = skeleton(model)
+        detached_weights.append(len(tensors))
+        return header, tensors
+
+    monkeypatch.setattr(quantcore.session, "skeleton", counted)
+    detached = quantize(path, calibration, evaluation, config, tmp_path / "detached").report
+    assert min(detached_weights) > 0  # each session with weights beside it
+    # prepare, calibrate, the analysis's two models; and the FP32 model and 5 candidates of the clip search
+    assert len(detached_weights) == (10 if name == "chain" else 4)
+    assert detached["evaluation"]["qdq_exact"] == whole["evaluation"]["qdq_exact"]
+    assert detached["evaluation"]["qdq_deployed"] == whole["evaluation"]["qdq_deployed"]
+    assert detached["calibration"] == whole["calibration"]
+    assert [r["sqnr_db"] for r in detached["analysis"]["layers"]] == [r["sqnr_db"] for r in whole["analysis"]["layers"]]
