@@ -6,12 +6,14 @@ session (``quantcore.analysis_cones``) a part of them once more. On a model whos
 that is many times the model: the stage's peak resident memory rose, over what the process held when it
 began, by 19.7 times the initializers' bytes with cones and 12.6 times without, on a chain of nine
 2048 x 2048 MatMuls (144 MiB of weights; a 576 MiB chain: 20.8 times with cones, 12 GB). A 2.4 GB model
-would need some 48 GB.
+would need some 31 GB even without cones.
 
-So before the stage starts, its need is priced at those factors (``WITH_CONES``, ``WITHOUT_CONES``) of
-the model's initializer bytes against the memory the machine (or the container's cgroup) has available:
-cones only where their price fits, no analysis where even whole-model runs do not, and then the report
-says so. Activations are not priced: they are held to ``quantcore.batching.EXPOSED_BYTES_PER_BATCH``.
+So once the model is prepared (before the slow stages, so that a run whose accuracy target needs the
+analysis fails at once), the stage's need is priced at those factors (``WITH_CONES``,
+``WITHOUT_CONES``) of the model's initializer bytes against the memory the machine (or the container's
+cgroup) has available then: cones only where their price fits, no analysis where even whole-model runs
+do not, and then the report says so. Activations are not priced: they are held to
+``quantcore.batching.EXPOSED_BYTES_PER_BATCH``.
 """
 
 from __future__ import annotations
