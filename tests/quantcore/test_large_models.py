@@ -13,6 +13,7 @@ import quantcore.analysis_memory
 from quantcore import QuantizeConfig, quantize
 from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
 from quantcore.analysis_memory import WITH_CONES, WITHOUT_CONES, available_bytes, plan_memory
+from quantcore.config import ReconstructionConfig
 from quantcore.errors import UnsupportedModelError
 from quantcore.protobuf import fits_in_protobuf, initializer_bytes, skeleton
 from tests.quantcore.models import external_tensor, matmul_chain
@@ -171,24 +172,28 @@ def test_without_memory_for_cones_the_layer_wise_runs_are_whole(tmp_path, monkey
     assert runs["cones"] >= 2 and runs["whole"] == 1
 
 
-@pytest.mark.parametrize("name", ["resnet", "transformer", "chain"])
+@pytest.mark.parametrize("name", ["resnet", "transformer", "chain", "chain-qdrop"])
 def test_models_handled_as_beyond_the_limit_give_the_same_report(tmp_path, monkeypatch, name) -> None:
     """Every session a run builds from a ModelProto (prepare's check, calibration with its exposed
-    tensors, the clip search, the analysis) built from skeletons and detached weights, as for a model
-    beyond 2 GiB, measures exactly what the same run of whole models measures. (Evaluation opens the
-    files.) The chain has the calibration samples the clip search needs."""
+    tensors, the clip search, reconstruction's FP32 and per-block sessions, the analysis) built from
+    skeletons and detached weights, as for a model beyond 2 GiB, measures exactly what the same run of
+    whole models measures. (Evaluation opens the files.) The chains have the calibration samples the clip
+    search needs."""
     import quantcore.protobuf
     import quantcore.session
 
-    if name == "chain":
+    config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
+    if name.startswith("chain"):
         x = np.random.default_rng(0).normal(size=(96, 64)).astype(np.float32)
         proto, calibration, evaluation = chain(12, 64), {"input": x[:80]}, {"input": x[80:]}
+        if name == "chain-qdrop":
+            recipe = ReconstructionConfig(method="qdrop", iters=20, batch_size=16, num_samples=64)
+            config = QuantizeConfig(platform="academic", cpu_latency=False, reconstruction=recipe)
     else:
         zoo = build(name)
         proto, calibration, evaluation = zoo.model, zoo.calibration, zoo.evaluation
     path = tmp_path / f"{name}.onnx"
     onnx.save_model(proto, str(path))
-    config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
     whole = quantize(path, calibration, evaluation, config, tmp_path / "whole").report
     monkeypatch.setattr(quantcore.protobuf, "PROTOBUF_LIMIT", 1000)
     monkeypatch.setattr(quantcore.protobuf, "DETACHED_TENSOR_BYTES", 64)
@@ -202,8 +207,16 @@ def test_models_handled_as_beyond_the_limit_give_the_same_report(tmp_path, monke
     monkeypatch.setattr(quantcore.session, "skeleton", counted)
     detached = quantize(path, calibration, evaluation, config, tmp_path / "detached").report
     assert min(detached_weights) > 0  # each session with weights beside it
-    # prepare, calibrate, the analysis's two models; and the FP32 model and 5 candidates of the clip search
-    assert len(detached_weights) == (10 if name == "chain" else 4)
+    # prepare, calibrate, the analysis's two models; the FP32 model and 5 candidates of the clip search;
+    # reconstruction's FP32 model and one quantized model per block
+    blocks = len((detached["reconstruction"] or {}).get("blocks", []))
+    assert len(detached_weights) == {"chain": 10, "chain-qdrop": 10 + 1 + blocks}.get(name, 4)
+    if name == "chain-qdrop":  # the same losses, block by block, and the same learned model (below)
+        untimed = [
+            [{k: v for k, v in b.items() if k != "seconds"} for b in r["reconstruction"]["blocks"]]
+            for r in (detached, whole)
+        ]
+        assert untimed[0] == untimed[1] and blocks >= 2
     assert detached["evaluation"]["qdq_exact"] == whole["evaluation"]["qdq_exact"]
     assert detached["evaluation"]["qdq_deployed"] == whole["evaluation"]["qdq_deployed"]
     assert detached["calibration"] == whole["calibration"]
