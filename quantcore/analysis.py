@@ -86,7 +86,7 @@ def analyze(
 ) -> dict[str, Any]:
     """Per-tensor and per-layer error of the calibrated ``annotation`` on ``evaluation`` (``{input:
     array}``, samples along each input's batch axis); a JSON-ready dict (see module). ``cones``: whether
-    the layer-wise runs may use cones (``quantcore.analysis_memory``). Raises ``Canceled`` between
+    the layer-wise runs may use cones (``quantcore.memory_plan``). Raises ``Canceled`` between
     batches."""
     options = options or config.analysis
     monitor = monitor or Monitor()

@@ -10,7 +10,8 @@ calibration data (``quantcore.clip_search``), and the run goes on with it (re-ca
 skipped at once).
 ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
 quantized tensor's and each layer's error, where the machine has the memory it needs
-(``quantcore.analysis_memory``: otherwise the report's analysis is null and a warning says why);
+(``quantcore.memory_plan``, priced after ``prepare``: otherwise the report's analysis is null and a
+warning says why; a run that would not fit at all is refused there);
 ``target`` runs only with ``config.target`` (``quantcore.accuracy_target``): it keeps the most harmful
 layers in float until the target is met and replaces the exported files with the model kept;
 ``report["target"]["met"]`` says whether it was.
@@ -50,7 +51,6 @@ import onnx
 from quantcore import atomic, checkpoint
 from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
-from quantcore.analysis_memory import plan_memory
 from quantcore.annotation import annotate
 from quantcore.batching import Batches, input_specs
 from quantcore.calibration import calibrate, calibrate_clips, configured_clip
@@ -60,6 +60,7 @@ from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
 from quantcore.errors import UnsupportedModelError
 from quantcore.evaluation import check_labels, evaluate
+from quantcore.memory_plan import plan_memory
 from quantcore.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
 from quantcore.preparation import prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
