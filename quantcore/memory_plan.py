@@ -1,19 +1,20 @@
 """What a run may hold in memory, priced once the model is prepared, before the slow stages.
 
 **The run.** On a model whose size is its weights, a run's resident memory peaks at about four times
-them: 10.05 GB for a 2.42 GB chain of nine 8192 x 8192 MatMuls (``bench.quality --large``), 8.9 GB for
-a 2.16 GB embedding table (``tests/quantcore/test_large_models.py``). The loaded model, its sessions'
-copies and the evaluation's three sessions at once make it so. A run whose ``RUN_FACTOR`` times the
-weights exceed what the process holds plus what is available is refused at once, with both figures:
-killed by the kernel halfway, it would tell nobody why.
+them: 10 050 MiB for 2 304 MiB of weights, a chain of nine 8192 x 8192 MatMuls (``bench.quality
+--large``; 4.36 times, 4.25 counting only what the run added to the process), and 8 720 MiB for a
+2 062 MiB embedding table (``tests/quantcore/test_large_models.py``, the whole pytest process: 4.23).
+The loaded model, its sessions' copies and the evaluation's three sessions at once make it so. A run
+whose ``RUN_FACTOR`` times the weights exceed what the process holds plus what is available is refused
+at once, with both figures: killed by the kernel halfway, it would tell nobody why.
 
 **The layer-wise analysis** carries the weights several times over: the switchable model holds each
 quantized weight as FP32, as integers and, in its session, dequantized; the gated model holds them
 again, and every cone's session (``quantcore.analysis_cones``) a part of them once more. The stage's
 peak resident memory rose, over what the process held when it began, by 19.7 times the initializers'
 bytes with cones and 12.6 times without, on a chain of nine 2048 x 2048 MatMuls (144 MiB of weights; a
-576 MiB chain: 20.8 times with cones, 12 GB). A 2.4 GB model would need some 31 GB even without cones.
-So the stage uses cones where ``WITH_CONES`` times the weights fit in the memory available,
+576 MiB chain: 20.8 times with cones, 11 980 MiB). A 2.4 GB model would need some 31 GB even without
+cones. So the stage uses cones where ``WITH_CONES`` times the weights fit in the memory available,
 whole-model runs where ``WITHOUT_CONES`` times fit, and is otherwise skipped, and the report says so.
 
 Activations are not priced: they are held to ``quantcore.batching.EXPOSED_BYTES_PER_BATCH``. Memory
@@ -31,7 +32,7 @@ import onnx
 from quantcore.errors import UnsupportedModelError
 from quantcore.protobuf import initializer_bytes
 
-RUN_FACTOR = 4  # measured 4.15 and 4.1 (module docstring)
+RUN_FACTOR = 4  # measured 4.25 and under 4.23 (module docstring): a refusal errs towards trying
 WITH_CONES = 20  # measured 19.7, rounded up
 WITHOUT_CONES = 13  # measured 12.6
 MEMINFO = Path("/proc/meminfo")
