@@ -78,13 +78,7 @@ def plan_memory(model: onnx.ModelProto, available: int | None = None) -> MemoryP
 def available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo, lowered to what this process's cgroup (v2) still allows; None
     where neither can be read (not Linux)."""
-    limits = []
-    try:
-        for line in MEMINFO.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
+    limits = [] if (machine := _proc_bytes(MEMINFO, "MemAvailable")) is None else [machine]
     try:
         maximum = (CGROUP / "memory.max").read_text().strip()
         if maximum != "max":
@@ -96,13 +90,16 @@ def available_bytes() -> int | None:
 
 def resident_bytes() -> int:
     """This process's resident memory (VmRSS); 0 where it cannot be read."""
+    return _proc_bytes(STATUS, "VmRSS") or 0
+
+
+def _proc_bytes(path: Path, key: str) -> int | None:
+    """The ``key: N kB`` line of a /proc file, in bytes; None where there is none."""
     try:
-        for line in STATUS.read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+        lines = path.read_text().splitlines()
     except OSError:
-        pass
-    return 0
+        return None
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(f"{key}:")), None)
 
 
 def _size(size: float) -> str:
