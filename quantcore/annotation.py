@@ -2,7 +2,7 @@
 
 Walks the prepared graph's nodes in order. A node stays float when the user excludes it (op type or an
 fnmatch pattern over its name) or when prepare marked it float (``PreparedModel.float_nodes``:
-decomposed LayerNorm, recurrent ops, control flow). Otherwise ``platform.rule_for(node)`` returns
+normalizations written out, recurrent ops, control flow). Otherwise ``platform.rule_for(node)`` returns
 requests (``quantcore.rules``) for the node's inputs, outputs and bias, with TQCs built from the
 platform's presets at the bits resolved for this node:
 

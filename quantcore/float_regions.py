@@ -1,13 +1,24 @@
 """Nodes that prepare decides must stay float whatever the platform: ``PreparedModel.float_nodes``
 maps each one's name to the reason (annotation keeps them float and the report lists them).
 
-- **LayerNorm written out in elementary ops** (what exporters without a LayerNormalization op emit)::
+- **A normalization written out in elementary ops** (LayerNorm, RMSNorm, an L2 norm, as exporters
+  without the op emit them). Found at its root, a Sqrt (or Pow by ±0.5) of a *statistic of squares*:
+  squares (Pow(a, 2) or a·a) reduced by ReduceMean/ReduceSum and combined by elementwise ops and
+  reshapes. PyTorch writes LayerNorm as::
 
-      μ = ReduceMean(x)            d = x - μ                  v = ReduceMean(d²)      (d² as Pow(d, 2) or d·d)
-      y = d / Sqrt(v + ε)          (or d · Reciprocal(Sqrt(v + ε)))     then optionally y·gamma + beta
+      μ = ReduceMean(x)      d = x - μ      y = d / Sqrt(ReduceMean(d²) + ε)      (or d · Reciprocal(Sqrt(...)))
 
-  The variance of an int8-quantized d loses the small deviations that dominate it, so the whole
-  region runs in float; its input x and its output may still be quantized by their other readers.
+  JAX (through tf2onnx) as E[x²] - E[x]²::
+
+      μ = ReduceSum(x)·(1/n)   v = Max(0, ReduceSum(x·x)·(1/n) - μ·μ)   y = (x - μ) · (Reciprocal(Sqrt(v + ε)) · g)
+
+  (g: the scale), and RMSNorm as y = x · Reciprocal(Sqrt(ReduceMean(x²) + ε)). The normalized tensor
+  x is the squared tensor the others are computed from, behind a centring x - mean(x); the region is
+  every node on the paths from x to the Mul (or Div) applying the root's result to x, then a scale and
+  a shift by constants. The statistics of an int8-quantized x lose the small deviations that dominate
+  them (JAX's form subtracts two rounded terms of nearly equal size), so the region runs in float; x
+  and the output may still be quantized by their other readers. Where no such Mul is found, the
+  statistic alone.
 - **A magnitude** ``Sqrt(a² + b²)`` (squares as Pow(·, 2) or a·a; the STFT front end of audio
   models): a² spans twice the dynamic range of a in bits, so int8 on the sum keeps only the loudest
   bins and zeroes the rest.
@@ -23,7 +34,14 @@ from quantcore.graph import GraphIndex
 
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
-LAYERNORM_REASON = "decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div): variance does not survive int8"
+NORMALIZATION_REASON = (
+    "normalization written out (a Sqrt of a mean of squares: LayerNorm, RMSNorm): its statistics do not survive int8"
+)
+# ops that combine statistics; of the others only input 0 carries data (the rest: shapes, axes, bounds)
+ELEMENTWISE_STATISTIC_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
+SHAPE_OPS = frozenset({"Reshape", "Expand", "Squeeze", "Unsqueeze", "Identity"})
+STATISTIC_OPS = ELEMENTWISE_STATISTIC_OPS | SHAPE_OPS | {"ReduceMean", "ReduceSum", "Clip", "Cast"}
+MAX_REGION_NODES = 32  # a normalization's statistic takes 4 (PyTorch's export) to 9 (JAX's via tf2onnx) nodes
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
 
 
@@ -68,40 +86,126 @@ def _magnitude_at(index: GraphIndex, add: onnx.NodeProto) -> list[onnx.NodeProto
     return [*squares, add, sqrt]
 
 
-def _layernorm_at(index: GraphIndex, mean_node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
-    """The nodes of a decomposed LayerNorm starting at ``mean_node`` (μ = ReduceMean(x)), or None."""
-    x, mean = mean_node.input[0], mean_node.output[0]
-    sub = next((n for n, _ in index.consumers.get(mean, []) if n.op_type == "Sub" and list(n.input) == [x, mean]), None)
-    if sub is None:
+def _is_root(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """Sqrt, or Pow by a constant ±0.5 (a square root or its reciprocal)."""
+    if node.op_type == "Sqrt":
+        return True
+    return node.op_type == "Pow" and len(node.input) == 2 and _scalar_constant(index, node.input[1]) in (0.5, -0.5)
+
+
+def _variables(index: GraphIndex, node: onnx.NodeProto) -> list[str]:
+    """The inputs of a ``STATISTIC_OPS`` node that carry data (not constants, shapes, axes or bounds)."""
+    inputs = node.input if node.op_type in ELEMENTWISE_STATISTIC_OPS else node.input[:1]
+    return [name for name in inputs if name and not index.is_constant(name)]
+
+
+def _statistic(index: GraphIndex, name: str) -> tuple[list[onnx.NodeProto], list[str]] | None:
+    """(The nodes computing ``name``, the tensors they square) when ``name`` is a statistic of squares:
+    squares (Pow(a, 2) or a·a) reduced (ReduceMean/ReduceSum) and combined by ``STATISTIC_OPS``, every
+    path back from ``name`` ending at a square, within ``MAX_REGION_NODES`` nodes. None otherwise."""
+    nodes: dict[str, onnx.NodeProto] = {}
+    squared: list[str] = []
+    frontier = [name]
+    while frontier:
+        producer = index.producers.get(frontier.pop())
+        if producer is None or len(nodes) >= MAX_REGION_NODES:
+            return None
+        if producer.name in nodes:
+            continue
+        nodes[producer.name] = producer
+        square = _square(index, producer.output[0])
+        if square is not None:
+            squared.append(square.input[0])
+        elif producer.op_type in STATISTIC_OPS:
+            frontier += _variables(index, producer)
+        else:
+            return None
+    if not squared or not any(n.op_type in ("ReduceMean", "ReduceSum") for n in nodes.values()):
         return None
-    d = sub.output[0]
-    for square, _ in index.consumers.get(d, []):
-        is_square = (square.op_type == "Pow" and _scalar_constant(index, square.input[1]) == 2.0) or (
-            square.op_type == "Mul" and list(square.input) == [d, d]
-        )
-        if not is_square:
-            continue
-        variance = _only_consumer(index, square.output[0], {"ReduceMean"})
-        add_eps = variance and _only_consumer(index, variance.output[0], {"Add"})
-        sqrt = add_eps and _only_consumer(index, add_eps.output[0], {"Sqrt"})
-        if sqrt is None:
-            continue
-        region = [mean_node, sub, square, variance, add_eps, sqrt]
-        norm = _only_consumer(index, sqrt.output[0], {"Div", "Reciprocal"})
-        if norm is not None and norm.op_type == "Reciprocal":
-            region.append(norm)
-            norm = _only_consumer(index, norm.output[0], {"Mul"})
-        if norm is None or d not in norm.input:
-            continue
-        region.append(norm)
-        scale = _only_consumer(index, norm.output[0], {"Mul"})
-        if scale is not None and any(_is_constant(index, n) for n in scale.input):
-            region.append(scale)
-            shift = _only_consumer(index, scale.output[0], {"Add"})
-            if shift is not None and any(_is_constant(index, n) for n in shift.input):
-                region.append(shift)
-        return region
+    return list(nodes.values()), squared
+
+
+def _computed_from(index: GraphIndex, name: str, source: str) -> bool:
+    """Whether ``name`` is ``source`` or computed from it, within ``MAX_REGION_NODES`` nodes back."""
+    seen: set[str] = set()
+    frontier = [name]
+    while frontier and len(seen) <= MAX_REGION_NODES:
+        tensor = frontier.pop()
+        if tensor == source:
+            return True
+        producer = index.producers.get(tensor)
+        if producer is not None and producer.name not in seen:
+            seen.add(producer.name)
+            frontier += [i for i in producer.input if i]
+    return False
+
+
+def _normalized(index: GraphIndex, squared: list[str]) -> str | None:
+    """The tensor whose statistics are the squares of ``squared``: the one the others are computed from
+    (the mean's square from x), before a centring x - mean(x). None if there is no such one."""
+    x = next((s for s in squared if all(_computed_from(index, other, s) for other in squared)), None)
+    producer = index.producers.get(x) if x is not None else None
+    if (
+        producer is not None
+        and producer.op_type == "Sub"
+        and _computed_from(index, producer.input[1], producer.input[0])
+    ):
+        return producer.input[0]
+    return x
+
+
+def _applied(index: GraphIndex, root: onnx.NodeProto, x: str) -> onnx.NodeProto | None:
+    """The Mul, or the Div by it, that applies the statistic ``root`` ends (behind a Reciprocal, a scale by
+    a constant, reshapes) to a tensor computed from ``x``; None if there is none."""
+    name = root.output[0]
+    while (node := _only_consumer(index, name, {"Reciprocal", "Mul", "Div", *SHAPE_OPS})) is not None:
+        other = next((i for i in node.input if i != name), None)
+        if node.op_type in ("Mul", "Div") and other is not None and not index.is_constant(other):
+            applies = node.op_type == "Mul" or node.input[1] == name
+            return node if applies and _computed_from(index, other, x) else None
+        name = node.output[0]
     return None
+
+
+def _between(index: GraphIndex, x: str, end: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The nodes on the paths from ``x`` to ``end``, ``end`` included, in graph order; None when ``end``
+    reads more than ``MAX_REGION_NODES`` nodes that ``x`` does not cut off from the rest of the graph."""
+    ancestors: set[str] = set()
+    frontier = [i for i in end.input if i and i != x]
+    while frontier:
+        producer = index.producers.get(frontier.pop())
+        if producer is None or producer.name in ancestors:
+            continue
+        if len(ancestors) >= MAX_REGION_NODES:
+            return None
+        ancestors.add(producer.name)
+        frontier += [i for i in producer.input if i and i != x]
+    reached, members = {x}, []
+    for node in index.graph.node:  # topologically sorted
+        if node.name in ancestors and any(i in reached for i in node.input):
+            members.append(node)
+            reached.update(node.output)
+    return [*members, end]
+
+
+def _normalization_at(index: GraphIndex, root: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The nodes of a normalization written out around ``root`` (``_is_root``; see the module), or None."""
+    found = _statistic(index, root.input[0])
+    if found is None:
+        return None
+    statistic, squared = found
+    x = _normalized(index, squared)
+    applied = _applied(index, root, x) if x is not None else None
+    region = _between(index, x, applied) if applied is not None else None
+    if region is None:  # the statistic alone
+        return [*statistic, root]
+    affine = _only_consumer(index, applied.output[0], {"Mul", "Add"})
+    if affine is not None and affine.op_type == "Mul" and any(_is_constant(index, n) for n in affine.input):
+        region.append(affine)
+        affine = _only_consumer(index, affine.output[0], {"Add"})
+    if affine is not None and affine.op_type == "Add" and any(_is_constant(index, n) for n in affine.input):
+        region.append(affine)
+    return region
 
 
 def float_regions(graph: onnx.GraphProto) -> dict[str, str]:
@@ -111,9 +215,9 @@ def float_regions(graph: onnx.GraphProto) -> dict[str, str]:
     for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
-        if node.op_type == "ReduceMean":
-            for member in _layernorm_at(index, node) or []:
-                reasons.setdefault(member.name, LAYERNORM_REASON)
+        if _is_root(index, node):
+            for member in _normalization_at(index, node) or []:
+                reasons.setdefault(member.name, NORMALIZATION_REASON)
         elif node.op_type == "Add":
             for member in _magnitude_at(index, node) or []:
                 reasons.setdefault(member.name, MAGNITUDE_REASON)

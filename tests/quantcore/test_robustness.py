@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantcore import QuantizeConfig, prepare, quantize
-from quantcore.float_regions import LAYERNORM_REASON
+from quantcore import QuantizeConfig, annotate, prepare, quantize
+from quantcore.float_regions import NORMALIZATION_REASON
 
 RNG = np.random.default_rng(0)
 
@@ -248,8 +248,40 @@ def test_if_on_an_integer_flag_input_folds_for_the_given_value() -> None:
     _same_outputs(model, prepared.model, sample)
 
 
-@pytest.mark.parametrize("variant", ["pow_div", "mul_reciprocal"])
-def test_decomposed_layernorm_is_marked_float(variant: str) -> None:
+def _normalization(variant: str) -> list[onnx.NodeProto]:
+    """The nodes of a normalization of "h" into "y", as exporters write it: PyTorch's LayerNorm (Pow and
+    Div, or Mul and Reciprocal), JAX's through tf2onnx (E[h²] - E[h]², gamma folded into the reciprocal),
+    RMSNorm."""
+    if variant == "jax":
+        return [
+            helper.make_node("ReduceSum", ["h", "last"], ["sum"], name="ln_sum", keepdims=0),
+            helper.make_node("Mul", ["sum", "inv_n"], ["mean"], name="ln_mean"),
+            helper.make_node("Mul", ["h", "h"], ["sq"], name="ln_square"),
+            helper.make_node("ReduceSum", ["sq", "last"], ["sum_sq"], name="ln_sum_sq", keepdims=0),
+            helper.make_node("Mul", ["sum_sq", "inv_n"], ["mean_sq"], name="ln_mean_sq"),
+            helper.make_node("Mul", ["mean", "mean"], ["sq_mean"], name="ln_square_mean"),
+            helper.make_node("Sub", ["mean_sq", "sq_mean"], ["var_raw"], name="ln_var"),
+            helper.make_node("Max", ["zero", "var_raw"], ["var"], name="ln_max"),
+            helper.make_node("Unsqueeze", ["var", "last"], ["var_k"], name="ln_var_keep"),
+            helper.make_node("Add", ["var_k", "eps"], ["var_eps"], name="ln_eps"),
+            helper.make_node("Sqrt", ["var_eps"], ["std"], name="ln_sqrt"),
+            helper.make_node("Reciprocal", ["std"], ["inv"], name="ln_inv"),
+            helper.make_node("Mul", ["inv", "gamma"], ["inv_gamma"], name="ln_gamma"),
+            helper.make_node("Unsqueeze", ["mean", "last"], ["mean_k"], name="ln_mean_keep"),
+            helper.make_node("Sub", ["h", "mean_k"], ["d"], name="ln_centre"),
+            helper.make_node("Mul", ["d", "inv_gamma"], ["scaled"], name="ln_apply"),
+            helper.make_node("Add", ["scaled", "beta"], ["y"], name="ln_beta"),
+        ]
+    if variant == "rms":
+        return [
+            helper.make_node("Pow", ["h", "two"], ["sq"], name="rms_pow"),
+            helper.make_node("ReduceMean", ["sq"], ["ms"], name="rms_mean", axes=[-1]),
+            helper.make_node("Add", ["ms", "eps"], ["ms_eps"], name="rms_eps"),
+            helper.make_node("Sqrt", ["ms_eps"], ["rms"], name="rms_sqrt"),
+            helper.make_node("Reciprocal", ["rms"], ["inv"], name="rms_inv"),
+            helper.make_node("Mul", ["h", "inv"], ["norm"], name="rms_apply"),
+            helper.make_node("Mul", ["norm", "gamma"], ["y"], name="rms_gamma"),
+        ]
     if variant == "pow_div":
         square = helper.make_node("Pow", ["d", "two"], ["sq"], name="ln_pow")
         normalize = [helper.make_node("Div", ["d", "std"], ["norm"], name="ln_div")]
@@ -259,8 +291,7 @@ def test_decomposed_layernorm_is_marked_float(variant: str) -> None:
             helper.make_node("Reciprocal", ["std"], ["inv"], name="ln_inv"),
             helper.make_node("Mul", ["d", "inv"], ["norm"], name="ln_scale_inv"),
         ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+    return [
         helper.make_node("ReduceMean", ["h"], ["mean"], name="ln_mean", axes=[-1]),
         helper.make_node("Sub", ["h", "mean"], ["d"], name="ln_sub"),
         square,
@@ -271,17 +302,51 @@ def test_decomposed_layernorm_is_marked_float(variant: str) -> None:
         helper.make_node("Mul", ["norm", "gamma"], ["scaled"], name="ln_gamma"),
         helper.make_node("Add", ["scaled", "beta"], ["y"], name="ln_beta"),
     ]
+
+
+@pytest.mark.parametrize("variant", ["pow_div", "mul_reciprocal", "jax", "rms"])
+def test_normalizations_written_out_are_marked_float(variant: str) -> None:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+        *_normalization(variant),
+        helper.make_node("MatMul", ["y", "w"], ["out"], name="next"),
+    ]
     initializers = [
         _init("w", (8, 8)),
         numpy_helper.from_array(np.float32(2.0), "two"),
         numpy_helper.from_array(np.float32(1e-5), "eps"),
+        numpy_helper.from_array(np.float32(0.0), "zero"),
+        numpy_helper.from_array(np.float32(1 / 8), "inv_n"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
         _init("gamma", (8,)),
         _init("beta", (8,)),
     ]
-    model = _model(nodes, [_value("x", ["N", "T", 8])], [_value("y", ["N", "T", 8])], initializers, opset=13)
+    model = _model(nodes, [_value("x", ["N", "T", 8])], [_value("out", ["N", "T", 8])], initializers, opset=13)
     prepared = prepare(model)
-    expected = {n.name for n in nodes} - {"proj"}
-    assert dict(prepared.float_nodes) == dict.fromkeys(expected, LAYERNORM_REASON)
+    expected = {n.name for n in nodes} - {"proj", "next"}
+    assert dict(prepared.float_nodes) == dict.fromkeys(expected, NORMALIZATION_REASON)
+    # the layers on either side stay quantized: h and y are the MatMuls' inputs
+    annotation = annotate(prepared, QuantizeConfig())
+    assert {"x", "y"} <= set(annotation.activations)
+    assert not set(annotation.activations) & {"d", "sq", "mean", "norm", "inv", "scaled"}
+    sample = {"x": RNG.normal(size=(2, 3, 8)).astype(np.float32)}
+    _same_outputs(model, prepared.model, sample)
+
+
+def test_a_root_of_something_else_is_no_normalization() -> None:
+    # Sqrt of a ReduceSum of |h| (no square), and a square reduced then read by a MatMul (no root)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+        helper.make_node("Abs", ["h"], ["a"], name="abs"),
+        helper.make_node("ReduceSum", ["a"], ["s"], name="sum", axes=[-1]),
+        helper.make_node("Sqrt", ["s"], ["r"], name="root"),
+        helper.make_node("Mul", ["h", "r"], ["m"], name="scale"),
+        helper.make_node("Mul", ["h", "h"], ["sq"], name="square"),
+        helper.make_node("MatMul", ["sq", "w"], ["q"], name="next"),
+        helper.make_node("Add", ["m", "q"], ["out"], name="join"),
+    ]
+    model = _model(nodes, [_value("x", ["N", 8])], [_value("out", ["N", 8])], [_init("w", (8, 8))], opset=13)
+    assert prepare(model).float_nodes == {}
 
 
 def test_lstm_is_marked_float() -> None:
