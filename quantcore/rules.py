@@ -194,10 +194,13 @@ def _bias_chain(name: str, index: GraphIndex) -> list[str]:
     return chain
 
 
-def layer_producer(name: str, index: GraphIndex) -> onnx.NodeProto | None:
+def layer_producer(name: str, index: GraphIndex, *, through: frozenset[str] = frozenset()) -> onnx.NodeProto | None:
     """The Conv/ConvTranspose/Gemm/MatMul writing ``name``, directly or through bias Adds of a constant (as
-    exporters write Linear as MatMul + Add), or None."""
+    exporters write Linear as MatMul + Add) and, before them, ops of ``through`` (on their input 0), or
+    None."""
     producer = index.producers.get(_bias_chain(name, index)[-1])
+    while producer is not None and producer.op_type in through:
+        producer = index.producers.get(producer.input[0])
     return producer if producer is not None and producer.op_type in COMPUTE_OPS and len(producer.input) > 1 else None
 
 

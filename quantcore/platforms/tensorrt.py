@@ -15,7 +15,8 @@
 - Mul of two activations (a gate): both inputs. (Gating it like the Add cost the PP-OCRv4 recognizer
   1.4 dB in ``bench.quality``, 13.3 → 11.9, for a reason not yet found; it stays as it was.) Except a
   weighted layer's activation x · f(x), with x written by a Conv/ConvTranspose/Gemm/MatMul with a
-  constant weight (through a bias Add or not) and f element-wise (``GATE_OPS``): the Swish (SiLU)
+  constant weight (through a bias Add or not, and reshapes before it: tf2onnx writes a 1-D convolution
+  as a 2-D one, then Slice and Squeeze) and f element-wise (``GATE_OPS``): the Swish (SiLU)
   x · Sigmoid(x), and GELU as exporters write it, x · (1 + Erf(x / √2)) · 0.5 or its Tanh form.
   TensorRT fuses the whole of it into that layer's epilogue, as ModelOpt's partitioning also assumes
   (its fusible Conv → Sigmoid → Mul chain), so it gets no Q/DQ; the next weighted layer quantizes its
@@ -108,6 +109,8 @@ def fused_weighted_output(name: str, context: RuleContext) -> bool:
 
 # ops of a layer's element-wise epilogue (Swish, GELU in its Erf and Tanh forms) that TensorRT fuses
 GATE_OPS = frozenset({"Sigmoid", "Erf", "Tanh", "Add", "Sub", "Mul", "Div", "Pow"})
+# ops that only reshape or select values between a layer and its bias Add (a 1-D conv through tf2onnx)
+LAYER_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice"})
 GATE_DEPTH = 8  # GELU's Tanh form, the longest: x + 0.044715·x³ → ·√(2/π) → Tanh → + 1 is 6 ops deep
 
 
@@ -139,7 +142,7 @@ def gate_mul(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
     times that...): TensorRT fuses that into the layer."""
     if len(node.input) == 2:
         for x in _ancestors(node.input[0], context.index):
-            layer = layer_producer(x, context.index)
+            layer = layer_producer(x, context.index, through=LAYER_RESHAPES)
             if layer is not None and all(computed_from(i, x, context.index) for i in node.input):
                 return [] if weight_layer(layer, context) else quantize_elementwise(node, context)
     return quantize_elementwise(node, context)

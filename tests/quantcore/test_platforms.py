@@ -205,6 +205,33 @@ def test_tensorrt_leaves_a_layers_swish_to_its_fusion(
     assert NodeInput("tail", 0) in annotation.consumers["m"]  # the next layer quantizes the Swish's result
 
 
+def test_tensorrt_leaves_a_swish_behind_a_reshaped_layer_to_its_fusion() -> None:
+    # tf2onnx's 1-D convolution: Unsqueeze → Conv (2-D) → Slice → Squeeze → bias Add, then x · Sigmoid(x)
+    rng = np.random.default_rng(4)
+    inits = [
+        _init("ca.w", rng.normal(0, 0.5, (4, 4, 3, 1))),
+        _init("ca.b", rng.normal(0, 0.5, (1, 4, 1))),
+        _init("tail.w", rng.normal(0, 0.5, (4, 4, 1))),
+        numpy_helper.from_array(np.array([3], np.int64), "axis3"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.array([1], np.int64), "stop"),
+    ]
+    nodes = [
+        helper.make_node("Unsqueeze", ["x", "axis3"], ["x4"], name="to_2d"),
+        helper.make_node("Conv", ["x4", "ca.w"], ["y4"], name="ca", pads=[1, 0, 1, 0]),
+        helper.make_node("Slice", ["y4", "start", "stop", "axis3"], ["ys"], name="crop"),
+        helper.make_node("Squeeze", ["ys", "axis3"], ["y"], name="to_1d"),
+        helper.make_node("Add", ["y", "ca.b"], ["a"], name="bias"),
+        helper.make_node("Sigmoid", ["a"], ["s"], name="sig"),
+        helper.make_node("Mul", ["a", "s"], ["m"], name="swish"),
+        helper.make_node("Conv", ["m", "tail.w"], ["out"], name="tail"),
+    ]
+    model = _model("swish1d", nodes, {"x": ["N", 4, 6]}, {"out": None}, inits, 10)
+    annotation = annotate(prepare(model), QuantizeConfig())
+    assert annotation.decisions["swish"] == "float"
+    assert set(annotation.activations) == {"x4", "m"}  # the two convolutions' inputs, nothing inside
+
+
 def gelu_model(half_first: bool) -> onnx.ModelProto:
     """x (N, T, 4) → MatMul "fc1" + bias → a; GELU as exporters write it, a · (1 + Erf(a / √2)) · 0.5 (torch:
     the Mul "gelu" of a and the Erf term first; ``half_first``: 0.5 · a first, then "gelu") → g; MatMul
