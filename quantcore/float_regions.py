@@ -22,6 +22,11 @@ maps each one's name to the reason (annotation keeps them float and the report l
 - **A magnitude** ``Sqrt(a² + b²)`` (squares as Pow(·, 2) or a·a; the STFT front end of audio
   models): a² spans twice the dynamic range of a in bits, so int8 on the sum keeps only the loudest
   bins and zeroes the rest.
+- **A power written as products** (GELU's Tanh form x · 0.5 · (1 + Tanh(√(2/π) · (x + 0.044715 · x·x·x)))):
+  a product of two terms c·x^k of one x is a power of x, and x^k spans k times x's range in bits, so an
+  int8 grid fitted to its largest values rounds the rest to zero (the cube in GELU: the activation
+  becomes 0.5x(1 + Tanh(0.8x))). The product stays float with what is computed from it and x alone by
+  elementwise ops, up to the first bounded op (Tanh, Sigmoid, Erf), whose result int8 can hold.
 - **Recurrent ops** (LSTM, GRU, RNN): their gates compound rounding error over time steps.
 - **Control flow left in the graph** (If, Loop, Scan): annotation does not enter subgraphs.
 """
@@ -41,6 +46,12 @@ NORMALIZATION_REASON = (
 ELEMENTWISE_STATISTIC_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
 SHAPE_OPS = frozenset({"Reshape", "Expand", "Squeeze", "Unsqueeze", "Identity"})
 STATISTIC_OPS = ELEMENTWISE_STATISTIC_OPS | SHAPE_OPS | {"ReduceMean", "ReduceSum", "Clip", "Cast"}
+POWER_REASON = (
+    "power of a tensor written as products (GELU's Tanh form: x · 0.044715x · x): its range does not survive int8"
+)
+POWER_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Neg", "Tanh", "Sigmoid", "Erf"})
+BOUNDED_OPS = frozenset({"Tanh", "Sigmoid", "Erf"})  # a power's region ends at these: their results are bounded
+MAX_POWER_NODES = 16
 MAX_REGION_NODES = 32  # a normalization's statistic takes 4 (PyTorch's export) to 9 (JAX's via tf2onnx) nodes
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
 
@@ -208,6 +219,49 @@ def _normalization_at(index: GraphIndex, root: onnx.NodeProto) -> list[onnx.Node
     return region
 
 
+def _base(index: GraphIndex, name: str, bases: dict[str, str], depth: int = MAX_POWER_NODES) -> str:
+    """x when ``name`` is c·x^k (k >= 1) by Mul/Div by constants and products of such terms of x; else
+    ``name`` itself (k = 1). ``bases`` caches the answers."""
+    if name in bases:
+        return bases[name]
+    producer = index.producers.get(name)
+    base = name
+    if producer is not None and depth > 0 and producer.op_type in ("Mul", "Div") and len(producer.input) == 2:
+        variables = [i for i in producer.input if not index.is_constant(i)]
+        if len(variables) == 1 and (producer.op_type == "Mul" or producer.input[0] == variables[0]):
+            base = _base(index, variables[0], bases, depth - 1)
+        elif producer.op_type == "Mul" and len(variables) == 2:
+            found = {_base(index, v, bases, depth - 1) for v in variables}
+            base = found.pop() if len(found) == 1 else name
+    bases[name] = base
+    return base
+
+
+def _power_at(
+    index: GraphIndex, node: onnx.NodeProto, marked: dict[str, str], bases: dict[str, str]
+) -> list[onnx.NodeProto] | None:
+    """When ``node`` multiplies two terms c·x^k of one x (a power x^k, k >= 2): it and what is computed from
+    it and x alone by ``POWER_OPS``, up to the first bounded op (Tanh, Sigmoid, Erf) on each path, leaving
+    out ``marked`` nodes. None otherwise."""
+    variables = [i for i in node.input if not index.is_constant(i)]
+    if node.op_type != "Mul" or len(variables) != 2:
+        return None
+    x = _base(index, variables[0], bases)
+    if _base(index, variables[1], bases) != x:
+        return None
+    region, computed, frontier = {node.name: node}, set(node.output), list(node.output)
+    while frontier and len(region) < MAX_POWER_NODES:
+        for reader, _ in index.consumers.get(frontier.pop(), []):
+            if reader.name in region or reader.name in marked or reader.op_type not in POWER_OPS:
+                continue
+            if all(i in computed or i == x for i in reader.input if i and not index.is_constant(i)):
+                region[reader.name] = reader
+                if reader.op_type not in BOUNDED_OPS:
+                    computed.update(reader.output)
+                    frontier += list(reader.output)
+    return list(region.values())
+
+
 def float_regions(graph: onnx.GraphProto) -> dict[str, str]:
     """Node name → reason, for every main-graph node that must stay float (module docstring)."""
     index = GraphIndex(graph)
@@ -225,4 +279,9 @@ def float_regions(graph: onnx.GraphProto) -> dict[str, str]:
             reasons[node.name] = f"recurrent op {node.op_type}: left float"
         elif node.op_type in CONTROL_FLOW_OPS:
             reasons[node.name] = f"{node.op_type} not foldable before run time: its subgraphs stay float"
+    bases: dict[str, str] = {}
+    for node in graph.node:  # after the regions above, whose squares are theirs
+        if node.name not in reasons and node.domain in ("", "ai.onnx"):
+            for member in _power_at(index, node, reasons, bases) or []:
+                reasons.setdefault(member.name, POWER_REASON)
     return reasons

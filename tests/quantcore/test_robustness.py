@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantcore import QuantizeConfig, annotate, prepare, quantize
-from quantcore.float_regions import NORMALIZATION_REASON
+from quantcore import PLATFORMS, QuantizeConfig, annotate, prepare, quantize
+from quantcore.float_regions import NORMALIZATION_REASON, POWER_REASON
 
 RNG = np.random.default_rng(0)
 
@@ -346,7 +346,57 @@ def test_a_root_of_something_else_is_no_normalization() -> None:
         helper.make_node("Add", ["m", "q"], ["out"], name="join"),
     ]
     model = _model(nodes, [_value("x", ["N", 8])], [_value("out", ["N", 8])], [_init("w", (8, 8))], opset=13)
-    assert prepare(model).float_nodes == {}
+    assert prepare(model).float_nodes == {"square": POWER_REASON}  # a power, not a normalization
+
+
+def _activation(form: str) -> list[onnx.NodeProto]:
+    """An activation of "h" into "y" as exporters write it: GELU in its Tanh form (JAX through tf2onnx),
+    in its Erf form, the Swish."""
+    if form == "gelu_tanh":
+        return [
+            helper.make_node("Mul", ["c", "h"], ["ch"], name="g_c"),
+            helper.make_node("Mul", ["h", "ch"], ["ch2"], name="g_square"),
+            helper.make_node("Mul", ["h", "ch2"], ["ch3"], name="g_cube"),
+            helper.make_node("Add", ["h", "ch3"], ["inner"], name="g_inner"),
+            helper.make_node("Mul", ["k", "inner"], ["arg"], name="g_scale"),
+            helper.make_node("Tanh", ["arg"], ["t"], name="g_tanh"),
+            helper.make_node("Add", ["one", "t"], ["t1"], name="g_one"),
+            helper.make_node("Mul", ["half", "t1"], ["gate"], name="g_half"),
+            helper.make_node("Mul", ["h", "gate"], ["y"], name="g_out"),
+        ]
+    if form == "gelu_erf":
+        return [
+            helper.make_node("Div", ["h", "sqrt2"], ["hs"], name="g_div"),
+            helper.make_node("Erf", ["hs"], ["e"], name="g_erf"),
+            helper.make_node("Add", ["e", "one"], ["e1"], name="g_one"),
+            helper.make_node("Mul", ["h", "e1"], ["he"], name="g_mul"),
+            helper.make_node("Mul", ["he", "half"], ["y"], name="g_half"),
+        ]
+    return [
+        helper.make_node("Sigmoid", ["h"], ["s"], name="sig"),
+        helper.make_node("Mul", ["h", "s"], ["y"], name="swish"),
+    ]
+
+
+@pytest.mark.parametrize("form", ["gelu_tanh", "gelu_erf", "swish"])
+def test_a_power_written_as_products_stays_float_up_to_its_bounded_op(form: str) -> None:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+        *_activation(form),
+        helper.make_node("MatMul", ["y", "w"], ["out"], name="next"),
+    ]
+    constants = {"c": 0.044715, "k": 0.7978846, "one": 1.0, "half": 0.5, "sqrt2": 2**0.5}
+    initializers = [_init("w", (8, 8)), *(numpy_helper.from_array(np.float32(v), n) for n, v in constants.items())]
+    model = _model(nodes, [_value("x", ["N", 8])], [_value("out", ["N", 8])], initializers, opset=13)
+    prepared = prepare(model)
+    # the cube and what is computed from it up to the Tanh; the 0.044715·x before it is no power, and the
+    # Tanh's bounded result, the gate, may be quantized. The Erf form and the Swish have no power.
+    expected = {"g_square", "g_cube", "g_inner", "g_scale", "g_tanh"} if form == "gelu_tanh" else set()
+    assert dict(prepared.float_nodes) == dict.fromkeys(expected, POWER_REASON)
+    for platform in PLATFORMS:
+        annotation = annotate(prepared, QuantizeConfig(platform=platform))
+        assert not set(annotation.activations) & {"ch2", "ch3", "inner", "arg"}, platform
+    _same_outputs(model, prepared.model, {"x": RNG.normal(size=(2, 8)).astype(np.float32)})
 
 
 def test_lstm_is_marked_float() -> None:
