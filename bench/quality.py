@@ -51,7 +51,11 @@ Python's docstrings through its own WordPiece vocabulary; and from ``ddddocr==1.
 reader (``common.onnx``: PyTorch 1.9, opset 12, fixed batch 1, a CNN with Swish, an LSTM and a Gemm, its
 output declared (1, seqlen) but (T, 1, 8210) when run) fed with rendered 4-6 letter captchas, scored by
 the texts read, and its character detector (``common_det.onnx``: a YOLOX at opset 11, 416x416) fed with
-letters scattered over the sample photographs.
+letters scattered over the sample photographs; and Google's Magika file-type classifier
+(``magika==1.0.3``, ``standard_v3_3``: a JAX model through tf2onnx 1.16, opset 15, a one-hot byte
+embedding, two LayerNorms written out as E[x²] - E[x]², a GELU in its Tanh form, a 1-D conv and a global
+max pool, 214 content types) fed with the first and last 1024 bytes of files of the installed Python
+packages, as its own preprocessing reads them.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
