@@ -2,9 +2,9 @@
 
 Walks the prepared graph's nodes in order. A node stays float when the user excludes it (op type or an
 fnmatch pattern over its name) or when prepare marked it float (``PreparedModel.float_nodes``:
-normalizations written out, recurrent ops, control flow). Otherwise ``platform.rule_for(node)`` returns
-requests (``quantcore.rules``) for the node's inputs, outputs and bias, with TQCs built from the
-platform's presets at the bits resolved for this node:
+normalizations and powers written out, recurrent ops, control flow). Otherwise
+``platform.rule_for(node)`` returns requests (``quantcore.rules``) for the node's inputs, outputs and
+bias, with TQCs built from the platform's presets at the bits resolved for this node:
 
     bits = override.bits                  the first NodeOverride whose pattern matches the node
          | platform.boundary_bits         first/last compute layer (academic: 8)

@@ -44,8 +44,8 @@ NORMALIZATION_REASON = (
 )
 # ops that combine statistics; of the others only input 0 carries data (the rest: shapes, axes, bounds)
 ELEMENTWISE_STATISTIC_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
-SHAPE_OPS = frozenset({"Reshape", "Expand", "Squeeze", "Unsqueeze", "Identity"})
-STATISTIC_OPS = ELEMENTWISE_STATISTIC_OPS | SHAPE_OPS | {"ReduceMean", "ReduceSum", "Clip", "Cast"}
+RESHAPE_OPS = frozenset({"Reshape", "Expand", "Squeeze", "Unsqueeze", "Identity"})
+STATISTIC_OPS = ELEMENTWISE_STATISTIC_OPS | RESHAPE_OPS | {"ReduceMean", "ReduceSum", "Clip", "Cast"}
 POWER_REASON = (
     "power of a tensor written as products (GELU's Tanh form: x · 0.044715x · x): its range does not survive int8"
 )
@@ -169,7 +169,7 @@ def _applied(index: GraphIndex, root: onnx.NodeProto, x: str) -> onnx.NodeProto 
     """The Mul, or the Div by it, that applies the statistic ``root`` ends (behind a Reciprocal, a scale by
     a constant, reshapes) to a tensor computed from ``x``; None if there is none."""
     name = root.output[0]
-    while (node := _only_consumer(index, name, {"Reciprocal", "Mul", "Div", *SHAPE_OPS})) is not None:
+    while (node := _only_consumer(index, name, {"Reciprocal", "Mul", "Div", *RESHAPE_OPS})) is not None:
         other = next((i for i in node.input if i != name), None)
         if node.op_type in ("Mul", "Div") and other is not None and not index.is_constant(other):
             applies = node.op_type == "Mul" or node.input[1] == name

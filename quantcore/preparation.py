@@ -22,7 +22,7 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
 9. infer shapes (a failure is tolerated and recorded in ``warnings``); correct graph-output
    declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.shapes``);
 10. mark nodes that must stay float whatever the platform: normalizations written out, Sqrt(a² + b²)
-    magnitudes, recurrent ops, control flow left in the graph (``float_nodes``,
+    magnitudes, powers written as products, recurrent ops, control flow left in the graph (``float_nodes``,
     ``quantcore.float_regions``), each with its reason; control flow left in place is also a warning.
 
 The exported QDQ model is this prepared graph plus Q/DQ nodes, so BN stays folded in it.
@@ -85,8 +85,8 @@ class PreparedModel:
     renamed_nodes: int
     warnings: tuple[str, ...]
     # node name → why it stays float whatever the platform (normalizations written out, Sqrt(a² + b²)
-    # magnitudes, LSTM/GRU/RNN, If/Loop/Scan left in the graph); annotation must not quantize these
-    # nodes' inputs. ``name in float_nodes`` works.
+    # magnitudes, powers written as products, LSTM/GRU/RNN, If/Loop/Scan left in the graph); annotation
+    # must not quantize these nodes' inputs. ``name in float_nodes`` works.
     float_nodes: Mapping[str, str] = field(default_factory=dict)
     folded_branches: tuple[str, ...] = ()  # If nodes replaced by their taken branch
     initializer_inputs: tuple[str, ...] = ()  # initializers that were also listed as graph inputs

@@ -1,6 +1,6 @@
 """prepare on models as converters emit them: tf2onnx weight chains and SAME padding, Paddle's
 initializers-as-inputs, IR versions newer than the runtime, If nodes (constant, shape-dependent,
-data-dependent, nested, with colliding names), decomposed LayerNorm, LSTM, wrong output
+data-dependent, nested, with colliding names), normalizations and powers written out, LSTM, wrong output
 declarations, failing shape inference. Structure and numerics are checked separately: every
 rewrite must leave the FP32 outputs unchanged (float32 reordering only)."""
 
