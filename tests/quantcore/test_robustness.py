@@ -248,6 +248,11 @@ def test_if_on_an_integer_flag_input_folds_for_the_given_value() -> None:
     _same_outputs(model, prepared.model, sample)
 
 
+def _scalars(values: dict[str, float]) -> list[onnx.TensorProto]:
+    """float32 scalar initializers, name → value."""
+    return [numpy_helper.from_array(np.float32(value), name) for name, value in values.items()]
+
+
 def _normalization(variant: str) -> list[onnx.NodeProto]:
     """The nodes of a normalization of "h" into "y", as exporters write it: PyTorch's LayerNorm (Pow and
     Div, or Mul and Reciprocal), JAX's through tf2onnx (E[h²] - E[h]², gamma folded into the reciprocal),
@@ -313,10 +318,7 @@ def test_normalizations_written_out_are_marked_float(variant: str) -> None:
     ]
     initializers = [
         _init("w", (8, 8)),
-        numpy_helper.from_array(np.float32(2.0), "two"),
-        numpy_helper.from_array(np.float32(1e-5), "eps"),
-        numpy_helper.from_array(np.float32(0.0), "zero"),
-        numpy_helper.from_array(np.float32(1 / 8), "inv_n"),
+        *_scalars({"two": 2.0, "eps": 1e-5, "zero": 0.0, "inv_n": 1 / 8}),
         numpy_helper.from_array(np.array([-1], np.int64), "last"),
         _init("gamma", (8,)),
         _init("beta", (8,)),
@@ -350,9 +352,12 @@ def test_a_root_of_something_else_is_no_normalization() -> None:
 
 
 def _rename(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
-    """``node`` reading and writing ``names``' values in place of their keys."""
-    inputs, outputs = ([names.get(n, n) for n in names_] for names_ in (node.input, node.output))
-    return helper.make_node(node.op_type, inputs, outputs, name=node.name)
+    """A copy of ``node`` (attributes included) reading and writing ``names``' values in place of their keys."""
+    renamed = onnx.NodeProto()
+    renamed.CopyFrom(node)
+    renamed.input[:] = [names.get(n, n) for n in node.input]
+    renamed.output[:] = [names.get(n, n) for n in node.output]
+    return renamed
 
 
 def _activation(form: str) -> list[onnx.NodeProto]:
@@ -392,7 +397,7 @@ def test_a_power_written_as_products_stays_float_up_to_its_bounded_op(form: str)
         helper.make_node("MatMul", ["y", "w"], ["out"], name="next"),
     ]
     constants = {"c": 0.044715, "k": 0.7978846, "one": 1.0, "half": 0.5, "sqrt2": 2**0.5}
-    initializers = [_init("w", (8, 8)), *(numpy_helper.from_array(np.float32(v), n) for n, v in constants.items())]
+    initializers = [_init("w", (8, 8)), *_scalars(constants)]
     model = _model(nodes, [_value("x", ["N", 8])], [_value("out", ["N", 8])], initializers, opset=13)
     prepared = prepare(model)
     # the cube and what is computed from it up to the Tanh; the 0.044715·x before it is no power, and the
@@ -537,9 +542,10 @@ def test_a_block_as_jax_writes_it_quantizes_close_to_fp32(tmp_path) -> None:
     constants = {"eps": 1e-5, "zero": 0.0, "inv_n": 1 / 8, "c": 0.044715, "k": 0.7978846, "one": 1.0, "half": 0.5}
     initializers = [
         _init("w", (8, 8)),
-        # every feature 30 above its neighbours' mean of 0.85 spread: E[h²] and E[h]² nearly cancel
+        # 30 added to every feature, against a spread of about 0.85 across them (x · w: 8 terms of
+        # standard deviation 0.3): E[h²] and E[h]² nearly cancel, as in a real LayerNorm's input
         numpy_helper.from_array(np.full(8, 30.0, np.float32), "offset"),
-        *(numpy_helper.from_array(np.float32(v), n) for n, v in constants.items()),
+        *_scalars(constants),
         numpy_helper.from_array(np.array([-1], np.int64), "last"),
         _init("gamma", (8,), std=3.0),
         _init("beta", (8,)),
