@@ -1,8 +1,10 @@
 """Stage 2, annotate: decide, by the platform's rules, which tensors are quantized and how.
 
 Walks the prepared graph's nodes in order. A node stays float when the user excludes it (op type or an
-fnmatch pattern over its name) or when prepare marked it float (``PreparedModel.float_nodes``:
-normalizations and powers written out, recurrent ops, control flow). Otherwise
+fnmatch pattern over its name), when prepare marked it float (``PreparedModel.float_nodes``:
+normalizations and powers written out, recurrent ops, control flow), or when it is an attention's
+product with probabilities over more than ``LONG_ATTENTION`` positions and the platform quantizes
+activations to integers (``quantcore.attention``; FP8 keeps them). Otherwise
 ``platform.rule_for(node)`` returns requests (``quantcore.rules``) for the node's inputs, outputs and
 bias, with TQCs built from the platform's presets at the bits resolved for this node:
 
@@ -28,6 +30,7 @@ from types import MappingProxyType
 
 import onnx
 
+from quantcore.attention import LONG_ATTENTION
 from quantcore.config import QuantizeConfig
 from quantcore.graph import SUBGRAPH_INPUT, GraphIndex
 from quantcore.platforms import PLATFORMS
@@ -233,7 +236,7 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
     """Annotate ``prepared`` for ``config.platform``; the graph is not modified."""
     platform = PLATFORMS[config.platform]
     state = _Builder(prepared, config)
-    float_nodes: Mapping[str, str] = getattr(prepared, "float_nodes", {})
+    float_nodes = {**getattr(prepared, "float_nodes", {}), **long_attention(prepared, platform, config)}
     boundary = boundary_layers(state.graph, config) if platform.boundary_bits is not None else set()
 
     for node in state.graph.node:
@@ -326,6 +329,19 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
         platform=platform.name,
         unsigned_weights=platform.unsigned_weights(config),
     )
+
+
+def long_attention(prepared: PreparedModel, platform: Platform, config: QuantizeConfig) -> dict[str, str]:
+    """Node name → reason, for the attention products over more than ``LONG_ATTENTION`` positions that the
+    platform's integer activations would quantize (``quantcore.attention``); none where it uses FP8."""
+    if platform.activation(8, config.observer, config).floating:
+        return {}
+    return {
+        name: f"attention probabilities over {positions} positions: one integer scale's steps would erase most "
+        f"of them (kept float beyond {LONG_ATTENTION})"
+        for name, positions in getattr(prepared, "attention_positions", {}).items()
+        if positions > LONG_ATTENTION
+    }
 
 
 _HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}

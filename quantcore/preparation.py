@@ -21,6 +21,8 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
 8. fold BatchNormalization into Conv/ConvTranspose/Gemm;
 9. infer shapes (a failure is tolerated and recorded in ``warnings``); correct graph-output
    declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.shapes``);
+   measure how many positions each attention's probabilities span (``attention_positions``,
+   ``quantcore.attention``): on the sample's run where there is one, else where inference fixed it;
 10. mark nodes that must stay float whatever the platform: normalizations written out, Sqrt(a² + b²)
     magnitudes, powers written as products, recurrent ops, control flow left in the graph (``float_nodes``,
     ``quantcore.float_regions``), each with its reason; control flow left in place is also a warning.
@@ -41,6 +43,7 @@ import onnx.inliner
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
+from quantcore.attention import attention_positions, attention_products
 from quantcore.branches import fold_constant_branches, fold_sample_branches
 from quantcore.errors import InvalidModelError, UnsupportedModelError
 from quantcore.float_regions import float_regions
@@ -92,9 +95,12 @@ class PreparedModel:
     initializer_inputs: tuple[str, ...] = ()  # initializers that were also listed as graph inputs
     explicit_pads: tuple[str, ...] = ()  # nodes whose SAME auto_pad became explicit pads
     source_ir_version: int = 0
+    # MatMul name → positions its operand's Softmax distributions span (``quantcore.attention``), where known
+    attention_positions: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "float_nodes", MappingProxyType(dict(self.float_nodes)))
+        object.__setattr__(self, "attention_positions", MappingProxyType(dict(self.attention_positions)))
 
     @property
     def opset(self) -> int:
@@ -216,10 +222,13 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
     folded = fold_batchnorms(proto)
     proto, inferred, inference_warnings = infer_shapes(proto)
     warnings.extend(w for w in inference_warnings if w not in warnings)
+    products = attention_products(proto.graph)
+    shapes = static_shapes(proto.graph)
     actual = None
     if sample is not None:
         try:
-            actual = runtime_outputs(proto, sample)
+            actual, measured = runtime_outputs(proto, sample, sorted({s.output[0] for s in products.values()}))
+            shapes.update(measured)
         except Exception as error:  # the check is an aid; a model that can't run fails later, clearly
             warnings.append(f"the prepared model did not run on the sample: {str(error).strip()[:300]}")
     warnings.extend(check_outputs(proto, inferred, actual))
@@ -240,4 +249,5 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         initializer_inputs=tuple(initializer_inputs),
         explicit_pads=tuple(explicit_pads),
         source_ir_version=source_ir_version,
+        attention_positions=attention_positions(products, shapes, default_opset(proto) or MIN_QDQ_OPSET),
     )

@@ -14,7 +14,7 @@ Declarations that agree are kept as written, symbolic names and all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -74,13 +74,25 @@ def _conflicts(declared: list, actual: list) -> bool:
     return any(isinstance(d, int) and isinstance(a, int) and d != a for d, a in zip(declared, actual, strict=True))
 
 
-def runtime_outputs(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph outputs ONNX Runtime produces for ``sample`` (one batch of every input)."""
+def runtime_outputs(
+    model: onnx.ModelProto, sample: Mapping[str, np.ndarray], shapes_of: Sequence[str] = ()
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]]:
+    """The graph outputs ONNX Runtime produces for ``sample`` (one batch of every input), and the shapes
+    the intermediate tensors ``shapes_of`` have in that run: Shape nodes appended for the run measure
+    them, so the tensors themselves are not kept (``model`` is left as it was)."""
     initializers = {t.name for t in model.graph.initializer}
     feeds = {i.name: np.asarray(sample[i.name]) for i in model.graph.input if i.name not in initializers}
     names = [o.name for o in model.graph.output]
-    with open_session(model) as session:
-        return dict(zip(names, session.run(names, feeds), strict=True))
+    probes = [helper.make_node("Shape", [t], [f"{t}:runtime_shape"]) for t in dict.fromkeys(shapes_of)]
+    model.graph.node.extend(probes)
+    try:
+        with open_session(model, outputs=[p.output[0] for p in probes]) as session:
+            values = session.run(None, feeds)
+    finally:
+        for _ in probes:
+            model.graph.node.pop()
+    shapes = {p.input[0]: tuple(int(d) for d in v) for p, v in zip(probes, values[len(names) :], strict=True)}
+    return dict(zip(names, values[: len(names)], strict=True)), shapes
 
 
 def check_outputs(

@@ -4,7 +4,8 @@
   int8, q = clip(round(x / s), -128, 127) with s = amax / 127 (amax from the run's observer); a weight
   initializer per-channel symmetric int8 on its output-channel axis (Conv W axis 0, depthwise and
   grouped included; ConvTranspose W axis 1; Gemm B axis 0 with transB=1, 1 without; MatMul B its last
-  axis), amax per channel from minmax. A MatMul of two activations (attention) quantizes both.
+  axis), amax per channel from minmax. A MatMul of two activations (attention) quantizes both, unless
+  it reads probabilities over more than 128 positions (``quantcore.attention``: annotation keeps it float).
   Biases stay float (TensorRT quantizes them itself).
 - Add of two activations (``residual_add``): TensorRT fuses an element-wise sum into the weighted layer
   (Conv/ConvTranspose/Gemm/MatMul with a constant weight, bias Add included) that produces one of its

@@ -364,8 +364,11 @@ def test_low_bit_mobilenet_is_deployed_without_the_rewrite_that_breaks_it(digits
     W4A4. ONNX Runtime 1.32 cannot build the exported model at full optimization (its ClipQuantRewrite
     raises on a Clip before a uint4 QuantizeLinear): the pipeline finds it, leaves it out, and says so.
     Once built, its WeightBiasQuantization rounds the float biases to int32 steps of s_x·s_w, coarse at 4
-    bits: the deployed model is far from exact Q/DQ (measured 16.9 dB) but not less accurate (15.2 against
-    14.7 dB from FP32), so it stays, and the report's deployed numbers are what the user gets."""
+    bits. Whether that passes parity depends on the CPU's kernels and on the model trained on it: on an AMD
+    EPYC (sessions 18 to 29) the deployed model was far from exact Q/DQ (16.9 dB) but not less accurate
+    (15.2 against 14.7 dB from FP32), so the rewrite stayed; on an Intel Xeon (session 30) top-1 moved 0.6
+    points from exact, so parity left it out too and said so. Either way the report's deployed numbers
+    are what the user gets."""
     images, labels = load_dataset(0)
     result = quantize(
         digits_mobilenet,
@@ -379,7 +382,7 @@ def test_low_bit_mobilenet_is_deployed_without_the_rewrite_that_breaks_it(digits
     with pytest.raises(QuantcoreError, match="clip_quantizelinear"), open_session(result.model_path):
         pass  # ONNX Runtime's defaults
     disabled = report["config"]["disabled_optimizers"]
-    assert disabled == ["ClipQuantRewrite"]
+    assert disabled in (["ClipQuantRewrite"], ["ClipQuantRewrite", "WeightBiasQuantization"])
     evaluation = report["evaluation"]
     deployed = evaluation["qdq_deployed"]
     assert deployed["fallback"] is None and deployed["skipped"] is None  # built at full optimization
@@ -388,7 +391,11 @@ def test_low_bit_mobilenet_is_deployed_without_the_rewrite_that_breaks_it(digits
     exact_sqnr, deployed_sqnr = (
         evaluation[mode]["outputs"]["logits"]["sqnr_db"] for mode in ("qdq_exact", "qdq_deployed")
     )
-    assert parity["min_sqnr_db"] < MIN_SQNR_DB and "but as accurate" in parity["reason"]  # WeightBiasQuantization
+    if "WeightBiasQuantization" in disabled:  # it failed parity: the report names it and what it measured
+        assert "'WeightBiasQuantization' changes this model's results" in parity["remedy"]
+        assert parity["before_remedy"]["agree"] is False
+    else:  # kept: far from exact, but as accurate
+        assert parity["min_sqnr_db"] < MIN_SQNR_DB and "but as accurate" in parity["reason"]
     assert deployed_sqnr >= exact_sqnr - MAX_SQNR_LOSS_DB
     # A user who runs the model as the report says gets the report's deployed accuracy: the same session
     # options, so the same outputs; 0.01 dB is float32 summation order between runs.
