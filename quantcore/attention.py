@@ -2,13 +2,13 @@
 
 An attention's second product, P · V, reads probabilities P = Softmax(scores) over L positions. They
 average 1/L, and 8-bit linear quantization of P rounds to a step of amax/127 (symmetric) or amax/255
-(asymmetric) for the whole tensor: over long sequences most probabilities are a step or less, and rounding
-erases or doubles them. Scratch measurement (random 64-wide heads, amax at the 99.99th percentile, 127
-levels, SQNR of P · V): 30 to 40 dB at L = 32, 21 to 33 dB at L = 256, 11 to 22 dB at L = 1024. On Whisper's encoder
-(smart-turn v3, L = 400), keeping P · V float took the tensorrt preset's output from 9.0 to 15.0 dB and
-the academic preset's from 13.9 to 20.7; on a BERT of 48 tokens it did not help. FP8's
-steps are relative, so it keeps small probabilities (the tensorrt-fp8 preset lost 1.2 dB by keeping
-them float): only integer presets keep long attention float (``quantcore.annotation``).
+(asymmetric) for the whole tensor: over long sequences most probabilities are a step or less, and
+rounding erases or doubles them. Scratch measurement (random 64-wide heads, amax at the 99.99th
+percentile, 127 levels, SQNR of P · V): 30 to 40 dB at L = 32, 21 to 33 dB at L = 256, 11 to 22 dB at
+L = 1024. On Whisper's encoder (smart-turn v3, L = 400), keeping P · V float took the tensorrt preset's
+output from 9.0 to 15.0 dB and the academic preset's from 13.9 to 20.7; on a BERT of 48 tokens it did not
+help. FP8's steps are relative, so it keeps small probabilities (the tensorrt-fp8 preset lost 1.2 dB by
+keeping them float): only integer presets keep long attention float (``quantcore.annotation``).
 
 ``attention_products`` finds the products; prepare measures L on its sample
 (``quantcore.shapes.runtime_outputs``), or reads it from the inferred shapes, and records it in
