@@ -27,6 +27,11 @@ maps each one's name to the reason (annotation keeps them float and the report l
   int8 grid fitted to its largest values rounds the rest to zero (the cube in GELU: the activation
   becomes 0.5x(1 + Tanh(0.8x))). The product stays float with what is computed from it and x alone by
   elementwise ops, up to the first bounded op (Tanh, Sigmoid, Erf), whose result int8 can hold.
+- **A logarithm's argument** (a spectrogram's log, as audio front ends compute it in the graph): a
+  logarithm spreads out the small values that one linear int8 scale rounds to its first steps or to zero,
+  so log(x) of a quantized x is off by orders of magnitude in the quiet bins. Every node on the paths
+  from the layers (or inputs) computing x to the Log, through elementwise ops, reductions and data
+  movement (``ARGUMENT_OPS``), stays float, and the Log itself.
 - **Recurrent ops** (LSTM, GRU, RNN): their gates compound rounding error over time steps.
 - **Control flow left in the graph** (If, Loop, Scan): annotation does not enter subgraphs.
 """
@@ -53,6 +58,15 @@ POWER_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Neg", "Tanh", "Sigmoid", "Er
 BOUNDED_OPS = frozenset({"Tanh", "Sigmoid", "Erf"})  # a power's region ends at these: their results are bounded
 MAX_POWER_NODES = 16
 MAX_REGION_NODES = 32  # a normalization's statistic takes 4 (PyTorch's export) to 9 (JAX's via tf2onnx) nodes
+LOG_REASON = "argument of a Log: one linear int8 scale erases the small values a logarithm spreads out"
+# ops a Log's argument is traced back through: elementwise arithmetic, reductions, data movement
+ARGUMENT_OPS = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Abs", "Neg", "Max", "Min", "Clip", "Reciprocal",
+        "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2", "Reshape", "Transpose", "Slice", "Concat",
+        "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Cast",
+    }
+)  # fmt: skip
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
 
 
@@ -262,6 +276,20 @@ def _power_at(
     return list(region.values())
 
 
+def _argument_of(index: GraphIndex, log: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """``log`` and the ``ARGUMENT_OPS`` nodes its argument is computed by, back to the first other op (a
+    layer, an activation) or graph input on every path."""
+    region = {log.name: log}
+    pending = [log.input[0]]
+    while pending:
+        producer = index.producers.get(pending.pop())
+        if producer is None or producer.name in region or producer.op_type not in ARGUMENT_OPS:
+            continue
+        region[producer.name] = producer
+        pending += [i for i in producer.input if i and not index.is_constant(i)]
+    return list(region.values())
+
+
 def float_regions(graph: onnx.GraphProto) -> dict[str, str]:
     """Node name → reason, for every main-graph node that must stay float (module docstring)."""
     index = GraphIndex(graph)
@@ -275,6 +303,9 @@ def float_regions(graph: onnx.GraphProto) -> dict[str, str]:
         elif node.op_type == "Add":
             for member in _magnitude_at(index, node) or []:
                 reasons.setdefault(member.name, MAGNITUDE_REASON)
+        elif node.op_type == "Log":
+            for member in _argument_of(index, node):
+                reasons.setdefault(member.name, LOG_REASON)
         elif node.op_type in RECURRENT_OPS:
             reasons[node.name] = f"recurrent op {node.op_type}: left float"
         elif node.op_type in CONTROL_FLOW_OPS:
