@@ -28,6 +28,7 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
     "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx"),
+    "basic-pitch": ("basic-pitch==0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx"),
     # int8 only in the wheel: its float model is recovered by ``bench.dequantized``
     "smart-turn": ("pipecat-ai==1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),
     # weights only (safetensors): exported to ONNX by ``bench.sentence_encoder``
@@ -158,6 +159,34 @@ def smart_turn_inputs(root: Path, samples: int, seed: int) -> np.ndarray:
         audio = np.pad(audio[-length:], (max(0, length - len(audio)), 0)).astype(np.float32)
         features.append(module.compute_whisper_log_mel_features(audio, do_normalize=True))
     return np.stack(features).astype(np.float32)
+
+
+def music(rng: np.random.Generator, n: int, rate: int = 22050) -> np.ndarray:
+    """(n,) audio: notes of 0.1-0.6 s one after another, each a chord of 1-3 tones (MIDI 36-83, five
+    harmonics of falling level, random phases) under a decaying envelope with a 5 ms attack, over low noise
+    (standard deviation 0.002)."""
+    t = np.arange(n) / rate
+    audio = rng.normal(0, 0.002, n)
+    start = 0
+    while start < n:
+        length = int(rng.uniform(0.1, 0.6) * rate)
+        for _ in range(rng.integers(1, 4)):
+            f0 = 440 * 2 ** ((rng.integers(36, 84) - 69) / 12)
+            tt = t[: min(length, n - start)]
+            harmonics = [k for k in range(1, 6) if k * f0 < rate / 2]
+            tone = sum(
+                rng.uniform(0.2, 1) / k * np.sin(2 * np.pi * k * f0 * tt + rng.uniform(0, 6.3)) for k in harmonics
+            )
+            audio[start : start + len(tt)] += 0.15 * tone * np.exp(-tt * rng.uniform(1, 8)) * np.minimum(1, tt * 200)
+        start += length
+    return audio
+
+
+def pitch_inputs(samples: int, seed: int) -> np.ndarray:
+    """(samples, 43844, 1) float32: basic-pitch's windows (2 s at 22050 Hz less one 256-sample hop, as its
+    ``window_audio_file`` cuts them) of ``music``."""
+    rng = np.random.default_rng(seed)
+    return np.stack([music(rng, 43844) for _ in range(samples)])[..., None].astype(np.float32)
 
 
 def vad_inputs(samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -437,6 +466,8 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
             data = {"images": captcha_scene_inputs(samples + held_out, seed=7)}
         elif name == "magika":
             data = {"bytes": magika_inputs(samples + held_out, seed=8)}
+        elif name == "basic-pitch":
+            data = {"serving_default_input_2:0": pitch_inputs(samples + held_out, seed=10)}
         elif name == "smart-turn":
             model_path = dequantize(model_path, workdir / "exports" / "smart-turn.onnx")
             data = {"input_features": smart_turn_inputs(root, samples + held_out, seed=9)}

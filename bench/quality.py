@@ -58,7 +58,9 @@ max pool, 214 content types) fed with the first and last 1024 bytes of files of 
 packages, as its own preprocessing reads them; and Pipecat's smart-turn v3.2 (``pipecat-ai==1.14.0``: a
 Whisper-tiny encoder with attention over 400 positions and a classifier head, shipped as an int8 QDQ
 export whose float model ``bench.dequantized`` recovers) fed with 8 s of synthesized speech through the
-wheel's own Whisper feature extractor.
+wheel's own Whisper feature extractor; and Spotify's basic-pitch (``basic-pitch==0.4.0``: a tf2onnx 1.15
+export at opset 15 that computes its constant-Q transform, log magnitudes and their normalization in the
+graph, then a CNN to note, onset and contour maps) fed with 2 s windows of synthesized chords.
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
