@@ -67,6 +67,8 @@ ARGUMENT_OPS = frozenset(
         "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Cast",
     }
 )  # fmt: skip
+# of those, the ops whose every input carries data (the others' later inputs are shapes, axes or bounds)
+ARGUMENT_DATA_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Concat"})
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
 
 
@@ -286,7 +288,8 @@ def _argument_of(index: GraphIndex, log: onnx.NodeProto) -> list[onnx.NodeProto]
         if producer is None or producer.name in region or producer.op_type not in ARGUMENT_OPS:
             continue
         region[producer.name] = producer
-        pending += [i for i in producer.input if i and not index.is_constant(i)]
+        data = producer.input if producer.op_type in ARGUMENT_DATA_OPS else producer.input[:1]  # not shapes, axes
+        pending += [i for i in data if i and not index.is_constant(i)]
     return list(region.values())
 
 
