@@ -30,8 +30,10 @@ maps each one's name to the reason (annotation keeps them float and the report l
 - **A logarithm's argument** (a spectrogram's log, as audio front ends compute it in the graph): a
   logarithm spreads out the small values that one linear int8 scale rounds to its first steps or to zero,
   so log(x) of a quantized x is off by orders of magnitude in the quiet bins. Every node on the paths
-  from the layers (or inputs) computing x to the Log, through elementwise ops, reductions and data
-  movement (``ARGUMENT_OPS``), stays float, and the Log itself.
+  from the nearest other op (an activation, a Softmax) or graph input to the Log stays float, and the
+  Log itself: elementwise ops, reductions and data movement (``ARGUMENT_OPS``), and layers with a
+  constant weight (the filterbanks of an STFT, a mel or a constant-Q transform), whose input's rounding
+  would reach the quiet bins all the same. Such a front end then runs in float as a whole.
 - **Recurrent ops** (LSTM, GRU, RNN): their gates compound rounding error over time steps.
 - **Control flow left in the graph** (If, Loop, Scan): annotation does not enter subgraphs.
 """
@@ -67,6 +69,8 @@ ARGUMENT_OPS = frozenset(
         "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Cast",
     }
 )  # fmt: skip
+# layers a Log's argument is traced back through when their weight is constant (a filterbank: STFT, mel, CQT)
+LINEAR_LAYER_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 # of those, the ops whose every input carries data (the others' later inputs are shapes, axes or bounds)
 ARGUMENT_DATA_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Concat"})
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
@@ -279,13 +283,16 @@ def _power_at(
 
 
 def _argument_of(index: GraphIndex, log: onnx.NodeProto) -> list[onnx.NodeProto]:
-    """``log`` and the ``ARGUMENT_OPS`` nodes its argument is computed by, back to the first other op (a
-    layer, an activation) or graph input on every path."""
+    """``log`` and the nodes its argument is computed by (``ARGUMENT_OPS``, and ``LINEAR_LAYER_OPS`` with a
+    constant weight), back to the first other op (an activation) or graph input on every path."""
     region = {log.name: log}
     pending = [log.input[0]]
     while pending:
         producer = index.producers.get(pending.pop())
-        if producer is None or producer.name in region or producer.op_type not in ARGUMENT_OPS:
+        if producer is None or producer.name in region:
+            continue
+        linear_layer = producer.op_type in LINEAR_LAYER_OPS and index.is_constant(producer.input[1])
+        if producer.op_type not in ARGUMENT_OPS and not linear_layer:
             continue
         region[producer.name] = producer
         data = producer.input if producer.op_type in ARGUMENT_DATA_OPS else producer.input[:1]  # not shapes, axes
