@@ -43,6 +43,7 @@ from __future__ import annotations
 import onnx
 
 from quantcore.graph import GraphIndex
+from quantcore.rules import COMPUTE_OPS
 
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -69,8 +70,6 @@ ARGUMENT_OPS = frozenset(
         "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Cast",
     }
 )  # fmt: skip
-# layers a Log's argument is traced back through when their weight is constant (a filterbank: STFT, mel, CQT)
-LINEAR_LAYER_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 # of those, the ops whose every input carries data (the others' later inputs are shapes, axes or bounds)
 ARGUMENT_DATA_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Concat"})
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
@@ -283,15 +282,15 @@ def _power_at(
 
 
 def _argument_of(index: GraphIndex, log: onnx.NodeProto) -> list[onnx.NodeProto]:
-    """``log`` and the nodes its argument is computed by (``ARGUMENT_OPS``, and ``LINEAR_LAYER_OPS`` with a
-    constant weight), back to the first other op (an activation) or graph input on every path."""
+    """``log`` and the nodes its argument is computed by (``ARGUMENT_OPS``, and layers, ``COMPUTE_OPS``, with
+    a constant weight), back to the first other op (an activation) or graph input on every path."""
     region = {log.name: log}
     pending = [log.input[0]]
     while pending:
         producer = index.producers.get(pending.pop())
         if producer is None or producer.name in region:
             continue
-        linear_layer = producer.op_type in LINEAR_LAYER_OPS and index.is_constant(producer.input[1])
+        linear_layer = producer.op_type in COMPUTE_OPS and index.is_constant(producer.input[1])  # a filterbank
         if producer.op_type not in ARGUMENT_OPS and not linear_layer:
             continue
         region[producer.name] = producer
