@@ -71,7 +71,7 @@ ARGUMENT_OPS = frozenset(
     }
 )  # fmt: skip
 # of those, the ops whose every input carries data (the others' later inputs are shapes, axes or bounds)
-ARGUMENT_DATA_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Concat"})
+ARGUMENT_DATA_OPS = ELEMENTWISE_STATISTIC_OPS | {"Pow", "Concat"}
 MAGNITUDE_REASON = "magnitude Sqrt(a^2 + b^2): the squares' dynamic range does not survive int8"
 
 
