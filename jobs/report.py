@@ -230,7 +230,7 @@ class Parity(_Section):
 class GraphwiseBounds(_Section):
     samples: int
     runs_per_batch: int
-    batch_size: int | None = Field(None, description="Samples a run took: the run's, or fewer to bound memory.")
+    batch_size: int | None = Field(None, description="Samples a run took.")
 
 
 class LayerwiseBounds(_Section):

@@ -3,11 +3,10 @@
 
 The measurements switch quantization on and off per layer in two models of the exported graph
 (``quantcore.analysis_switch``): every flag off is the FP32 model, every flag on the exported model run
-as exact Q/DQ, one flag on is "only layer k quantized". The graph-wise runs fetch every quantized
-activation and its dequantized value, one batch at a time, reduced to sums at once: memory holds one
-batch of each observed tensor, never the dataset, and a batch is split where that would exceed
-``quantcore.batching.EXPOSED_BYTES_PER_BATCH``. The layer-wise runs fetch the model's outputs only,
-each at the cost of one FP32 inference.
+as exact Q/DQ, one flag on is "only layer k quantized". The graph-wise run of a batch computes the
+FP32 model and the exported one together and reduces every quantized activation to sums inside the
+graph (``quantcore.analysis_graphwise``): it fetches scalars only. The layer-wise runs fetch the model's
+outputs only, each at the cost of one FP32 inference.
 
 For every quantized tensor t (x = its FP32 value, x̂ = its dequantized value):
 
@@ -24,12 +23,12 @@ For every layer k: ``sqnr_db``/``cosine`` of the model outputs with only layer k
 FP32 (SQNR = 10·log10(Σx²/Σ(x - x̂)²), the worst over the float outputs). Layers are ranked by harm:
 lowest layer-wise SQNR first (non-finite outputs first of all; layers without a layer-wise run last).
 
-Cost: graphwise 2 runs per batch; layer-wise (1 + L) runs per batch over ``layerwise_samples``
-samples, for L = min(layers, ``max_layers``) layers (those with the lowest local SQNR at their
-inputs), each of the L on only the part of the graph downstream of its layer
-(``quantcore.analysis_cones``; the report's ``layer_run_fraction``: the wall time of such a run against
-the whole-model reference run, measured). Samples and layers are lowered to keep the layer-wise runs to
-``layerwise_seconds`` (priced by runs of the first sample); the report states the bounds and what they
+Cost: graphwise one run of the twin model (the switchable model twice) per batch; layer-wise (1 + L)
+runs per batch over ``layerwise_samples`` samples, for L = min(layers, ``max_layers``) layers (those with
+the lowest local SQNR at their inputs), each of the L on only the part of the graph downstream of its
+layer (``quantcore.analysis_cones``; the report's ``layer_run_fraction``: the wall time of such a run
+against the whole-model reference run, measured). Samples and layers are lowered to keep the layer-wise
+runs to ``layerwise_seconds`` (priced by runs of the first sample); the report states the bounds and what they
 allowed.
 """
 
@@ -40,12 +39,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from quantcore.analysis_cones import Cone, LayerRuns, layer_runs
 from quantcore.analysis_config import AnalysisOptions
+from quantcore.analysis_graphwise import graphwise_rows
 from quantcore.analysis_ranges import RangeStats, channel_range_ratio
-from quantcore.analysis_switch import MASK_INPUT, SwitchableModel, gated_model, switchable_model
+from quantcore.analysis_switch import gated_model, switchable_model
 from quantcore.annotation import Annotation
 from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
@@ -54,7 +53,6 @@ from quantcore.graph import GraphIndex
 from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
 from quantcore.progress import Monitor
-from quantcore.session import open_session
 
 STAGE = "analyze"
 
@@ -98,12 +96,10 @@ def analyze(
         return Batches(_first_samples(evaluation, specs, count, fixed), specs, config.batch_size, what="evaluation")
 
     graphwise_batches, layerwise_batches = batches(options.graphwise_samples), batches(options.layerwise_samples)
-    options_of_session = {"device": config.device, "exact_qdq": True}
-    with open_session(switchable.model, **options_of_session) as session:
-        fetched = _Fetched(switchable, annotation, graphwise_batches)
-        graphwise_batches = fetched.bounded(session, graphwise_batches)
-        progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
-        tensors = _graphwise(session, fetched, annotation, graphwise_batches, progress)
+    progress = _Progress(monitor, len(graphwise_batches) + len(layerwise_batches))
+    tensors = graphwise_rows(
+        switchable, annotation, graphwise_batches, config.device, check=progress.check, step=progress.step
+    )
     layers = switchable.layers
     del switchable  # its graph, as big as the model, before the gated one is built
     tensors += _weight_rows(prepared, annotation)
@@ -158,7 +154,7 @@ def analyze(
     return {
         "graphwise": {
             "samples": graphwise_batches.num_samples,
-            "runs_per_batch": 2,
+            "runs_per_batch": 1,
             "batch_size": graphwise_batches.batch_size,
         },
         "layerwise": {
@@ -197,69 +193,6 @@ class _Progress:
     def step(self, message: str) -> None:
         self.done += 1
         self.monitor.report(STAGE, self.done / self.total, message)
-
-
-class _Fetched:
-    """What the graph-wise runs fetch from the switchable model: every quantized activation that is not a
-    graph input and its dequantized value with every flag off, the dequantized values with every flag on."""
-
-    def __init__(self, switchable: SwitchableModel, annotation: Annotation, batches: Batches) -> None:
-        # names only: the switchable model's graph must be free to go once the graph-wise runs are done
-        names = switchable.dequantized
-        self.dequantized_of = {t: names[t] for t in annotation.activations if t in names}
-        self.activations = list(self.dequantized_of)
-        self.graph_inputs = {s.name for s in batches.specs}
-        self.dequantized = list(self.dequantized_of.values())
-        self.off = [t for t in self.activations if t not in self.graph_inputs] + self.dequantized
-        self.all_off = np.zeros(len(switchable.layers), bool)
-        self.all_on = np.ones(len(switchable.layers), bool)
-
-    def bounded(self, session: ort.InferenceSession, batches: Batches) -> Batches:
-        """``batches``, split where the tensors both runs of a batch fetch would exceed
-        ``EXPOSED_BYTES_PER_BATCH`` (measured on an extra run of the first sample alone)."""
-        if not self.activations or batches.fixed or batches.batch_size == 1:
-            return batches
-        values = session.run(self.off, {**batches.first_sample(), MASK_INPUT: self.all_off})
-        dequantized = set(self.dequantized)
-        per_sample = sum(v.nbytes * (2 if name in dequantized else 1) for name, v in zip(self.off, values, strict=True))
-        return batches.within(per_sample, EXPOSED_BYTES_PER_BATCH)
-
-
-def _graphwise(
-    session: ort.InferenceSession,
-    fetched: _Fetched,
-    annotation: Annotation,
-    batches: Batches,
-    progress: _Progress,
-) -> list[dict[str, Any]]:
-    """Rows of the activations: two runs per batch (every flag off, every flag on), reduced at once."""
-    activations, dequantized, dequantized_of = fetched.activations, fetched.dequantized, fetched.dequantized_of
-    stats = {t: RangeStats(annotation.configs[t]) for t in activations}
-    local = {t: OutputAgreement(argmax=False) for t in activations}
-    graphwise = {t: OutputAgreement(argmax=False) for t in activations}
-    for i, batch in enumerate(batches):
-        progress.check()
-        if activations:
-            off = dict(zip(fetched.off, session.run(fetched.off, {**batch, MASK_INPUT: fetched.all_off}), strict=True))
-            on = dict(zip(dequantized, session.run(dequantized, {**batch, MASK_INPUT: fetched.all_on}), strict=True))
-            for t in activations:
-                x = batch[t] if t in fetched.graph_inputs else off[t]
-                stats[t].update(x)
-                local[t].update(x, off[dequantized_of[t]])
-                graphwise[t].update(x, on[dequantized_of[t]])
-            del off, on  # this batch's tensors go before the next run
-        progress.step(f"graph-wise batch {i + 1}/{len(batches)}")
-    return [
-        {
-            "tensor": t,
-            "kind": "activation",
-            "graphwise_sqnr_db": graphwise[t].result()["sqnr_db"],
-            "local_sqnr_db": local[t].result()["sqnr_db"],
-            **stats[t].result(),
-            "channel_range_ratio": None,
-        }
-        for t in activations
-    ]
 
 
 def _layerwise(

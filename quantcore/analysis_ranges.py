@@ -55,14 +55,21 @@ class RangeStats:
     def update(self, x: np.ndarray) -> None:
         if not x.size:
             return
-        self.minimum = min(self.minimum, float(x.min()))
-        self.maximum = max(self.maximum, float(x.max()))
-        self.total += x.size
-        if self.tqc.dynamic:
+        clipped = 0
+        if not self.tqc.dynamic:
+            lo = _broadcast(self.saturate_lo, self.tqc, x.ndim)
+            hi = _broadcast(self.saturate_hi, self.tqc, x.ndim)
+            clipped = int(np.count_nonzero((x < lo) | (x > hi)))
+        self.add(float(x.min()), float(x.max()), clipped, x.size)
+
+    def add(self, minimum: float, maximum: float, clipped: int, total: int) -> None:
+        """A batch already reduced: its min and max, how many of its ``total`` values saturate."""
+        if not total:
             return
-        lo = _broadcast(self.saturate_lo, self.tqc, x.ndim)
-        hi = _broadcast(self.saturate_hi, self.tqc, x.ndim)
-        self.clipped += int(np.count_nonzero((x < lo) | (x > hi)))
+        self.minimum = min(self.minimum, minimum)
+        self.maximum = max(self.maximum, maximum)
+        self.clipped += clipped
+        self.total += total
 
     def result(self) -> dict[str, Any]:
         if self.tqc.dynamic:

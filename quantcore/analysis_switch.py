@@ -5,9 +5,9 @@ Two models of the same switch serve every measurement, both the exported QDQ gra
 reading at least one quantized tensor): every flag off is the FP32 (prepared) model, every flag on the
 exported model run as exact Q/DQ, one flag on is "only layer k quantized". No model is rebuilt per layer.
 
-- The *switchable* model (graph-wise runs) wraps each input a layer reads through a DequantizeLinear in
-  ``Where(mask[k], x̂, x)``; both sides are computed on every run, and every quantized activation and
-  its dequantized value are graph outputs.
+- The *switchable* model (graph-wise runs, as twice over in ``quantcore.analysis_graphwise``) wraps each
+  input a layer reads through a DequantizeLinear in ``Where(mask[k], x̂, x)``; both sides are computed on
+  every run, and every quantized activation and its dequantized value are graph outputs.
 - The *gated* model (layer-wise runs) puts each layer in an ``If`` on its flag: the ``then`` branch
   holds the layer's Q/DQ and the layer reading them, the ``else`` branch the float layer with its
   weights as initializers; only the model's own outputs are outputs. A run computes the Q/DQ of the

@@ -129,9 +129,10 @@ def input_specs(model: onnx.ModelProto | str | Path) -> list[InputSpec]:
 
 
 # The tensors a run exposes as graph outputs on top of the model's own (calibration's observed tensors,
-# the analysis' quantized and dequantized activations) stay alive until the batch is done; above this many
+# the cut the analysis' layer-wise reference runs fetch) stay alive until the batch is done; above this many
 # bytes a batch is split (``Batches.within``). A 320x320 YOLOv8n exposed 43 to 51 MB a sample for calibration
 # (batches of 5) and over 128 MB for the analysis (batches of 1): its peak memory fell from 2387 to 1044 MB.
+# (The analysis' graph-wise runs have fetched scalars only since ``quantcore.analysis_graphwise``.)
 # (Since its SiLUs are left to TensorRT's fusion, 24 MB a sample for calibration: batches of 8.)
 EXPOSED_BYTES_PER_BATCH = 256 << 20
 
