@@ -9,15 +9,15 @@ now computes both: the *twin* model holds the switchable graph twice over the sa
 (its nodes' outputs renamed, its mask a second input) run with every flag off and the other with every
 flag on, and reduces each activation to seven scalars as soon as both copies have computed it (min, max,
 element count, the values the grid saturates, Σx², the two error sums). A batch's run fetches only
-those, and runs in node order without the arena (``open_session(low_memory=True)``): memory holds the
-two copies' working activations, as an inference does, never an exposed tensor.
+those, and runs in node order (``open_session(in_node_order=True)``): memory holds the two copies'
+working activations, as an inference does, never an exposed tensor.
 
 The sums are float32 within a batch (ONNX Runtime's reductions) and float64 across batches: on that
 YOLO11s-seg (tensorrt preset, 238 activations) the SQNRs moved by at most 0.002 dB against float64 sums
 of the fetched tensors, the ranges and saturated counts not at all. A non-finite sum (an infinite or NaN
 value) leaves the SQNR unmeasured (None), as ``quantcore.metrics`` does for a non-finite output.
 Measured on that model (onnxruntime preset, 359 activations, 8 samples of one image): the graph-wise
-runs 32.7 → 16.0 s, the analysis' peak resident memory 4353 → 1948 MB.
+runs 32.7 → 17.2 s, the analysis' peak resident memory 4353 → 1900 MB.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def graphwise_rows(
     sums = {t: _Sums() for t in twin.outputs}
     fetched = [name for names in twin.outputs.values() for name in names]
     on, off = np.ones(len(switchable.layers), bool), np.zeros(len(switchable.layers), bool)
-    with open_session(twin.model, device=device, exact_qdq=True, low_memory=True) as session:
+    with open_session(twin.model, device=device, exact_qdq=True, in_node_order=True) as session:
         for i, batch in enumerate(batches):
             check()
             values = iter(session.run(fetched, {**batch, MASK_INPUT: on, twin.off_mask: off}))

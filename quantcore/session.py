@@ -47,7 +47,7 @@ def open_session(
     spinning: bool = True,
     disabled_optimizers: Sequence[str] = (),
     outputs: Sequence[str] = (),
-    low_memory: bool = False,
+    in_node_order: bool = False,
 ) -> Iterator[ort.InferenceSession]:
     """An inference session for ``model``.
 
@@ -62,10 +62,11 @@ def open_session(
     that must avoid a defective rewrite, ``quantcore.parity``).
     outputs: intermediate tensors the session also returns, after the graph's outputs (``model`` must be
     a ModelProto; it is left as it was).
-    low_memory: nodes run in the graph's order (ONNX Runtime's priority-based order, ties broken by
-    position) and tensors are allocated without the arena, for a graph laid out so that each tensor is
-    consumed soon after it is made (``quantcore.analysis_graphwise``: 1.7 GB peak where the default
-    order and arena took 4.4 GB).
+    in_node_order: nodes run in the graph's order (ONNX Runtime's priority-based order, ties broken by
+    position), for a graph laid out so that each tensor is consumed soon after it is made
+    (``quantcore.analysis_graphwise``: on a PaddleOCR recognizer, batches of 16, its runs took 8.9 s
+    and 310 MB where the default order took 33.7 s and 8427 MB; without the arena as well, 18.7 s and
+    4002 MB).
     """
     options = ort.SessionOptions()
     if optimized_model_path is not None:
@@ -74,9 +75,8 @@ def open_session(
         optimization = EXACT_OPTIMIZATION if exact_qdq else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.graph_optimization_level = optimization
     options.log_severity_level = 3  # errors only
-    if low_memory:
+    if in_node_order:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-        options.enable_cpu_mem_arena = False
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if exact_qdq:
