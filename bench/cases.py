@@ -15,6 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.images import (
+    captcha_scene_inputs,
+    captcha_text_inputs,
+    ddddocr_charset,
+    photo_crops,
+    slider_inputs,
+    text_accuracy,
+)
+
 REAL_MODELS = {  # case name -> (package or package==version, file inside the wheel)
     "ocr-det": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
     "ocr-rec": ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
@@ -24,6 +33,7 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "yolo-det": ("nudenet==3.4.2", "nudenet/320n.onnx"),
     "captcha-ocr": ("ddddocr==1.6.1", "ddddocr/common.onnx"),
     "captcha-det": ("ddddocr==1.6.1", "ddddocr/common_det.onnx"),
+    "captcha-slider": ("captcha-recognizer==1.0.2", "captcha_recognizer/models/slider.onnx"),
     "wakeword-embed": ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx"),
     "wakeword-jarvis": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx"),
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
@@ -236,97 +246,6 @@ def wakeword_inputs(models: Path, frames: int, samples: int, seed: int) -> np.nd
     return y.reshape(samples, frames, 96)  # (N·windows, 1, 1, 96) -> (N, frames, 96)
 
 
-def photo_crops(samples: int, size: int, seed: int) -> np.ndarray:
-    """(N, 3, size, size) float32 RGB in [0, 1] (YOLOv8's input, NCHW): square crops of scikit-learn's two
-    sample photographs (china.jpg, flower.jpg, 427x640), the side 40-100 % of the short side at a random
-    position, mirrored half the time, resized bilinearly to ``size``."""
-    from PIL import Image
-    from sklearn.datasets import load_sample_images
-
-    photos = load_sample_images().images
-    rng = np.random.default_rng(seed)
-    crops = []
-    for _ in range(samples):
-        photo = photos[rng.integers(len(photos))]
-        side = int(min(photo.shape[:2]) * rng.uniform(0.4, 1.0))
-        top, left = (int(rng.integers(0, extent - side + 1)) for extent in photo.shape[:2])
-        crop = photo[top : top + side, left : left + side]
-        crop = crop[:, ::-1] if rng.random() < 0.5 else crop
-        crops.append(np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR)))
-    return (np.stack(crops).transpose(0, 3, 1, 2) / 255.0).astype(np.float32)
-
-
-CAPTCHA_LETTERS = "abcdefghijkmnpqrstuvwxyz23456789ABCDEFGHJKLMNPQRSTUVWXYZ"  # no 0/O, 1/l/I
-
-
-def _captcha_glyphs(
-    rng: np.random.Generator, canvas, text: str, left: int, top: tuple[int, int], size: tuple[int, int], advance: int
-) -> None:
-    """Draw ``text`` on the PIL image ``canvas`` one rotated glyph at a time (Pillow's own scalable font,
-    ``size`` px, dark random colours, -20 to 20 degrees), from ``left``, each glyph's top drawn from
-    ``top``; the next glyph ``advance`` px on, plus up to 6."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    for char in text:
-        font = ImageFont.load_default(size=int(rng.integers(*size)))
-        ink = Image.new("L", (int(size[1] * 1.3), int(size[1] * 1.4)), 0)
-        ImageDraw.Draw(ink).text((6, 2), char, fill=255, font=font)
-        ink = ink.rotate(float(rng.uniform(-20, 20)), resample=Image.BILINEAR)
-        colour = Image.new("RGB", ink.size, tuple(int(v) for v in rng.integers(0, 120, 3)))
-        canvas.paste(colour, (left, int(rng.integers(*top))), ink)
-        left += advance + int(rng.integers(0, 7))
-
-
-def _clutter(rng: np.random.Generator, canvas, lines: int, dots: int) -> None:
-    """Captcha noise on ``canvas``: ``lines`` random strokes and ``dots`` random pixels."""
-    from PIL import ImageDraw
-
-    draw, (width, height) = ImageDraw.Draw(canvas), canvas.size
-    for _ in range(lines):
-        ends = [(int(rng.integers(0, width)), int(rng.integers(0, height))) for _ in range(2)]
-        draw.line(ends, fill=tuple(int(v) for v in rng.integers(0, 160, 3)), width=2)
-    for _ in range(dots):
-        point = (int(rng.integers(0, width)), int(rng.integers(0, height)))
-        draw.point(point, fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-
-
-def captcha_text_inputs(samples: int, seed: int) -> tuple[np.ndarray, list[str]]:
-    """ddddocr's text model inputs (N, 1, 64, 224) and the texts drawn: 4-6 letters and digits
-    (``CAPTCHA_LETTERS``) on a light random background with noise strokes and dots, 64 px high (the
-    height ddddocr resizes to), grey scale in [0, 1] as its ``OCREngine`` preprocessing makes it."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    images, texts = [], []
-    for _ in range(samples):
-        text = "".join(rng.choice(list(CAPTCHA_LETTERS), int(rng.integers(4, 7))))
-        canvas = Image.new("RGB", (224, 64), tuple(int(v) for v in rng.integers(180, 256, 3)))
-        _clutter(rng, canvas, lines=3, dots=0)
-        _captcha_glyphs(rng, canvas, text, left=8, top=(0, 8), size=(34, 42), advance=28)
-        _clutter(rng, canvas, lines=0, dots=150)
-        images.append(np.asarray(canvas.convert("L"), np.float32)[None] / 255.0)
-        texts.append(text)
-    return np.stack(images), texts
-
-
-def captcha_scene_inputs(samples: int, seed: int) -> np.ndarray:
-    """ddddocr's detector inputs (N, 3, 416, 416): a click captcha, 3-5 letters (``CAPTCHA_LETTERS``, 40-56
-    px) scattered over a ``photo_crops`` photograph, as ddddocr's ``DetectionEngine`` preprocessing makes
-    it: BGR, 0-255, unnormalised (its letterbox pads with 114; these scenes are square already)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    photos = photo_crops(samples, 416, seed)
-    scenes = []
-    for photo in photos:
-        canvas = Image.fromarray((photo.transpose(1, 2, 0) * 255).astype(np.uint8))
-        for char in rng.choice(list(CAPTCHA_LETTERS), int(rng.integers(3, 6))):
-            at = (int(rng.integers(0, 340)), int(rng.integers(0, 340)))
-            _captcha_glyphs(rng, canvas, str(char), left=at[0], top=(at[1], at[1] + 1), size=(40, 56), advance=0)
-        scenes.append(np.asarray(canvas, np.float32)[..., ::-1].transpose(2, 0, 1))
-    return np.ascontiguousarray(np.stack(scenes))
-
-
 MAGIKA_BEGIN = MAGIKA_END = 1024  # bytes the model reads from each end (its config.min.json)
 MAGIKA_BLOCK = 4096  # bytes read from each end before whitespace is stripped
 MAGIKA_PADDING = 256  # the token that fills what a file lacks
@@ -358,34 +277,6 @@ def magika_inputs(samples: int, seed: int) -> np.ndarray:
     files = [p for paths in by_suffix.values() for p in rng.permutation(np.array(paths, dtype=object))[:4]]
     chosen = rng.permutation(np.array(files, dtype=object))[:samples]
     return np.array([magika_features(p) for p in chosen], np.int32)
-
-
-def ctc_texts(outputs: list[np.ndarray], charset: list[str]) -> list[str]:
-    """Greedy CTC decoding of ddddocr's text model outputs, (T, N, classes) per batch, as its ``OCREngine``
-    decodes: argmax per step, repeats merged, class 0 (blank) dropped."""
-    texts = []
-    for output in outputs:
-        for steps in np.argmax(output, axis=-1).T:  # (N, T)
-            kept = [int(k) for i, k in enumerate(steps) if k != 0 and (i == 0 or k != steps[i - 1])]
-            texts.append("".join(charset[k] for k in kept))
-    return texts
-
-
-def ddddocr_charset(root: Path) -> list[str]:
-    """The classes of ddddocr's ``common.onnx`` (its ``CHARSET_BETA``), read as data from the wheel."""
-    import ast
-
-    tree = ast.parse((root / "ddddocr" / "charsets.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CHARSET_BETA" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise ValueError("ddddocr/charsets.py has no CHARSET_BETA")
-
-
-def text_accuracy(outputs: list[np.ndarray], charset: list[str], truth: list[str]) -> float:
-    """Share of ``truth`` texts that ``outputs`` read exactly, case aside (as captcha checks compare)."""
-    read = ctc_texts(outputs, charset)
-    return float(np.mean([a.lower() == b.lower() for a, b in zip(read, truth, strict=True)]))
 
 
 def wheel_pattern(package: str) -> str:
@@ -464,6 +355,8 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
             task = partial(text_accuracy, charset=charset, truth=texts[samples:])
         elif name == "captcha-det":
             data = {"images": captcha_scene_inputs(samples + held_out, seed=7)}
+        elif name == "captcha-slider":
+            data = {"images": slider_inputs(samples + held_out, seed=11)}
         elif name == "magika":
             data = {"bytes": magika_inputs(samples + held_out, seed=8)}
         elif name == "basic-pitch":

@@ -60,7 +60,10 @@ Whisper-tiny encoder with attention over 400 positions and a classifier head, sh
 export whose float model ``bench.dequantized`` recovers) fed with 8 s of synthesized speech through the
 wheel's own Whisper feature extractor; and Spotify's basic-pitch (``basic-pitch==0.4.0``: a tf2onnx 1.15
 export at opset 15 that computes its constant-Q transform, log magnitudes and their normalization in the
-graph, then a CNN to note, onset and contour maps) fed with 2 s windows of synthesized chords.
+graph, then a CNN to note, onset and contour maps) fed with 2 s windows of synthesized chords; and
+``captcha-recognizer==1.0.2``'s slider-gap model (an Ultralytics YOLO11s-seg, PyTorch 2.4, opset 19,
+fixed 1x3x640x640, attention over 400 positions, box and mask outputs) fed with slider captchas drawn on
+the sample photographs (``bench.images.slider_inputs``).
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
