@@ -36,7 +36,7 @@ from quantcore.analysis_ranges import RangeStats
 from quantcore.analysis_switch import MASK_INPUT, SwitchableModel
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches
-from quantcore.graph import GraphIndex, NameScope
+from quantcore.graph import GraphIndex, NameScope, node_subgraphs
 from quantcore.session import open_session
 
 # the scalars reduced from each activation, in the order of ``Twin.outputs[t]``
@@ -92,18 +92,16 @@ def _copy(node: onnx.NodeProto, renamed: Mapping[str, str], scope: NameScope) ->
         copy.name = scope.fresh(f"{node.name}{FLOAT_COPY_SUFFIX}")
     copy.input[:] = [renamed.get(name, name) for name in node.input]
     copy.output[:] = [renamed.get(name, name) for name in node.output]
-    for attribute in copy.attribute:
-        for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
-            _rename_reads(subgraph, renamed)
+    for subgraph in node_subgraphs(copy):
+        _rename_reads(subgraph, renamed)
     return copy
 
 
 def _rename_reads(graph: onnx.GraphProto, renamed: Mapping[str, str]) -> None:
     for node in graph.node:
         node.input[:] = [renamed.get(name, name) for name in node.input]
-        for attribute in node.attribute:
-            for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
-                _rename_reads(subgraph, renamed)
+        for subgraph in node_subgraphs(node):
+            _rename_reads(subgraph, renamed)
     for output in graph.output:
         output.name = renamed.get(output.name, output.name)
 

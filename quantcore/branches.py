@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quantcore.graph import NameScope
+from quantcore.graph import NameScope, node_subgraphs
 from quantcore.session import open_session
 
 SHAPE_OPS = frozenset({"Shape", "Size"})  # ops whose output reads only the input's shape
@@ -51,9 +51,8 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
         names.update(node.input)
         names.update(node.output)
         names.add(node.name)
-        for attribute in node.attribute:
-            for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
-                names |= all_names(subgraph)
+        for subgraph in node_subgraphs(node):
+            names |= all_names(subgraph)
     names.discard("")
     return names
 

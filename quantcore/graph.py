@@ -18,18 +18,22 @@ from onnx import numpy_helper
 SUBGRAPH_INPUT = -1  # input index recorded for an implicit use inside a subgraph
 
 
+def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs ``node``'s attributes hold (an If's branches, a Loop's or Scan's body), in place."""
+    graphs = []
+    for attribute in node.attribute:
+        graphs += [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]
+    return graphs
+
+
 def subgraph_references(node: onnx.NodeProto) -> set[str]:
     """Names of every tensor read anywhere inside ``node``'s subgraphs (an over-approximation)."""
     names: set[str] = set()
-    for attribute in node.attribute:
-        graphs = list(attribute.graphs)
-        if attribute.HasField("g"):
-            graphs.append(attribute.g)
-        for subgraph in graphs:
-            for inner in subgraph.node:
-                names.update(i for i in inner.input if i)
-                names |= subgraph_references(inner)
-            names.update(o.name for o in subgraph.output)
+    for subgraph in node_subgraphs(node):
+        for inner in subgraph.node:
+            names.update(i for i in inner.input if i)
+            names |= subgraph_references(inner)
+        names.update(o.name for o in subgraph.output)
     return names
 
 
