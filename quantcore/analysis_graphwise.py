@@ -36,7 +36,7 @@ from quantcore.analysis_ranges import RangeStats
 from quantcore.analysis_switch import MASK_INPUT, SwitchableModel
 from quantcore.annotation import Annotation
 from quantcore.batching import Batches
-from quantcore.graph import GraphIndex, NameScope, node_subgraphs
+from quantcore.graph import GraphIndex, NameScope, rename_reads
 from quantcore.session import open_session
 
 # the scalars reduced from each activation, in the order of ``Twin.outputs[t]``
@@ -90,20 +90,9 @@ def _copy(node: onnx.NodeProto, renamed: Mapping[str, str], scope: NameScope) ->
     copy.CopyFrom(node)
     if node.name:
         copy.name = scope.fresh(f"{node.name}{FLOAT_COPY_SUFFIX}")
-    copy.input[:] = [renamed.get(name, name) for name in node.input]
     copy.output[:] = [renamed.get(name, name) for name in node.output]
-    for subgraph in node_subgraphs(copy):
-        _rename_reads(subgraph, renamed)
+    rename_reads(copy, renamed)
     return copy
-
-
-def _rename_reads(graph: onnx.GraphProto, renamed: Mapping[str, str]) -> None:
-    for node in graph.node:
-        node.input[:] = [renamed.get(name, name) for name in node.input]
-        for subgraph in node_subgraphs(node):
-            _rename_reads(subgraph, renamed)
-    for output in graph.output:
-        output.name = renamed.get(output.name, output.name)
 
 
 def _reductions(

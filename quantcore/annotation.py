@@ -307,15 +307,9 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
                 f"(constant, non-float32 or unquantized operands)"
             )
     if not state.configs:
-        half = _half_precision(prepared.model.graph)
-        why = (
-            f"{half}, as the model does; the rules quantize float32 tensors only: export the model in float32 "
-            "(in PyTorch: model.float() before torch.onnx.export) and quantize that"
-            if half
-            else "float (the report's node decisions say why, node by node)"
-        )
         state.warnings.append(
-            f"platform {platform.name} found nothing to quantize in this model: the exported model computes in {why}"
+            f"platform {platform.name} found nothing to quantize in this model: the exported model computes in "
+            "float (the report's node decisions say why, node by node)"
         )
     return Annotation(
         configs=state.configs,
@@ -342,16 +336,3 @@ def long_attention(prepared: PreparedModel, platform: Platform, config: Quantize
         for name, positions in getattr(prepared, "attention_positions", {}).items()
         if positions > LONG_ATTENTION
     }
-
-
-_HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
-
-
-def _half_precision(graph: onnx.GraphProto) -> str | None:
-    """``float16``/``bfloat16`` when every float graph input and weight has that one type (a half-precision
-    export), else None."""
-    types = {
-        value.type.tensor_type.elem_type for value in graph.input if value.type.WhichOneof("value") == "tensor_type"
-    } | {tensor.data_type for tensor in graph.initializer}
-    floats = types & {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, *_HALF}
-    return _HALF.get(floats.pop()) if len(floats) == 1 else None

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quantcore.graph import NameScope, node_subgraphs
+from quantcore.graph import NameScope, node_subgraphs, rename_reads
 from quantcore.session import open_session
 
 SHAPE_OPS = frozenset({"Shape", "Size"})  # ops whose output reads only the input's shape
@@ -55,20 +55,6 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
             names |= all_names(subgraph)
     names.discard("")
     return names
-
-
-def _rename_in_subgraphs(node: onnx.NodeProto, rename: Mapping[str, str]) -> None:
-    """Apply ``rename`` to every reference inside ``node``'s subgraphs (outer-scope reads)."""
-    for attribute in node.attribute:
-        for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
-            for inner in subgraph.node:
-                for i, name in enumerate(inner.input):
-                    if name in rename:
-                        inner.input[i] = rename[name]
-                _rename_in_subgraphs(inner, rename)
-            for output in subgraph.output:
-                if output.name in rename:
-                    output.name = rename[output.name]
 
 
 def inline_branch(graph: onnx.GraphProto, node: onnx.NodeProto, taken: bool, scope: NameScope) -> int:
@@ -97,13 +83,8 @@ def inline_branch(graph: onnx.GraphProto, node: onnx.NodeProto, taken: bool, sco
         copy = onnx.NodeProto()
         copy.CopyFrom(inner)
         copy.name = scope.fresh(inner.name or f"{node.name}/{inner.op_type}")
-        for i, name in enumerate(copy.input):
-            if name in rename:
-                copy.input[i] = rename[name]
-        for i, name in enumerate(copy.output):
-            if name in rename:
-                copy.output[i] = rename[name]
-        _rename_in_subgraphs(copy, rename)
+        copy.output[:] = [rename.get(name, name) for name in copy.output]
+        rename_reads(copy, rename)
         inlined.append(copy)
     for source, target in identities:
         inlined.append(

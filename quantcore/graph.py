@@ -9,7 +9,7 @@ index -1, so that rewrites never break a subgraph's outer-scope reference.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -24,6 +24,18 @@ def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     for attribute in node.attribute:
         graphs += [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]
     return graphs
+
+
+def rename_reads(node: onnx.NodeProto, renamed: Mapping[str, str]) -> None:
+    """Apply ``renamed`` to every tensor ``node`` reads: its inputs, and inside its subgraphs the inputs
+    of their nodes and the outputs that name an outer tensor (a subgraph's own names never collide with
+    an outer one's, so only outer tensors match)."""
+    node.input[:] = [renamed.get(name, name) for name in node.input]
+    for subgraph in node_subgraphs(node):
+        for inner in subgraph.node:
+            rename_reads(inner, renamed)
+        for output in subgraph.output:
+            output.name = renamed.get(output.name, output.name)
 
 
 def subgraph_references(node: onnx.NodeProto) -> set[str]:

@@ -340,6 +340,7 @@ def quantize(
                 ],
                 "folded_constants": prepared.folded_constants,
                 "renamed_nodes": prepared.renamed_nodes,
+                "widened_from": prepared.widened_from,
             },
             "annotation": calibrated.summary(),
             "calibration": {

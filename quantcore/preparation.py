@@ -11,7 +11,9 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
    is an ``UnsupportedModelError`` (``quantcore.opset``);
 4. initializers also listed as graph inputs (Paddle, old exporters) → treated as constants: removed
    from the inputs (``initializer_inputs``), so folding and weight quantization see them;
-5. give unnamed nodes a name (exclusion patterns and reports speak node names);
+5. give unnamed nodes a name (exclusion patterns and reports speak node names); a float16 or bfloat16
+   model made to compute in float32 inside, its inputs and outputs keeping their type, the Casts at its
+   edges kept float (``quantcore.half_precision``: the rules quantize float32 tensors);
 6. until nothing changes: infer shapes; fold constant subexpressions, including Shape/Size of
    statically shaped tensors and tf2onnx's weight → Transpose/Reshape → Conv chains
    (``quantcore.folding``); inline ``If`` nodes whose condition is now constant
@@ -25,7 +27,8 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
    ``quantcore.attention``): on the sample's run where there is one, else where inference fixed it;
 10. mark nodes that must stay float whatever the platform: normalizations written out, Sqrt(a² + b²)
     magnitudes, powers written as products, recurrent ops, control flow left in the graph (``float_nodes``,
-    ``quantcore.float_regions``), each with its reason; control flow left in place is also a warning.
+    ``quantcore.float_regions``), each with its reason; control flow left in place is also a warning;
+    with the edge Casts of step 5.
 
 The exported QDQ model is this prepared graph plus Q/DQ nodes, so BN stays folded in it.
 """
@@ -43,6 +46,7 @@ import onnx.inliner
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model
 
+from quantcore import half_precision
 from quantcore.attention import attention_positions, attention_products
 from quantcore.branches import fold_constant_branches, fold_sample_branches
 from quantcore.errors import InvalidModelError, UnsupportedModelError
@@ -95,6 +99,7 @@ class PreparedModel:
     initializer_inputs: tuple[str, ...] = ()  # initializers that were also listed as graph inputs
     explicit_pads: tuple[str, ...] = ()  # nodes whose SAME auto_pad became explicit pads
     source_ir_version: int = 0
+    widened_from: str | None = None  # "float16"/"bfloat16": the half type the model computed in (step 5)
     # MatMul name → positions its operand's Softmax distributions span (``quantcore.attention``), where known
     attention_positions: Mapping[str, int] = field(default_factory=dict)
 
@@ -217,6 +222,13 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
 
     initializer_inputs = drop_initializer_inputs(proto.graph)
     renamed = ensure_node_names(proto.graph)
+    widened = half_precision.widen(proto)
+    if widened:
+        warnings.append(
+            f"the model computes in {widened.types}: it was made to compute in float32 inside to be quantized, its "
+            f"inputs and outputs keep their types; the exported model computes in float32 between its Q/DQ "
+            "nodes, and the errors reported are against the float32 computation of its weights"
+        )
     proto, folded_constants, folded_branches = _simplify(proto, sample, warnings)
     explicit_pads = explicit_auto_pad(proto.graph)
     folded = fold_batchnorms(proto)
@@ -232,7 +244,7 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         except Exception as error:  # the check is an aid; a model that can't run fails later, clearly
             warnings.append(f"the prepared model did not run on the sample: {str(error).strip()[:300]}")
     warnings.extend(check_outputs(proto, inferred, actual))
-    reasons = float_regions(proto.graph)
+    reasons = {**float_regions(proto.graph), **(widened.edges if widened else {})}
     for node in proto.graph.node:
         if node.op_type in ("If", "Loop", "Scan") and not any(node.name in w for w in warnings):
             warnings.append(f"{node.op_type} {node.name!r} left in place: {reasons.get(node.name, 'not folded')}")
@@ -249,5 +261,6 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         initializer_inputs=tuple(initializer_inputs),
         explicit_pads=tuple(explicit_pads),
         source_ir_version=source_ir_version,
+        widened_from=widened.types if widened else None,
         attention_positions=attention_positions(products, shapes, default_opset(proto) or MIN_QDQ_OPSET),
     )

@@ -7,7 +7,7 @@ Rewrite (float32 I/O kept, so both engines take the same inputs):
   ONNX wants in float32 (followed back from those inputs through their producers, stopping at
   Shape/Size, whose outputs are integers);
 - a float32 graph input x gets ``Cast(x → x_fp16, FLOAT16)`` in front of its readers, a float32 graph
-  output y is produced as ``y_fp16`` and cast back by ``Cast(y_fp16 → y, FLOAT)``;
+  output y is produced as ``y_fp16`` and cast back by ``Cast(y_fp16 → y, FLOAT)`` (``quantcore.edges``);
 - subgraphs (If/Loop/Scan bodies) are rewritten the same way, their declared float32 inputs and
   outputs becoming float16; the main graph's ``value_info`` is dropped (stale float32 declarations).
 Values beyond ±65504 saturate to ±inf in float16: ``saturated`` counts such initializer elements so the
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
-from quantcore.graph import GraphIndex, NameScope
+from quantcore.edges import cast_edges
+from quantcore.graph import GraphIndex
 
 FLOAT32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}  # (op, input positions) that stay float32
 INTEGER_SOURCES = ("Shape", "Size")  # where the backward walk of a float32 path stops
@@ -101,40 +102,8 @@ def to_float16(model: onnx.ModelProto) -> HalfModel:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
-    scope = NameScope(GraphIndex(graph).used_names())
     counts = _Counts()
     _rewrite(graph, counts, declared_io=False)
-    initializers = {t.name for t in graph.initializer}
-    head, tail = [], []
-    for value in graph.input:
-        if value.name in initializers or value.type.tensor_type.elem_type != TensorProto.FLOAT:
-            continue
-        half_name = scope.fresh(f"{value.name}_fp16")
-        for node in graph.node:
-            for position, name in enumerate(node.input):
-                if name == value.name:
-                    node.input[position] = half_name
-        cast = helper.make_node(
-            "Cast", [value.name], [half_name], name=scope.fresh(f"{value.name}_to_fp16"), to=TensorProto.FLOAT16
-        )
-        head.append(cast)
-    for value in graph.output:
-        if value.type.tensor_type.elem_type != TensorProto.FLOAT:
-            continue
-        half_name = scope.fresh(f"{value.name}_fp16")
-        for node in graph.node:
-            for position, name in enumerate(node.output):
-                if name == value.name:
-                    node.output[position] = half_name
-            for position, name in enumerate(node.input):
-                if name == value.name:
-                    node.input[position] = half_name
-        cast = helper.make_node(
-            "Cast", [half_name], [value.name], name=scope.fresh(f"{value.name}_to_fp32"), to=TensorProto.FLOAT
-        )
-        tail.append(cast)
-    nodes = [*head, *graph.node, *tail]
-    del graph.node[:]
-    graph.node.extend(nodes)
+    cast_edges(graph, {TensorProto.FLOAT}, TensorProto.FLOAT16, "_fp16")
     del graph.value_info[:]
     return HalfModel(model=copy, converted_tensors=counts.converted, saturated=counts.saturated)

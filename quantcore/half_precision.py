@@ -1,0 +1,142 @@
+"""Half-precision models computed in float32 inside, so that they can be quantized.
+
+A model exported in float16 or bfloat16 (``model.half()`` before ``torch.onnx.export``, a converter's
+float16 pass) holds its weights and activations in a type the platform rules do not quantize. ``widen``
+rewrites it to compute in float32 while keeping its interface:
+
+- every half-precision tensor the model stores (initializers, Constant and ConstantOfShape values, other
+  tensor attributes, in subgraphs too) is stored as float32, which holds each of their values exactly;
+- Cast to a half type, and the ``dtype`` of ops that make tensors (EyeLike, RandomNormal, ...), say
+  float32; value_info and subgraph inputs and outputs of a half type become float32;
+- a half-precision graph input is cast to float32 where it enters, a half-precision graph output is cast
+  back from float32 where it leaves: names, element types and shapes stay what the user's code feeds and
+  reads (``quantcore.edges``). These edge Casts stay float (``Widened.edges``): a layer whose result
+  the output Cast reads is the model's last, as if it wrote the output itself;
+- Casts that then convert float32 to float32 (a converter's float32 islands, its casts at the edges) are
+  removed, where shape inference knows their input's type, so that they do not stand between a layer
+  and its quantization.
+
+The exported model then computes in float32 between its Q/DQ nodes, as ONNX Runtime's integer kernels
+need and as TensorRT takes a QDQ model (its builder flags choose float16 for what stays float), and the
+report's errors are against the float32 computation of the model's own weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from quantcore.edges import cast_edges
+from quantcore.graph import GraphIndex, iter_tensors, node_subgraphs, rename_reads
+from quantcore.shapes import infer_shapes
+
+HALF = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+TYPE_ATTRIBUTES = ("to", "dtype")  # Cast's target; the element type of EyeLike, Random*, Bernoulli...
+
+
+@dataclass(frozen=True)
+class Widened:
+    types: str  # the half types the model used: "float16", "bfloat16" or "bfloat16 and float16"
+    edges: dict[str, str]  # edge Cast name → what it does, for the report's node decisions
+
+
+def widen(model: onnx.ModelProto) -> Widened | None:
+    """Rewrite ``model`` (in place) as the module says; None, leaving it untouched, when it uses no half
+    type."""
+    found: set[int] = set()
+    for tensor in iter_tensors(model.graph):
+        if tensor.data_type in HALF:
+            found.add(tensor.data_type)
+            _widen_tensor(tensor)
+    found |= _widen_graph(model.graph, interface=False)
+    casts = cast_edges(model.graph, HALF, TensorProto.FLOAT, "_float32")
+    found |= {cast.elem_type for cast in casts}
+    if not found:
+        return None
+    _remove_identity_casts(model)
+    edges = {
+        cast.node: f"casts the float32 result to the {HALF[cast.elem_type]} output {cast.tensor!r}"
+        if cast.output
+        else f"casts the {HALF[cast.elem_type]} input {cast.tensor!r} to float32"
+        for cast in casts
+    }
+    return Widened(" and ".join(sorted(HALF[t] for t in found)), edges)
+
+
+def _widen_tensor(tensor: TensorProto) -> None:
+    doc_string = tensor.doc_string
+    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name))
+    tensor.doc_string = doc_string
+
+
+def _widen_type(type_proto: onnx.TypeProto) -> set[int]:
+    """Half element types in ``type_proto`` (tensors, and those inside sequences, optionals and maps)
+    set to float32; returns those it had."""
+    kind = type_proto.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        tensor_type = getattr(type_proto, kind)
+        if tensor_type.elem_type in HALF:
+            found = {tensor_type.elem_type}
+            tensor_type.elem_type = TensorProto.FLOAT
+            return found
+        return set()
+    if kind in ("sequence_type", "optional_type"):
+        return _widen_type(getattr(type_proto, kind).elem_type)
+    if kind == "map_type":
+        return _widen_type(type_proto.map_type.value_type)
+    return set()
+
+
+def _widen_graph(graph: onnx.GraphProto, *, interface: bool) -> set[int]:
+    """Type attributes, value_info and (``interface``, a subgraph's) inputs and outputs of ``graph``
+    and its subgraphs set to float32 where they were half; returns the half types met."""
+    found: set[int] = set()
+    values = [*graph.value_info, *(graph.input if interface else ()), *(graph.output if interface else ())]
+    for value_info in values:
+        found |= _widen_type(value_info.type)
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.name in TYPE_ATTRIBUTES and attribute.type == onnx.AttributeProto.INT and attribute.i in HALF:
+                found.add(attribute.i)
+                attribute.i = TensorProto.FLOAT
+            if attribute.HasField("tp"):
+                found |= _widen_type(attribute.tp)
+        for subgraph in node_subgraphs(node):
+            found |= _widen_graph(subgraph, interface=True)
+    return found
+
+
+def _remove_identity_casts(model: onnx.ModelProto) -> None:
+    """Remove main-graph Casts to float32 whose input inference knows to be float32 (the graph's outputs
+    keep theirs: their names are the interface)."""
+    infer_shapes(model)  # the model's value_info replaced by inference's
+    index = GraphIndex(model.graph)
+    identities = {
+        node.output[0]: node.input[0]
+        for node in model.graph.node
+        if node.op_type == "Cast"
+        and _to(node) == TensorProto.FLOAT
+        and index.elem_types.get(node.input[0]) == TensorProto.FLOAT
+        and node.output[0] not in index.graph_outputs
+    }
+    if not identities:
+        return
+    for output, source in identities.items():  # a chain of them reads the first one's input
+        while source in identities:
+            source = identities[source]
+        identities[output] = source
+    kept = [node for node in model.graph.node if not (node.op_type == "Cast" and node.output[0] in identities)]
+    for node in kept:
+        rename_reads(node, identities)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    stale = [v for v in model.graph.value_info if v.name in identities]
+    for value_info in stale:
+        model.graph.value_info.remove(value_info)
+
+
+def _to(node: onnx.NodeProto) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
