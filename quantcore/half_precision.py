@@ -14,7 +14,7 @@ rewrites it to compute in float32 while keeping its interface:
   the output Cast reads is the model's last, as if it wrote the output itself;
 - Casts that then convert float32 to float32 (a converter's float32 islands, its casts at the edges) are
   removed, where shape inference knows their input's type, so that they do not stand between a layer
-  and its quantization.
+  and its quantization; where such a Cast wrote a graph output, the node before it writes the output.
 
 The exported model then computes in float32 between its Q/DQ nodes, as ONNX Runtime's integer kernels
 need and as TensorRT takes a QDQ model (its builder flags choose float16 for what stays float), and the
@@ -110,32 +110,45 @@ def _widen_graph(graph: onnx.GraphProto, *, interface: bool) -> set[int]:
 
 
 def _remove_identity_casts(model: onnx.ModelProto) -> None:
-    """Remove main-graph Casts to float32 whose input inference knows to be float32 (the graph's outputs
-    keep theirs: their names are the interface)."""
+    """Remove main-graph Casts to float32 whose input inference knows to be float32. One that writes a
+    graph output goes too where a node computes its input (not a graph output itself): that node then
+    writes the output under its name."""
     infer_shapes(model)  # the model's value_info replaced by inference's
-    index = GraphIndex(model.graph)
-    identities = {
-        node.output[0]: node.input[0]
-        for node in model.graph.node
+    graph = model.graph
+    index = GraphIndex(graph)
+    identities = [
+        node
+        for node in graph.node
         if node.op_type == "Cast"
         and _to(node) == TensorProto.FLOAT
         and index.elem_types.get(node.input[0]) == TensorProto.FLOAT
-        and node.output[0] not in index.graph_outputs
-    }
-    if not identities:
+    ]
+    sources = {node.output[0]: node.input[0] for node in identities if node.output[0] not in index.graph_outputs}
+
+    def source(name: str) -> str:  # through a chain of them to the first one's input
+        while name in sources:
+            name = sources[name]
+        return name
+
+    writers: dict[str, str] = {}  # a node's result → the graph output it now writes
+    for node in identities:
+        computed, output = source(node.input[0]), node.output[0]
+        written = computed in index.graph_outputs or computed in writers  # an output already: keep the Cast
+        if output in index.graph_outputs and computed in index.producers and not written:
+            writers[computed] = output
+            sources[output] = computed
+    if not sources:
         return
-    for output, source in identities.items():  # a chain of them reads the first one's input
-        while source in identities:
-            source = identities[source]
-        identities[output] = source
-    kept = [node for node in model.graph.node if not (node.op_type == "Cast" and node.output[0] in identities)]
+    renamed = {name: writers.get(source(name), source(name)) for name in [*sources, *writers]}
+    kept = [node for node in graph.node if not (node.op_type == "Cast" and node.output[0] in sources)]
     for node in kept:
-        rename_reads(node, identities)
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    stale = [v for v in model.graph.value_info if v.name in identities]
+        node.output[:] = [writers.get(name, name) for name in node.output]
+        rename_reads(node, renamed)
+    del graph.node[:]
+    graph.node.extend(kept)
+    stale = [v for v in graph.value_info if v.name in renamed]
     for value_info in stale:
-        model.graph.value_info.remove(value_info)
+        graph.value_info.remove(value_info)
 
 
 def _to(node: onnx.NodeProto) -> int | None:
