@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantcore.analysis_config import AccuracyTarget
 from quantcore.annotation import Annotation, annotate
@@ -115,6 +116,7 @@ class TargetRun:
     base: Annotation  # the first run's annotation before calibration
     base_calibrated: Annotation
     base_exported: ExportResult  # the first run's files in out_dir
+    reference: onnx.ModelProto | None = None  # evaluate's, where not the model at model_path
 
 
 def reuse_calibration(base: Annotation, calibrated: Annotation, annotation: Annotation) -> Annotation | None:
@@ -156,6 +158,7 @@ def _step(run: TargetRun, config: QuantizeConfig, target: AccuracyTarget, layers
             step_config,
             labels=run.labels,
             should_cancel=monitor.should_cancel,
+            reference=run.reference,
         )
     value = measure(target, evaluation)
     return Candidate(layers, step_config, calibrated, evaluation, value, target.met(value)), reused

@@ -139,9 +139,12 @@ def evaluate(
     labels: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
+    reference: onnx.ModelProto | None = None,
 ) -> dict[str, Any]:
     """Compare ``qdq_model`` with ``fp32_model`` on ``evaluation`` (``{input: array}``, samples along
-    each input's batch axis, ``quantcore.batching``).
+    each input's batch axis, ``quantcore.batching``). ``reference``: what computes the FP32 outputs in
+    place of ``fp32_model`` (a half-precision model's float32 computation, ``quantcore.half_precision``),
+    with the same inputs and outputs; sizes are still ``fp32_model``'s.
 
     Returns a JSON-ready dict (SQNR etc. may be None, see ``quantcore.metrics``). Raises
     ``InvalidDataError`` if the data or labels don't fit, ``Canceled`` between batches.
@@ -167,7 +170,7 @@ def evaluate(
     deployed_graph = Path(scratch.name) / "deployed.onnx"
     with contextlib.ExitStack() as stack:
         stack.enter_context(scratch)
-        fp32 = stack.enter_context(open_session(fp32_model, device=config.device))
+        fp32 = stack.enter_context(open_session(fp32_model if reference is None else reference, device=config.device))
         exact = stack.enter_context(open_session(qdq_model, device=config.device, exact_qdq=True))
         sessions = {"qdq_exact": exact}
         skipped = fallback = None

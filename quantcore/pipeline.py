@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore import atomic, checkpoint
+from quantcore import atomic, checkpoint, half_precision
 from quantcore.accuracy_target import TargetRun, check_target, reach_target
 from quantcore.analysis import analyze
 from quantcore.annotation import annotate
@@ -62,7 +62,7 @@ from quantcore.errors import UnsupportedModelError
 from quantcore.evaluation import check_labels, evaluate
 from quantcore.memory_plan import plan_memory
 from quantcore.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
-from quantcore.preparation import prepare
+from quantcore.preparation import load_model, prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import export
 from quantcore.reconstruction import reconstruct
@@ -228,15 +228,26 @@ def quantize(
         )
 
     started = stages.begin("evaluate")
-    evaluation_report = evaluate(
-        model_path,
-        exported.model_path,
-        evaluation,
-        config,
-        labels=labels,
-        progress=progress,
-        should_cancel=should_cancel,
-    )
+    # a half-precision model's quantization is measured against its float32 computation: the exported
+    # model computes in float32 between its Q/DQ nodes, and ONNX Runtime may not run the model as given
+    reference = None
+    if prepared.widened_from:
+        reference = load_model(model_path)
+        half_precision.widen(reference)
+
+    def evaluated(qdq_model: Path, run_config: QuantizeConfig, **options: Any) -> dict[str, Any]:
+        return evaluate(
+            model_path,
+            qdq_model,
+            evaluation,
+            run_config,
+            labels=labels,
+            should_cancel=should_cancel,
+            reference=reference,
+            **options,
+        )
+
+    evaluation_report = evaluated(exported.model_path, config, progress=progress)
     verdict = check_parity(evaluation_report)
     parity: dict[str, Any] = {**verdict.to_dict(), "remedy": None, "before_remedy": None}
     remedies = []
@@ -247,9 +258,7 @@ def quantize(
         if rebuilt is not None:
             config, reason = rebuilt
             remedies.append(reason)
-            evaluation_report = evaluate(
-                model_path, exported.model_path, evaluation, config, labels=labels, should_cancel=should_cancel
-            )
+            evaluation_report = evaluated(exported.model_path, config)
             current = check_parity(evaluation_report)
     fix = remedy(config) if current.agree is False else None
     if fix is not None:
@@ -258,15 +267,11 @@ def quantize(
         annotation = annotate(prepared, config)
         calibrated = calibrate(prepared, annotation, calibration_batches, config, should_cancel=should_cancel)
         exported = export(prepared, calibrated, out_dir, platform=config.platform)
-        evaluation_report = evaluate(
-            model_path, exported.model_path, evaluation, config, labels=labels, should_cancel=should_cancel
-        )
+        evaluation_report = evaluated(exported.model_path, config)
     if check_parity(evaluation_report).agree is False:
         isolated = isolate_optimizer(
             config,
-            lambda candidate: evaluate(
-                model_path, exported.model_path, evaluation, candidate, labels=labels, should_cancel=should_cancel
-            ),
+            lambda candidate: evaluated(exported.model_path, candidate),
         )
         if isolated is not None:
             config, evaluation_report = isolated.config, isolated.evaluation
@@ -292,7 +297,16 @@ def quantize(
     if config.target is not None:
         started = stages.begin("target")
         run = TargetRun(
-            model_path, prepared, calibration_batches, evaluation, labels, out_dir, annotation, calibrated, exported
+            model_path,
+            prepared,
+            calibration_batches,
+            evaluation,
+            labels,
+            out_dir,
+            annotation,
+            calibrated,
+            exported,
+            reference,
         )
         ranking = [row["node"] for row in analysis["layers"]]
         outcome = reach_target(run, config, evaluation_report, ranking, progress=progress, should_cancel=should_cancel)
@@ -306,12 +320,15 @@ def quantize(
         started = stages.begin("latency")
         sample = next(iter(evaluation_batches), None)
         latency = cpu_latency(
-            model_path,
+            model_path if reference is None else reference,
             exported.model_path,
             sample=sample,
             disabled_optimizers=config.disabled_optimizers,
             monitor=monitor,
         )
+        if reference is not None:
+            computes = prepared.widened_from
+            latency["notes"].append(f"FP32 is the float32 computation of a model that computes in {computes}")
         stages.end("latency", started, "FP32 vs quantized on the CPU EP")
 
     engine = None

@@ -154,7 +154,7 @@ def feeds_for(
 
 
 def _session(
-    path: str | Path,
+    path: str | Path | bytes,
     threads: int | None,
     level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     disabled_optimizers: Sequence[str] = (),
@@ -165,7 +165,7 @@ def _session(
     if threads is not None:
         options.intra_op_num_threads = threads
     return ort.InferenceSession(
-        str(path),
+        path if isinstance(path, bytes) else str(path),
         sess_options=options,
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(disabled_optimizers),
@@ -191,7 +191,7 @@ def _deployed_session(
 
 
 def cpu_latency(
-    fp32_model_path: str | Path,
+    fp32_model: str | Path | onnx.ModelProto,
     quantized_model_path: str | Path,
     *,
     sample: Mapping[str, np.ndarray] | None = None,
@@ -206,14 +206,17 @@ def cpu_latency(
          "fp32": {"batch_1": summary, "batch_32": summary}, "quantized": {...},
          "speedup_p50": {"batch_1": fp32 p50 / quantized p50, ...}, "notes": [...]}
 
-    (a summary is ``summarize``'s dict). Fixed-batch models: ``batch_sizes`` is ``[their batch]``.
+    (a summary is ``summarize``'s dict). ``fp32_model``: a path, or the model itself where it is not the
+    file as given (a half-precision model's float32 computation, ``quantcore.half_precision``).
+    Fixed-batch models: ``batch_sizes`` is ``[their batch]``.
     ``disabled_optimizers``: ONNX Runtime rewrites the quantized model's session skips, as the deployed
     evaluation does (``QuantizeConfig.disabled_optimizers``). ``monitor``: progress of stage ``latency``
     after each measurement, and cancellation checked before each.
     """
     settings = settings or LatencySettings()
     monitor = monitor or Monitor()
-    specs = input_specs(onnx.load(str(fp32_model_path), load_external_data=False))
+    given = isinstance(fp32_model, onnx.ModelProto)
+    specs = input_specs(fp32_model if given else onnx.load(str(fp32_model), load_external_data=False))
     notes = []
     batches = settings.batch_sizes
     fixed = fixed_batch(specs)
@@ -236,7 +239,7 @@ def cpu_latency(
         "notes": notes,
     }
     sessions = {
-        "fp32": _session(fp32_model_path, settings.threads),
+        "fp32": _session(fp32_model.SerializeToString() if given else fp32_model, settings.threads),
         "quantized": _deployed_session(quantized_model_path, settings.threads, notes, disabled_optimizers),
     }
     measurements = len(batches) * len(sessions)

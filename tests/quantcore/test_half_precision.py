@@ -215,3 +215,48 @@ def test_bfloat16_inside_constants_attributes_and_branches_computes_in_float32()
         (y,) = _run(prepared.model, {"x": x, "flag": np.array(flag)})
         # float32 throughout, as the numpy reference: a few float32 ulps
         np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_bfloat16_model_onnx_runtime_cannot_run_is_quantized_and_measured_in_float32(tmp_path) -> None:
+    """Two bfloat16 MatMuls behind a float32 interface: ONNX Runtime's CPU provider has no bfloat16
+    MatMul, so the model as given cannot be the reference. The job runs through evaluation and CPU
+    latency, both against the model's float32 computation, which the report says."""
+    rng = np.random.default_rng(4)
+    weights = [rng.normal(0, 0.4, (8, 8)).astype(np.float32) for _ in range(2)]
+    stored = [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)]
+    for tensor in stored:  # bfloat16 as the model stores it (ml_dtypes, which onnx's numpy_helper reads)
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype("bfloat16"), tensor.name))
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xb"], name="to_bf16", to=TensorProto.BFLOAT16),
+        helper.make_node("MatMul", ["xb", "w0"], ["h"], name="matmul0"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w1"], ["yb"], name="matmul1"),
+        helper.make_node("Cast", ["yb"], ["y"], name="to_float", to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        stored,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
+        _run(model, {"x": np.zeros((1, 8), np.float32)})
+    onnx.save(model, tmp_path / "bf16.onnx")
+    x = rng.normal(0, 1, (96, 8)).astype(np.float32)
+    config = QuantizeConfig(platform="onnxruntime")
+    result = quantize(tmp_path / "bf16.onnx", {"x": x[:64]}, {"x": x[64:]}, config, tmp_path / "out")
+    report = result.report
+    assert report["prepare"]["widened_from"] == "bfloat16"
+    assert report["evaluation"]["model"]["quantize_linear_nodes"] > 0
+    assert any("float32 computation" in note for note in report["latency"]["cpu"]["notes"])
+    # the reported error is against the float32 computation of the bfloat16 weights (numpy here)
+    w0, w1 = (numpy_helper.to_array(t).astype(np.float32) for t in stored)
+    expected = np.maximum(x[64:] @ w0, 0) @ w1
+    (deployed,) = _run(onnx.load(result.model_path), {"x": x[64:]})
+    error = float(np.sum((deployed.astype(np.float64) - expected) ** 2))
+    sqnr = 10 * np.log10(float(np.sum(expected.astype(np.float64) ** 2)) / error)
+    # float32 rounding of the reference's sums against numpy's: far below the 8-bit error
+    assert report["evaluation"]["qdq_deployed"]["outputs"]["y"]["sqnr_db"] == pytest.approx(sqnr, abs=0.01)
