@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -321,8 +321,11 @@ def split(data: dict[str, np.ndarray], samples: int, axes: dict[str, int | None]
     return halves
 
 
-def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Case]:
-    """The third-party models, each with ``samples`` calibration samples and ``held_out`` others."""
+def real_cases(
+    workdir: Path, samples: int = 16, held_out: int = 64, names: Collection[str] | None = None
+) -> list[Case]:
+    """The third-party models (those of ``names``, if given), each with ``samples`` calibration samples and
+    ``held_out`` others."""
     from bench.dequantized import dequantize
     from bench.sentence_encoder import encoder_inputs, export_encoder
     from quantcore.batching import input_specs
@@ -330,6 +333,8 @@ def real_cases(workdir: Path, samples: int = 16, held_out: int = 64) -> list[Cas
 
     cases = []
     for name, (package, member) in REAL_MODELS.items():
+        if names is not None and name not in names:
+            continue
         root = fetch(package, workdir)
         if root is None or not (root / member).is_file():
             continue

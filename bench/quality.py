@@ -321,11 +321,31 @@ def write_case(case: Case, workdir: Path) -> Path:
     return case_dir
 
 
-def bench_case(case: Case, methods: list[str], workdir: Path, *, latency: bool = False) -> list[dict]:
+def bench_case(
+    case: Case,
+    methods: list[str],
+    workdir: Path,
+    *,
+    latency: bool = False,
+    reference: list[np.ndarray] | None = None,
+) -> list[dict]:
+    """A row per method, and an "fp32" row: the case's model run as it is. ``reference``: the outputs every
+    row is compared with where not that model's own (a float16 conversion against its float32 original,
+    ``bench.half_precision``); the "fp32" row then says what the model as given loses, or why ONNX Runtime
+    cannot run it."""
     case_dir = write_case(case, workdir)
-    reference, _, _ = run_model(case.model_path, case, case.evaluation)
-    _, fp32_calibration_seconds, fp32_calibration_cpu = run_model(case.model_path, case, case.calibration)
-    rows = [{"model": case.name, "method": "fp32", **compare(reference, reference, case)}]
+    row = {"model": case.name, "method": "fp32"}
+    fp32_calibration_seconds = fp32_calibration_cpu = None
+    try:
+        own, _, _ = run_model(case.model_path, case, case.evaluation)
+        _, fp32_calibration_seconds, fp32_calibration_cpu = run_model(case.model_path, case, case.calibration)
+        reference = own if reference is None else reference
+        row.update(compare(reference, own, case))
+    except Exception as error:  # only a given reference can stand in for a model ONNX Runtime cannot run
+        if reference is None:
+            raise
+        row["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
+    rows = [row]
     for method in methods:
         out_dir = case_dir / method
         command = [sys.executable, "-m", "bench.quality", "--worker", method, str(case_dir), str(out_dir)]
@@ -341,7 +361,7 @@ def bench_case(case: Case, methods: list[str], workdir: Path, *, latency: bool =
             quantized, _, _ = run_model(result["output"], case, case.evaluation, result.get("disabled_optimizers"))
             row.update(compare(reference, quantized, case))
             row.update(result)
-            if "calibrate_seconds" in result:  # ort-dynamic has no calibration
+            if "calibrate_seconds" in result and fp32_calibration_seconds:  # ort-dynamic has no calibration
                 row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
                 row["calibration_cpu_ratio"] = result["calibrate_cpu_seconds"] / max(fp32_calibration_cpu, 1e-9)
             if latency:
@@ -419,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown methods {', '.join(unknown)}: choose from {', '.join(METHODS + OBSERVER_METHODS)}")
     wanted = set(args.models.split(",")) if args.models else None
     cases = [] if args.no_zoo else zoo_cases(workdir)
-    cases += [] if args.no_real else real_cases(workdir, args.calibration_samples, args.evaluation_samples)
+    cases += [] if args.no_real else real_cases(workdir, args.calibration_samples, args.evaluation_samples, wanted)
     cases += large_cases(workdir) if args.large else []
     rows = []
     for case in cases:
