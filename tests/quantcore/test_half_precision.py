@@ -28,14 +28,14 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
     return session.run(None, feeds)
 
 
-def _rounded_weights(model: onnx.ModelProto, dtype=np.float16) -> onnx.ModelProto:
-    """``model`` with each float32 initializer rounded to ``dtype`` and back: the float32 computation of
-    the weights a half-precision copy of it holds."""
+def _rounded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each float32 initializer rounded to float16 and back: the float32 computation of
+    the weights a float16 copy of it holds."""
     rounded = onnx.ModelProto()
     rounded.CopyFrom(model)
     for tensor in rounded.graph.initializer:
         if tensor.data_type == TensorProto.FLOAT:
-            array = numpy_helper.to_array(tensor).astype(dtype).astype(np.float32)
+            array = numpy_helper.to_array(tensor).astype(np.float16).astype(np.float32)
             tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
     return rounded
 
