@@ -101,6 +101,12 @@ class Preparation(_Section):
     folded_batchnorms: list[FoldedBatchNorm]
     folded_constants: int
     renamed_nodes: int
+    widened_from: Literal["float16", "bfloat16", "bfloat16 and float16"] | None = Field(
+        None,
+        description="The half-precision type(s) the model computed in, made to compute in float32 inside to be "
+        "quantized (its inputs and outputs keep their types; errors are against its float32 computation); null "
+        "for a float32 model.",
+    )
 
 
 class NodeDecision(_Section):
