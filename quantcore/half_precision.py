@@ -18,12 +18,16 @@ rewrites it to compute in float32 while keeping its interface:
 
 The exported model then computes in float32 between its Q/DQ nodes, as ONNX Runtime's integer kernels
 need and as TensorRT takes a QDQ model (its builder flags choose float16 for what stays float), and the
-report's errors are against the float32 computation of the model's own weights.
+report's errors are against the float32 computation of the model's own weights. ``given_model_cost``
+says, for the report, how far the model as given (ONNX Runtime running it in its half precision) is from
+that computation on one batch, or that ONNX Runtime cannot run it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -31,6 +35,7 @@ from onnx import TensorProto, numpy_helper
 
 from quantcore.edges import cast_edges
 from quantcore.graph import GraphIndex, iter_tensors, node_subgraphs, rename_reads
+from quantcore.session import open_session
 from quantcore.shapes import infer_shapes
 
 HALF = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
@@ -153,3 +158,32 @@ def _remove_identity_casts(model: onnx.ModelProto) -> None:
 
 def _to(node: onnx.NodeProto) -> int | None:
     return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def given_model_cost(
+    model_path: str | Path, reference: onnx.ModelProto, batch: Mapping[str, np.ndarray], types: str
+) -> str:
+    """A report warning: how far the model as given, run by ONNX Runtime in ``types``, is from
+    ``reference`` (the float32 computation ``widen`` made of it) on ``batch``, as the SQNR of each float
+    output; or why ONNX Runtime could not run it."""
+    with open_session(reference) as session:
+        names = [output.name for output in session.get_outputs()]
+        expected = session.run(names, dict(batch))
+    try:
+        with open_session(model_path) as session:
+            given = session.run(names, dict(batch))
+    except Exception as error:  # ONNX Runtime's errors have no common type
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        return f"ONNX Runtime cannot run the model as given, in {types} ({reason}): only its float32 computation is run"
+    figures = []
+    for name, x, y in zip(names, expected, given, strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if not np.issubdtype(x.dtype, np.floating):
+            continue
+        noise = float(np.sum((x.astype(np.float64) - y.astype(np.float64)) ** 2))
+        signal = float(np.sum(x.astype(np.float64) ** 2))
+        figures.append(f"{name!r} {10 * np.log10(signal / noise):.1f} dB" if noise > 0 else f"{name!r} exact")
+    return (
+        f"on the first calibration batch, the model as given (ONNX Runtime, in {types}) differs from its float32 "
+        f"computation by an SQNR of {', '.join(figures)}"
+    )

@@ -230,10 +230,13 @@ def quantize(
     started = stages.begin("evaluate")
     # a half-precision model's quantization is measured against its float32 computation: the exported
     # model computes in float32 between its Q/DQ nodes, and ONNX Runtime may not run the model as given
-    reference = None
+    reference, reference_notes = None, []
     if prepared.widened_from:
         reference = load_model(model_path)
         half_precision.widen(reference)
+        if sample is not None:
+            given = half_precision.given_model_cost(model_path, reference, sample, prepared.widened_from)
+            reference_notes.append(given)
 
     def evaluated(qdq_model: Path, run_config: QuantizeConfig, **options: Any) -> dict[str, Any]:
         return evaluate(
@@ -380,6 +383,7 @@ def quantize(
                 *calibrated.warnings,
                 *(reconstruction.warnings if reconstruction is not None else ()),
                 *exported.warnings,
+                *reference_notes,
                 *analysis_warnings,
             ],
         }
