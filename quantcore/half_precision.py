@@ -183,7 +183,7 @@ def given_model_cost(
         noise = float(np.sum((x.astype(np.float64) - y.astype(np.float64)) ** 2))
         signal = float(np.sum(x.astype(np.float64) ** 2))
         figures.append(f"{name!r} {10 * np.log10(signal / noise):.1f} dB" if noise > 0 else f"{name!r} exact")
-    return (
-        f"on the first calibration batch, the model as given (ONNX Runtime, in {types}) differs from its float32 "
-        f"computation by an SQNR of {', '.join(figures)}"
+    differs = (
+        f"differs from its float32 computation by an SQNR of {', '.join(figures)}" if figures else "has no float output"
     )
+    return f"on the first calibration batch, the model as given (ONNX Runtime, in {types}) {differs}"
