@@ -35,6 +35,7 @@ from onnx import TensorProto, numpy_helper
 
 from quantcore.edges import cast_edges
 from quantcore.graph import GraphIndex, iter_tensors, node_subgraphs, rename_reads
+from quantcore.metrics import OutputAgreement
 from quantcore.session import open_session
 from quantcore.shapes import infer_shapes
 
@@ -177,12 +178,16 @@ def given_model_cost(
         return f"ONNX Runtime cannot run the model as given, in {types} ({reason}): only its float32 computation is run"
     figures = []
     for name, x, y in zip(names, expected, given, strict=True):
-        x, y = np.asarray(x), np.asarray(y)
-        if not np.issubdtype(x.dtype, np.floating):
+        agreement = OutputAgreement(argmax=False)
+        agreement.update(x, y)
+        result = agreement.result()
+        if result["comparison"] != "numeric":
             continue
-        noise = float(np.sum((x.astype(np.float64) - y.astype(np.float64)) ** 2))
-        signal = float(np.sum(x.astype(np.float64) ** 2))
-        figures.append(f"{name!r} {10 * np.log10(signal / noise):.1f} dB" if noise > 0 else f"{name!r} exact")
+        if result["nonfinite"]:
+            figures.append(f"{name!r} {result['nonfinite']} non-finite values")
+        else:
+            sqnr = result["sqnr_db"]
+            figures.append(f"{name!r} exact" if sqnr is None else f"{name!r} {sqnr:.1f} dB")
     differs = (
         f"differs from its float32 computation by an SQNR of {', '.join(figures)}" if figures else "has no float output"
     )

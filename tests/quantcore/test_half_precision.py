@@ -42,6 +42,14 @@ def _rounded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return rounded
 
 
+def _model(nodes: list[onnx.NodeProto], inputs, outputs, initializers) -> onnx.ModelProto:
+    """A hand-built opset-17 model."""
+    graph = helper.make_graph(nodes, "bf16", inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
 def _types(model: onnx.ModelProto) -> list[tuple[str, int]]:
     return [(v.name, v.type.tensor_type.elem_type) for v in [*model.graph.input, *model.graph.output]]
 
@@ -199,9 +207,8 @@ def test_bfloat16_inside_constants_attributes_and_branches_computes_in_float32()
         ),
         helper.make_node("Cast", ["picked"], ["y"], name="to_float", to=TensorProto.FLOAT),
     ]
-    graph = helper.make_graph(
+    model = _model(
         nodes,
-        "bf16",
         [
             helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
             helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
@@ -209,8 +216,6 @@ def test_bfloat16_inside_constants_attributes_and_branches_computes_in_float32()
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
         [bf16("w", weight)],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
     prepared = prepare(model)
     assert prepared.widened_from == "bfloat16"
     assert not list(_half_types_inside(prepared.model.graph))
@@ -243,15 +248,12 @@ def test_a_bfloat16_model_onnx_runtime_cannot_run_is_quantized_and_measured_in_f
         helper.make_node("MatMul", ["r", "w1"], ["yb"], name="matmul1"),
         helper.make_node("Cast", ["yb"], ["y"], name="to_float", to=TensorProto.FLOAT),
     ]
-    graph = helper.make_graph(
+    model = _model(
         nodes,
-        "bf16",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
         stored,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
     with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
         _run(model, {"x": np.zeros((1, 8), np.float32)})
     onnx.save(model, tmp_path / "bf16.onnx")
