@@ -4,7 +4,11 @@ same calibration data, in one run. Not a test; prints a Markdown table (see benc
 Per model and method, measured on the exported model run by ONNX Runtime's CPU EP with its integer
 kernels (what a user deploys), against the FP32 model on held-out samples:
 
-- SQNR (dB) of the first output, 10·log10(sum y² / sum (y - ŷ)²), and its cosine similarity;
+- SQNR (dB) of the first output, 10·log10(sum y² / sum (y - ŷ)²), with its 95 % bootstrap interval over
+  the held-out samples, and its cosine similarity; on quantcore's rows, the difference to the best
+  ``quantize_static`` method's SQNR with its paired 95 % interval, and whether that interval excludes zero
+  (``bench.significance``: with 8 held-out samples, or outputs near zero on most samples, tenths of a dB
+  between two methods may be noise);
 - the task metric where there is one (top-1 accuracy where labels exist; captcha-ocr: the share of texts
   read exactly, case aside), and argmax agreement with FP32 over the last axis;
 - quantization wall time (every stage but evaluation, the layer-wise analysis and the deployment
@@ -89,6 +93,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.cases import Case, large_cases, real_cases, zoo_cases
+from bench.significance import difference_interval, sample_energies, sqnr_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = (
@@ -252,6 +257,16 @@ def _batches(case: Case, arrays: dict[str, np.ndarray]):
     return Batches(arrays, specs, BATCH_SIZE, what="bench")
 
 
+def batch_samples(case: Case, arrays: dict[str, np.ndarray]) -> list[int]:
+    """Samples in each of ``_batches(case, arrays)``, in order (a batched input's length on its batch axis)."""
+    batches = _batches(case, arrays)
+    batched = [s for s in batches.specs if s.batch_axis is not None]
+    if not batched:  # every input constant: each batch is one sample
+        return [1 for _ in batches]
+    spec = batched[0]
+    return [batch[spec.name].shape[spec.batch_axis] for batch in batches]
+
+
 def run_model(
     path: str | Path, case: Case, arrays: dict[str, np.ndarray], disabled_optimizers: list[str] | None = None
 ) -> tuple[list[np.ndarray], float, float]:
@@ -277,13 +292,18 @@ def run_model(
     return outputs, time.perf_counter() - started, time.process_time() - cpu_started
 
 
-def compare(reference: list[np.ndarray], quantized: list[np.ndarray], case: Case) -> dict:
+def compare(
+    reference: list[np.ndarray], quantized: list[np.ndarray], case: Case, samples: list[int]
+) -> tuple[dict, np.ndarray]:
+    """The row's metrics, and each held-out sample's noise energy (``bench.significance``)."""
     y = np.concatenate([r.reshape(-1) for r in reference])
     y_hat = np.concatenate([q.reshape(-1) for q in quantized])
     noise = float(np.sum((y - y_hat) ** 2))
     sqnr = 10 * np.log10(float(np.sum(y**2)) / noise) if noise > 0 else float("inf")
     cosine = float(y @ y_hat / (np.linalg.norm(y) * np.linalg.norm(y_hat) + 1e-30))
-    metrics = {"sqnr": sqnr, "cosine": cosine}
+    signal, noises = sample_energies(reference, quantized, samples)
+    spread = sqnr_interval(signal, noises)
+    metrics = {"sqnr": sqnr, "sqnr_low": spread.low, "sqnr_high": spread.high, "cosine": cosine}
     if reference[0].ndim >= 2 and reference[0].shape[-1] > 1:
         agree = [np.argmax(r, -1) == np.argmax(q, -1) for r, q in zip(reference, quantized, strict=True)]
         metrics["argmax_agreement"] = float(np.mean(np.concatenate([a.reshape(-1) for a in agree])))
@@ -292,7 +312,21 @@ def compare(reference: list[np.ndarray], quantized: list[np.ndarray], case: Case
         metrics["task"] = float(np.mean(predictions == case.labels[: len(predictions)]))
     if case.task is not None:
         metrics["task"] = case.task(quantized)
-    return metrics
+    return metrics, noises
+
+
+def against_best_static(rows: list[dict], noises: dict[str, np.ndarray], signal: np.ndarray) -> None:
+    """On each quantcore row, ``vs_static``: its SQNR minus that of the best ``quantize_static`` method of
+    the same model (the highest SQNR among those that produced a model), with the paired 95 % bootstrap
+    interval over the held-out samples and whether it excludes zero (``bench.significance``)."""
+    static = [r for r in rows if r["method"] in ORT_METHODS and "error" not in r and r.get("quantize_nodes")]
+    if not static:
+        return
+    best = max(static, key=lambda r: r["sqnr"])
+    for row in rows:  # not where quantcore left the model float (no QuantizeLinear: nothing to compare)
+        if row["method"].startswith("quantcore") and row["method"] in noises and row.get("quantize_nodes"):
+            difference = difference_interval(signal, noises[row["method"]], noises[best["method"]])
+            row["vs_static"] = f"{difference} {difference.verdict} ({best['method'].removeprefix('ort-')})"
 
 
 def speedup(case: Case, row: dict) -> str:
@@ -336,11 +370,13 @@ def bench_case(
     case_dir = write_case(case, workdir)
     row = {"model": case.name, "method": "fp32"}
     fp32_calibration_seconds = fp32_calibration_cpu = None
+    samples = batch_samples(case, case.evaluation)
+    noises: dict[str, np.ndarray] = {}  # method -> each held-out sample's noise energy
     try:
         own, _, _ = run_model(case.model_path, case, case.evaluation)
         _, fp32_calibration_seconds, fp32_calibration_cpu = run_model(case.model_path, case, case.calibration)
         reference = own if reference is None else reference
-        row.update(compare(reference, own, case))
+        row.update(compare(reference, own, case, samples)[0])
     except Exception as error:  # only a given reference can stand in for a model ONNX Runtime cannot run
         if reference is None:
             raise
@@ -359,7 +395,8 @@ def bench_case(
                 continue
             result = json.loads(lines[-1])
             quantized, _, _ = run_model(result["output"], case, case.evaluation, result.get("disabled_optimizers"))
-            row.update(compare(reference, quantized, case))
+            metrics, noises[method] = compare(reference, quantized, case, samples)
+            row.update(metrics)
             row.update(result)
             if "calibrate_seconds" in result and fp32_calibration_seconds:  # ort-dynamic has no calibration
                 row["calibration_ratio"] = result["calibrate_seconds"] / max(fp32_calibration_seconds, 1e-9)
@@ -371,14 +408,16 @@ def bench_case(
         except Exception as error:  # a quantized model that doesn't run is a result, not a crash
             row["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
         rows.append(row)
+    if reference is not None:
+        against_best_static(rows, noises, sample_energies(reference, reference, samples)[0])
     return rows
 
 
 def table(rows: list[dict]) -> str:
     header = (
-        "| model | method | SQNR dB | cosine | task | argmax agree | Q nodes | quant s | calib/FP32 | CPU calib/FP32 "
-        "| peak MB | +MB | speedup b1 / b32 | rewrites off |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| model | method | SQNR dB | 95 % | vs best static: dB, 95 % | cosine | task | argmax agree | Q nodes "
+        "| quant s | calib/FP32 | CPU calib/FP32 | peak MB | +MB | speedup b1 / b32 | rewrites off |\n"
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     )
     lines = [header]
 
@@ -387,10 +426,12 @@ def table(rows: list[dict]) -> str:
 
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||||||")
+            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||||||||")
             continue
+        spread = f"{row['sqnr_low']:.1f} to {row['sqnr_high']:.1f}" if np.isfinite(row.get("sqnr", np.inf)) else ""
         lines.append(
-            f"| {row['model']} | {row['method']} | {number(row, 'sqnr', '.1f')} | {number(row, 'cosine', '.5f')} | "
+            f"| {row['model']} | {row['method']} | {number(row, 'sqnr', '.1f')} | {spread} | "
+            f"{row.get('vs_static', '')} | {number(row, 'cosine', '.5f')} | "
             f"{number(row, 'task', '.3f')} | {number(row, 'argmax_agreement', '.3f')} | "
             f"{number(row, 'quantize_nodes', 'd')} | "
             f"{number(row, 'wall_seconds', '.2f')} | {number(row, 'calibration_ratio', '.1f')} | "
