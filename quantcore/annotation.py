@@ -237,6 +237,7 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
     platform = PLATFORMS[config.platform]
     state = _Builder(prepared, config)
     float_nodes = {**getattr(prepared, "float_nodes", {}), **long_attention(prepared, platform, config)}
+    empty = getattr(prepared, "empty_tensors", frozenset())  # no element to take a range from: never quantized
     boundary = boundary_layers(state.graph, config) if platform.boundary_bits is not None else set()
 
     for node in state.graph.node:
@@ -267,13 +268,14 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
         for request in requests:
             if isinstance(request, BiasRequest):
                 continue
+            name = node.output[request.index] if request.output else node.input[request.index]
+            if name in empty:
+                continue
             if request.output:
-                name = node.output[request.index]
                 uses = state.readers(name, float_nodes)
                 if uses and state.accept(node, name, request.config, uses, f"output {request.index}"):
                     accepted.append(request)
             else:
-                name = node.input[request.index]
                 if state.accept(node, name, request.config, [NodeInput(node.name, request.index)], "input"):
                     accepted.append(request)
         quantized_inputs = {node.input[r.index] for r in accepted if isinstance(r, QuantRequest) and not r.output}

@@ -25,10 +25,13 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
    declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.shapes``);
    measure how many positions each attention's probabilities span (``attention_positions``,
    ``quantcore.attention``): on the sample's run where there is one, else where inference fixed it;
+   list the float tensors inference gives a dimension of 0 (``empty_tensors``: a padding of length 0,
+   say): they hold no element to take a range from, and ONNX Runtime 1.32's integer kernels crash the
+   process on some (a QLinearMul on a (2, 0, 1) tensor, run on two threads), so no rule quantizes them;
 10. mark nodes that must stay float whatever the platform: normalizations written out, Sqrt(a² + b²)
     magnitudes, powers written as products, recurrent ops, control flow left in the graph (``float_nodes``,
     ``quantcore.float_regions``), each with its reason; control flow left in place is also a warning;
-    with the edge Casts of step 5.
+    with the edge Casts of step 5, and the nodes whose float outputs are all empty (step 9).
 
 The exported QDQ model is this prepared graph plus Q/DQ nodes, so BN stays folded in it.
 """
@@ -62,7 +65,7 @@ from quantcore.folding import (
 from quantcore.graph import default_opset, ensure_node_names, external_locations
 from quantcore.opset import MIN_QDQ_OPSET, lower_ir_version, upgrade_opset
 from quantcore.padding import explicit_auto_pad
-from quantcore.shapes import check_outputs, infer_shapes, runtime_outputs
+from quantcore.shapes import check_outputs, empty_outputs, infer_shapes, runtime_outputs
 from quantcore.validate import check_external_data
 
 MAX_FOLD_ROUNDS = 8  # shape inference / constant folding / If inlining rounds (nested Ifs need several)
@@ -102,6 +105,8 @@ class PreparedModel:
     widened_from: str | None = None  # "float16"/"bfloat16": the half type the model computed in (step 5)
     # MatMul name → positions its operand's Softmax distributions span (``quantcore.attention``), where known
     attention_positions: Mapping[str, int] = field(default_factory=dict)
+    # float tensors with a dimension of 0 whatever the inputs (step 9): no rule quantizes them
+    empty_tensors: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "float_nodes", MappingProxyType(dict(self.float_nodes)))
@@ -244,7 +249,8 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         except Exception as error:  # the check is an aid; a model that can't run fails later, clearly
             warnings.append(f"the prepared model did not run on the sample: {str(error).strip()[:300]}")
     warnings.extend(check_outputs(proto, inferred, actual))
-    reasons = {**float_regions(proto.graph), **(widened.edges if widened else {})}
+    empty = empty_outputs(proto.graph)
+    reasons = {**_empty_nodes(proto.graph, empty), **float_regions(proto.graph), **(widened.edges if widened else {})}
     for node in proto.graph.node:
         if node.op_type in ("If", "Loop", "Scan") and not any(node.name in w for w in warnings):
             warnings.append(f"{node.op_type} {node.name!r} left in place: {reasons.get(node.name, 'not folded')}")
@@ -263,4 +269,16 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         source_ir_version=source_ir_version,
         widened_from=widened.types if widened else None,
         attention_positions=attention_positions(products, shapes, default_opset(proto) or MIN_QDQ_OPSET),
+        empty_tensors=frozenset(empty),
     )
+
+
+def _empty_nodes(graph: onnx.GraphProto, empty: Mapping[str, list]) -> dict[str, str]:
+    """Node name → reason, for the nodes all of whose outputs are in ``empty``: they compute nothing."""
+    reasons = {}
+    for node in graph.node:
+        outputs = [name for name in node.output if name]
+        if outputs and all(name in empty for name in outputs):
+            shapes = ", ".join(f"{name} {empty[name]}" for name in outputs)
+            reasons[node.name] = f"output with no element ({shapes}): nothing to quantize"
+    return reasons

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, shape_inference
+from onnx import TensorProto, helper, shape_inference
 
 from quantcore.protobuf import skeleton
 from quantcore.session import open_session
@@ -72,6 +72,24 @@ def _conflicts(declared: list, actual: list) -> bool:
     if len(declared) != len(actual):
         return True
     return any(isinstance(d, int) and isinstance(a, int) and d != a for d, a in zip(declared, actual, strict=True))
+
+
+FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+
+
+def empty_outputs(graph: onnx.GraphProto) -> dict[str, list[int | str | None]]:
+    """The float outputs of ``graph``'s nodes that ``value_info`` (shape inference's, data propagation
+    included) or the graph outputs give a dimension of 0, whatever the inputs: tensor → its dimensions.
+    Such a tensor holds no element (a padding of length 0, a slice past the end)."""
+    typed = [v for v in (*graph.value_info, *graph.output) if v.type.HasField("tensor_type")]
+    declared = {v.name: v for v in typed if v.type.tensor_type.elem_type in FLOAT_TYPES}
+    empty = {}
+    for node in graph.node:
+        for name in node.output:
+            dims = _dims(declared[name]) if name in declared else None
+            if dims is not None and 0 in dims:
+                empty[name] = dims
+    return empty
 
 
 def runtime_outputs(
