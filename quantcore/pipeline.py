@@ -11,7 +11,10 @@ skipped at once).
 ``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
 quantized tensor's and each layer's error, where the machine has the memory it needs
 (``quantcore.memory_plan``, priced after ``prepare``: otherwise the report's analysis is null and a
-warning says why; a run that would not fit at all is refused there);
+warning says why; a run that would not fit at all is refused there). It is a diagnosis, run on models
+of its own (switchable, gated, twin: ``quantcore.analysis_switch``): when ONNX Runtime or quantcore fails
+on those, the run goes on without it, its report's analysis null and a warning naming the error, unless
+a ``target`` needs its ranking;
 ``target`` runs only with ``config.target`` (``quantcore.accuracy_target``): it keeps the most harmful
 layers in float until the target is met and replaces the exported files with the model kept;
 ``report["target"]["met"]`` says whether it was.
@@ -58,7 +61,7 @@ from quantcore.clip_search import MIN_SAMPLES, choose_clip
 from quantcore.config import QuantizeConfig
 from quantcore.engine import EngineResult, build_engine, cpu_latency
 from quantcore.engine.profiles import observed_shapes
-from quantcore.errors import UnsupportedModelError
+from quantcore.errors import Canceled, QuantcoreError, UnsupportedModelError
 from quantcore.evaluation import check_labels, evaluate
 from quantcore.memory_plan import plan_memory
 from quantcore.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
@@ -68,6 +71,7 @@ from quantcore.qdq import export
 from quantcore.reconstruction import reconstruct
 from quantcore.report import REPORT_FORMAT, jsonable
 from quantcore.report_html import HTML_FILE, render_html
+from quantcore.session import RUNTIME_ERRORS
 
 STAGES = (
     "prepare",
@@ -83,6 +87,15 @@ STAGES = (
     "engine",
 )
 REPORT_FILE = "report.json"
+
+
+def analysis_failure(error: Exception) -> str:
+    """The warning for an analysis that failed: what is missing, what is not, and the error's first line."""
+    message = (str(error).strip().splitlines() or [""])[0][:300]
+    return (
+        "the analysis failed, so the report has no per-tensor or per-layer errors (the exported model and its "
+        f"evaluation are unaffected): {type(error).__name__}: {message}"
+    )
 
 
 @dataclass(frozen=True)
@@ -292,8 +305,16 @@ def quantize(
     if config.analysis.enabled or config.target is not None:  # the target search needs the ranking
         started = stages.begin("analyze")
         if memory.skip is None:
-            analysis = analyze(prepared, calibrated, evaluation, config, monitor=monitor, cones=memory.cones)
-            stages.end("analyze", started, analysis["layerwise"]["statement"])
+            try:
+                analysis = analyze(prepared, calibrated, evaluation, config, monitor=monitor, cones=memory.cones)
+            except (QuantcoreError, *RUNTIME_ERRORS) as error:
+                if isinstance(error, Canceled) or config.target is not None:
+                    raise
+                failure = analysis_failure(error)
+                analysis_warnings.append(failure)
+                stages.end("analyze", started, failure)
+            else:
+                stages.end("analyze", started, analysis["layerwise"]["statement"])
         else:
             analysis_warnings.append(memory.skip)
             stages.end("analyze", started, memory.skip)

@@ -24,6 +24,13 @@ from quantcore.protobuf import fits_in_protobuf, skeleton
 # of 0.994, measured; its ClipQuantRewrite refuses a Clip before an int4/uint4 QuantizeLinear), and
 # exact arithmetic needs none of them.
 EXACT_OPTIMIZATION = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+# every exception ONNX Runtime's Python binding raises (Fail, InvalidArgument, InvalidGraph, ...): plain
+# Exception subclasses of its own module, which share no base class to catch them by
+RUNTIME_ERRORS: tuple[type[Exception], ...] = tuple(
+    value
+    for value in vars(ort.capi.onnxruntime_pybind11_state).values()
+    if isinstance(value, type) and issubclass(value, Exception)
+)
 
 
 def providers_for(device: str) -> list[str]:
