@@ -286,12 +286,15 @@ def claim_job(
     if dead_owner and job.claimed_by:
         condition = or_(condition, and_(Job.status == JobStatus.running, Job.claimed_by == job.claimed_by))
     if job.attempts >= max_attempts:
+        # where the last attempt was when its process died: a job whose every attempt kills its worker at
+        # the same stage (a native crash in a library) says so
+        where = f" (the last attempt during stage {job.stage!r})" if job.stage else ""
         failed = _transition(
             session=session,
             job_id=job_id,
             allowed=(JobStatus.queued, JobStatus.running),
             status=JobStatus.failed,
-            values={"finished_at": now, "error": f"worker lost {job.attempts} times; giving up"},
+            values={"finished_at": now, "error": f"worker lost {job.attempts} times{where}; giving up"},
             extra=condition,
         )
         if failed:
