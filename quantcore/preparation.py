@@ -22,7 +22,9 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
 7. ``auto_pad`` SAME_UPPER/SAME_LOWER → explicit pads (``quantcore.padding``);
 8. fold BatchNormalization into Conv/ConvTranspose/Gemm;
 9. infer shapes (a failure is tolerated and recorded in ``warnings``); correct graph-output
-   declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.shapes``);
+   declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.shapes``); a
+   sample the model as given cannot run on either (a dimension declared symbolic that its weights fix)
+   is an ``InvalidDataError`` naming the arrays and ONNX Runtime's reason;
    measure how many positions each attention's probabilities span (``attention_positions``,
    ``quantcore.attention``): on the sample's run where there is one, else where inference fixed it;
    list the float tensors inference gives a dimension of 0 (``empty_tensors``: a padding of length 0,
@@ -52,7 +54,7 @@ from onnx.external_data_helper import load_external_data_for_model
 from quantcore import half_precision
 from quantcore.attention import attention_positions, attention_products
 from quantcore.branches import fold_constant_branches, fold_sample_branches
-from quantcore.errors import InvalidModelError, UnsupportedModelError
+from quantcore.errors import InvalidDataError, InvalidModelError, QuantcoreError, UnsupportedModelError
 from quantcore.float_regions import float_regions
 from quantcore.folding import (
     FoldedBatchNorm,
@@ -65,6 +67,7 @@ from quantcore.folding import (
 from quantcore.graph import default_opset, ensure_node_names, external_locations
 from quantcore.opset import MIN_QDQ_OPSET, lower_ir_version, upgrade_opset
 from quantcore.padding import explicit_auto_pad
+from quantcore.session import RUNTIME_ERRORS, open_session, runtime_message
 from quantcore.shapes import check_outputs, empty_outputs, infer_shapes, runtime_outputs
 from quantcore.validate import check_external_data
 
@@ -193,12 +196,33 @@ def _inline_functions(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     return inlined, f"{len(names)} model-local function(s) inlined so that their nodes can be quantized: {listed}"
 
 
+def _check_runs_as_given(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> None:
+    """Raises ``InvalidDataError`` when ONNX Runtime loads the model as given but fails to run it on
+    ``sample``: the data does not fit the model (a dimension its declaration leaves symbolic, but its
+    weights fix), so the prepared model's failure on it is not the preparation's. A model ONNX Runtime
+    cannot load as given (one that preparation makes loadable) tells nothing; nor does one that runs."""
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {i.name: np.asarray(sample[i.name]) for i in model.graph.input if i.name not in initializers}
+    try:
+        with open_session(model, spinning=False) as session:
+            session.run(None, feeds)
+    except QuantcoreError:  # not loadable as given
+        return
+    except RUNTIME_ERRORS as error:
+        given = ", ".join(f"{name!r} {array.dtype} {tuple(array.shape)}" for name, array in feeds.items())
+        raise InvalidDataError(
+            f"the data does not fit the model: ONNX Runtime fails to run the model as given on it ({given}): "
+            f"{runtime_message(error)}"
+        ) from error
+
+
 def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndarray] | None = None) -> PreparedModel:
     """Load (if given a path) and prepare a model; see the module docstring for the steps.
 
     sample: optional, one batch of every graph input (``{name: array}``, e.g. the first calibration
     batch). With it, Ifs whose condition depends on the data only through shapes or non-float
-    inputs are folded for that data, and graph-output declarations are checked against ONNX Runtime.
+    inputs are folded for that data, and graph-output declarations are checked against ONNX Runtime; a
+    sample that the model as given does not run on either raises ``InvalidDataError``.
     """
     source_path = None
     if isinstance(model, onnx.ModelProto):
@@ -247,6 +271,8 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
             actual, measured = runtime_outputs(proto, sample, sorted({s.output[0] for s in products.values()}))
             shapes.update(measured)
         except Exception as error:  # the check is an aid; a model that can't run fails later, clearly
+            if isinstance(error, RUNTIME_ERRORS):
+                _check_runs_as_given(model if source_path is None else load_model(source_path), sample)
             warnings.append(f"the prepared model did not run on the sample: {str(error).strip()[:300]}")
     warnings.extend(check_outputs(proto, inferred, actual))
     empty = empty_outputs(proto.graph)

@@ -9,6 +9,7 @@ Models under 2 GB go to ONNX Runtime as bytes. A bigger one goes as its skeleton
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -31,6 +32,22 @@ RUNTIME_ERRORS: tuple[type[Exception], ...] = tuple(
     for value in vars(ort.capi.onnxruntime_pybind11_state).values()
     if isinstance(value, type) and issubclass(value, Exception)
 )
+
+# what ONNX Runtime's messages wrap around the reason: "[ONNXRuntimeError] : 1 : FAIL : ", and for a
+# failed check the source location and the condition ("/onnxruntime_src/...h:563 void f(...) x == 1 was
+# false. ")
+_RUNTIME_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_NODE_FAILURE = re.compile(r"Non-zero status code returned while running (\S+) node\. Name:'([^']*)' Status Message: ")
+_FAILED_CHECK = re.compile(r"\S+:\d+ [^\n]*? was false\. ")
+
+
+def runtime_message(error: Exception, limit: int = 400) -> str:
+    """ONNX Runtime's error, for people: its code prefix and the source location of a failed check
+    dropped, the failing node named ("Mul node 'bn_mul': Attempting to broadcast an axis by a dimension
+    other than 1. 3 by 16"); at most ``limit`` characters."""
+    text = _RUNTIME_PREFIX.sub("", str(error).strip())
+    text = _NODE_FAILURE.sub(lambda m: f"{m[1]} node {m[2]!r}: ", text)
+    return _FAILED_CHECK.sub("", text)[:limit]
 
 
 def providers_for(device: str) -> list[str]:

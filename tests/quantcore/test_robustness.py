@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantcore import PLATFORMS, QuantizeConfig, annotate, prepare, quantize
+from quantcore import PLATFORMS, InvalidDataError, QuantizeConfig, annotate, preparation, prepare, quantize
 from quantcore.float_regions import NORMALIZATION_REASON, POWER_REASON
 
 RNG = np.random.default_rng(0)
@@ -437,6 +437,55 @@ def test_wrong_output_declaration_is_corrected_and_symbolic_kept() -> None:
         "N",
         5,
     ]
+
+
+def _fixed_width_model() -> onnx.ModelProto:
+    """x (N, "F") declared, but a (3,) scale fixes F at 3 (madmom's onset CNN declares every dimension of
+    its input symbolic; its batch norm's scale fixes one); then a Gemm so there is something to quantize."""
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["scaled"], name="bn_mul"),
+        helper.make_node("Gemm", ["scaled", "w"], ["y"], name="fc", transB=1),
+    ]
+    return _model(nodes, [_value("x", ["N", "F"])], [_value("y", ["N", 2])], [_init("scale", (3,)), _init("w", (2, 3))])
+
+
+def test_data_the_model_cannot_run_on_is_the_data_s_error_before_any_slow_stage(tmp_path) -> None:
+    model = _fixed_width_model()
+    assert prepare(model, sample={"x": np.ones((2, 3), np.float32)}).warnings == ()  # data that fits
+    with pytest.raises(InvalidDataError) as raised:
+        prepare(model, sample={"x": np.ones((2, 5), np.float32)})
+    message = str(raised.value)
+    assert message.startswith("the data does not fit the model: ONNX Runtime fails to run the model as given")
+    assert "('x' float32 (2, 5)): Mul node 'bn_mul': " in message  # the data, the node, ONNX Runtime's reason
+    assert "onnxruntime_src" not in message and "[ONNXRuntimeError]" not in message  # its wrapping dropped
+    onnx.save(model, tmp_path / "fixed.onnx")
+    stages: list[str] = []
+    data = {"x": np.ones((16, 5), np.float32)}
+    with pytest.raises(InvalidDataError, match="the data does not fit the model"):
+        quantize(
+            tmp_path / "fixed.onnx",
+            data,
+            data,
+            QuantizeConfig(),
+            tmp_path / "out",
+            progress=lambda stage, _f, _m: stages.append(stage),
+        )
+    assert set(stages) == {"prepare"}
+
+
+def test_a_prepared_model_failing_where_the_model_as_given_runs_is_not_blamed_on_the_data(monkeypatch) -> None:
+    """Should a rewrite of prepare break a model, the data that runs the original is not the user's fault:
+    prepare goes on with the warning (the job then fails as an internal error, naming the stage)."""
+    real = preparation.runtime_outputs
+
+    def broken(model, sample, shapes_of=()):
+        model.graph.node[0].op_type = "Sub"  # any rewrite ONNX Runtime then fails on: Sub by a (4,) tensor
+        model.graph.initializer[0].CopyFrom(_init("scale", (4,)))
+        return real(model, sample, shapes_of)
+
+    monkeypatch.setattr(preparation, "runtime_outputs", broken)
+    prepared = prepare(_fixed_width_model(), sample={"x": np.ones((2, 3), np.float32)})
+    assert any("the prepared model did not run on the sample: " in w for w in prepared.warnings)
 
 
 def test_failing_shape_inference_is_tolerated(monkeypatch) -> None:
