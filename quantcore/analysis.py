@@ -34,17 +34,18 @@ allowed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from quantcore.analysis_cones import Cone, LayerRuns, layer_runs
+from quantcore.analysis_cones import Cone, LayerRuns, Price, layer_runs
 from quantcore.analysis_config import AnalysisOptions
 from quantcore.analysis_graphwise import graphwise_rows
 from quantcore.analysis_ranges import RangeStats, channel_range_ratio
-from quantcore.analysis_switch import gated_model, switchable_model
+from quantcore.analysis_switch import GatedModel, gated_model, switchable_model
 from quantcore.annotation import Annotation
 from quantcore.batching import EXPOSED_BYTES_PER_BATCH, Batches, InputSpec, input_specs
 from quantcore.config import QuantizeConfig
@@ -53,6 +54,7 @@ from quantcore.graph import GraphIndex
 from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
 from quantcore.progress import Monitor
+from quantcore.session import RUNTIME_ERRORS
 
 STAGE = "analyze"
 
@@ -109,11 +111,15 @@ def analyze(
     order = sorted(range(len(layers)), key=lambda k: _harm_key(local_of_layer[k], nonfinite=False))
     wanted, wanted_samples = min(len(layers), options.max_layers), layerwise_batches.num_samples
     gated = gated_model(prepared, annotation)
-    first_sample = layerwise_batches.first_sample()
-    with layer_runs(gated, order[:wanted], first_sample, device=config.device, cones=cones) as runs:
-        budgeted = options.layerwise_seconds is not None and wanted > 0
-        price = runs.price(first_sample, cones=budgeted)  # without a budget only the fetched bytes are used
-        unit = layerwise_batches.batch_size if layerwise_batches.fixed else 1
+    budgeted = options.layerwise_seconds is not None and wanted > 0  # without it, only the fetched bytes are used
+    # the runs are typed and priced on the first sample alone (``unit``: the samples of that probe)
+    probe, unit = layerwise_batches.first_sample(), layerwise_batches.batch_size if layerwise_batches.fixed else 1
+    try:
+        stack, runs, price = _priced_runs(gated, order[:wanted], probe, config.device, cones=cones, budgeted=budgeted)
+    except RUNTIME_ERRORS:  # the model does not run on one sample (its batch axis is time, convolved over)
+        probe, unit = layerwise_batches.first_batch()
+        stack, runs, price = _priced_runs(gated, order[:wanted], probe, config.device, cones=cones, budgeted=budgeted)
+    with stack:
         if budgeted:
             samples, wanted = affordable(
                 options.layerwise_seconds,
@@ -169,8 +175,8 @@ def analyze(
                 f"layer-wise error measured on the first {samples} evaluation samples for {measured} of {total} layers"
                 + ("" if measured == total else " (those with the lowest local SQNR at their inputs)")
                 + (
-                    f", held to {options.layerwise_seconds:g} s as priced on the first sample"
-                    f" ({price.reference_seconds:.3g} s a whole run)"
+                    f", held to {options.layerwise_seconds:g} s as priced on the first "
+                    f"{'sample' if unit == 1 else f'{unit} samples'} ({price.reference_seconds:.3g} s a whole run)"
                     if held and options.layerwise_seconds is not None
                     else ""
                 )
@@ -223,6 +229,20 @@ def _layerwise(
     if not runs_of_layers or seconds["reference"] <= 0:
         return harm, None
     return harm, (seconds["layers"] / runs_of_layers) / (seconds["reference"] / references)
+
+
+def _priced_runs(
+    gated: GatedModel, layers: list[int], probe: Mapping[str, np.ndarray], device: str, *, cones: bool, budgeted: bool
+) -> tuple[contextlib.ExitStack, LayerRuns, Price]:
+    """``layer_runs`` typed on ``probe`` (open in the returned stack, which the caller closes) and their
+    ``price`` on it (timed only when ``budgeted``)."""
+    stack = contextlib.ExitStack()
+    try:
+        runs = stack.enter_context(layer_runs(gated, layers, probe, device=device, cones=cones))
+        return stack, runs, runs.price(probe, cones=budgeted)
+    except BaseException:
+        stack.close()
+        raise
 
 
 def affordable(

@@ -235,6 +235,11 @@ class Batches:
         """The first sample alone, as a batch of one (constant inputs whole; a fixed batch: the first)."""
         return next(iter(self.resized(1)))
 
+    def first_batch(self) -> tuple[dict[str, np.ndarray], int]:
+        """The first batch and how many samples it holds: what a model that does not run on one sample
+        alone (its batch axis is time, convolved over) is probed with instead of ``first_sample``."""
+        return next(iter(self)), min(self.batch_size, self.num_samples)
+
     def resized(self, batch_size: int) -> Batches:
         """The same samples in batches of ``batch_size``, without copying or checking them again; a model's
         fixed batch does not change."""

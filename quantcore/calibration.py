@@ -49,7 +49,7 @@ from quantcore.observers import Observer
 from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.scaling import scale_offset
-from quantcore.session import open_session
+from quantcore.session import RUNTIME_ERRORS, open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
 
 STAGE = "calibrate"
@@ -156,6 +156,17 @@ class ActivationFetcher:
         return self.buffers
 
 
+def _exposed_bytes_per_sample(fetch: ActivationFetcher, batches: Batches) -> int:
+    """The bytes of one sample's observed tensors, measured on an extra run of the first sample alone; for
+    a model that does not run on one sample (madmom's onset CNN, whose batch axis is time, convolved over),
+    the first batch's, divided by its samples."""
+    try:
+        return sum(a.nbytes for a in fetch(batches.first_sample()))
+    except RUNTIME_ERRORS:
+        first, samples = batches.first_batch()
+        return sum(a.nbytes for a in fetch(first)) // samples
+
+
 def _observe(
     prepared: PreparedModel,
     batches: Batches,
@@ -170,7 +181,7 @@ def _observe(
     """One pass over ``batches``: every tensor of ``groups`` (root -> the tensors its observer takes,
     in annotation order) exposed and folded into ``observers[root]``. Checks for cancellation before
     each batch; ``report``: progress after each. ``resizable``: batches whose exposed tensors would
-    exceed ``EXPOSED_BYTES_PER_BATCH`` (measured on an extra run of the first sample alone) are split.
+    exceed ``EXPOSED_BYTES_PER_BATCH`` (``_exposed_bytes_per_sample``) are split.
     Returns the batches observed."""
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
     names = [name for members in groups.values() for name in members]
@@ -178,7 +189,7 @@ def _observe(
     with open_session(prepared.model, device=config.device, spinning=False, outputs=fetched) as session:
         fetch = ActivationFetcher(session, fetched)
         if resizable and fetched and not batches.fixed and batches.batch_size > 1:
-            batches = batches.within(sum(a.nbytes for a in fetch(batches.first_sample())), EXPOSED_BYTES_PER_BATCH)
+            batches = batches.within(_exposed_bytes_per_sample(fetch, batches), EXPOSED_BYTES_PER_BATCH)
         total = len(batches)
         threads = observe_threads(len(groups))  # the pool starts them at the first batch it is given
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="observe") as pool:

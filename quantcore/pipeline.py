@@ -71,7 +71,7 @@ from quantcore.qdq import export
 from quantcore.reconstruction import reconstruct
 from quantcore.report import REPORT_FORMAT, jsonable
 from quantcore.report_html import HTML_FILE, render_html
-from quantcore.session import RUNTIME_ERRORS
+from quantcore.session import RUNTIME_ERRORS, runtime_message
 
 STAGES = (
     "prepare",
@@ -91,7 +91,8 @@ REPORT_FILE = "report.json"
 
 def analysis_failure(error: Exception) -> str:
     """The warning for an analysis that failed: what is missing, what is not, and the error's first line."""
-    message = (str(error).strip().splitlines() or [""])[0][:300]
+    text = runtime_message(error) if isinstance(error, RUNTIME_ERRORS) else str(error)
+    message = (text.strip().splitlines() or [""])[0][:300]
     return (
         "the analysis failed, so the report has no per-tensor or per-layer errors (the exported model and its "
         f"evaluation are unaffected): {type(error).__name__}: {message}"

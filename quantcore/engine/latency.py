@@ -35,6 +35,7 @@ from quantcore.batching import InputSpec, input_specs
 from quantcore.checks import require_seconds
 from quantcore.errors import InvalidDataError
 from quantcore.progress import Monitor
+from quantcore.session import RUNTIME_ERRORS, runtime_message
 
 STAGE = "latency"
 PERCENTILES = (50, 90, 99)
@@ -208,7 +209,8 @@ def cpu_latency(
 
     (a summary is ``summarize``'s dict). ``fp32_model``: a path, or the model itself where it is not the
     file as given (a half-precision model's float32 computation, ``quantcore.half_precision``).
-    Fixed-batch models: ``batch_sizes`` is ``[their batch]``.
+    Fixed-batch models: ``batch_sizes`` is ``[their batch]``. A batch size the FP32 model does not run
+    on is left out of ``batch_sizes``, with a note.
     ``disabled_optimizers``: ONNX Runtime rewrites the quantized model's session skips, as the deployed
     evaluation does (``QuantizeConfig.disabled_optimizers``). ``monitor``: progress of stage ``latency``
     after each measurement, and cancellation checked before each.
@@ -246,6 +248,12 @@ def cpu_latency(
     for i, batch in enumerate(batches):
         feeds = feeds_for(specs, batch, sample, seed=seed)
         key = f"batch_{batch}"
+        try:
+            sessions["fp32"].run(None, feeds)
+        except RUNTIME_ERRORS as error:  # its batch axis is time, convolved over (madmom's onset CNN), say
+            result["batch_sizes"].remove(batch)
+            notes.append(f"not measured at batch {batch}: the FP32 model does not run on it ({runtime_message(error)})")
+            continue
         for j, (label, session) in enumerate(sessions.items()):
             monitor.check(STAGE)
             times = time_calls(
