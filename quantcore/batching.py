@@ -31,6 +31,11 @@ from quantcore.errors import InvalidDataError, UnsupportedModelError
 from quantcore.graph import value_type
 
 
+def describe(arrays: Mapping[str, np.ndarray]) -> str:
+    """Named arrays as an error message shows them: "'x' float32 (8, 16), 'mask' bool (8, 16)"."""
+    return ", ".join(f"{name!r} {np.asarray(array).dtype} {np.shape(array)}" for name, array in arrays.items())
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """A model input: numpy dtype and shape (int fixed, str symbolic, None unknown; None if rank unknown),

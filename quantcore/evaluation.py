@@ -35,14 +35,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantcore.batching import Batches, input_specs, output_batch_axes
+from quantcore.batching import Batches, describe, input_specs, output_batch_axes
 from quantcore.config import QuantizeConfig
 from quantcore.errors import InvalidDataError, QuantcoreError
 from quantcore.graph import external_locations
 from quantcore.metrics import TASK_METRICS, OutputAgreement, TaskMetric, as_array
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qdq import QUANTIZERS, count_ops
-from quantcore.session import open_session
+from quantcore.session import RUNTIME_ERRORS, open_session, runtime_message
 
 STAGE = "evaluate"
 # Kernels in ONNX Runtime's optimized graph: integer ones (the Q/DQ fused) and float compute ones
@@ -207,7 +207,13 @@ def evaluate(
             monitor.check(STAGE)
             size = min(batches.batch_size, batches.num_samples - start)
             started = time.perf_counter()
-            reference = dict(zip(output_names, fp32.run(output_names, batch), strict=True))
+            try:
+                reference = dict(zip(output_names, fp32.run(output_names, batch), strict=True))
+            except RUNTIME_ERRORS as error:  # the FP32 model itself: the data does not fit it
+                raise InvalidDataError(
+                    f"evaluation data: the FP32 model does not run on samples {start} to {start + size - 1} "
+                    f"({describe(batch)}): {runtime_message(error)}"
+                ) from error
             seconds["fp32"] += time.perf_counter() - started
             if labels is not None and top1_output is None:
                 top1_output = next((n for n in output_names if _scores(reference[n]) is not None), None)

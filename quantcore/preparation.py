@@ -53,6 +53,7 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from quantcore import half_precision
 from quantcore.attention import attention_positions, attention_products
+from quantcore.batching import describe
 from quantcore.branches import fold_constant_branches, fold_sample_branches
 from quantcore.errors import InvalidDataError, InvalidModelError, QuantcoreError, UnsupportedModelError
 from quantcore.float_regions import float_regions
@@ -209,9 +210,8 @@ def _check_runs_as_given(model: onnx.ModelProto, sample: Mapping[str, np.ndarray
     except QuantcoreError:  # not loadable as given
         return
     except RUNTIME_ERRORS as error:
-        given = ", ".join(f"{name!r} {array.dtype} {tuple(array.shape)}" for name, array in feeds.items())
         raise InvalidDataError(
-            f"the data does not fit the model: ONNX Runtime fails to run the model as given on it ({given}): "
+            f"the data does not fit the model: ONNX Runtime fails to run the model as given on it ({describe(feeds)}): "
             f"{runtime_message(error)}"
         ) from error
 

@@ -488,20 +488,25 @@ def test_a_prepared_model_failing_where_the_model_as_given_runs_is_not_blamed_on
     assert any("the prepared model did not run on the sample: " in w for w in prepared.warnings)
 
 
+def _frames_model() -> onnx.ModelProto:
+    """x (frames, 4) → a Conv of kernel 3 over the frames: its axis 0 is time, and fewer than 3 frames
+    do not run."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["bands_first"], name="to_channels", perm=[1, 0]),
+        helper.make_node("Unsqueeze", ["bands_first", "axis0"], ["seq"], name="add_batch"),
+        helper.make_node("Conv", ["seq", "w"], ["conv"], name="conv_time"),
+        helper.make_node("Relu", ["conv"], ["y"], name="relu"),
+    ]
+    initializers = [_init("w", (6, 4, 3)), numpy_helper.from_array(np.array([0], np.int64), "axis0")]
+    return _model(nodes, [_value("x", ["frames", 4])], [_value("y", [1, 6, "out"])], initializers)
+
+
 def test_a_model_whose_batch_axis_is_time_quantizes_though_one_sample_cannot_run(tmp_path) -> None:
     """madmom's onset CNN takes (frames, bands, 3) and convolves over the frames: its axis 0 is time. One
     sample alone is too short for the kernel, so calibration sizes its batches and the analysis prices its
     runs on the first batch, and the latency stage leaves batch 1 out (was: the job failed in calibrate,
     then in latency; the analysis failed)."""
-    nodes = [
-        helper.make_node("Transpose", ["x"], ["bands_first"], name="to_channels", perm=[1, 0]),
-        helper.make_node("Unsqueeze", ["bands_first", "axis0"], ["seq"], name="add_batch"),
-        helper.make_node("Conv", ["seq", "w"], ["conv"], name="conv_time"),  # kernel 3 over the frames
-        helper.make_node("Relu", ["conv"], ["y"], name="relu"),
-    ]
-    initializers = [_init("w", (6, 4, 3)), numpy_helper.from_array(np.array([0], np.int64), "axis0")]
-    model = _model(nodes, [_value("x", ["frames", 4])], [_value("y", [1, 6, "out"])], initializers)
-    onnx.save(model, tmp_path / "frames.onnx")
+    onnx.save(_frames_model(), tmp_path / "frames.onnx")
     data = RNG.normal(0, 1, (64, 4)).astype(np.float32)
     result = quantize(
         tmp_path / "frames.onnx", {"x": data}, {"x": data[:32]}, QuantizeConfig(batch_size=32), tmp_path / "out"
@@ -516,6 +521,17 @@ def test_a_model_whose_batch_axis_is_time_quantizes_though_one_sample_cannot_run
     assert any(n.startswith(note) for n in cpu["notes"])
     # int8 on one Conv of random weights and data: about 40 dB; 30 says it was quantized and runs right
     assert 30 < result.report["evaluation"]["qdq_deployed"]["outputs"]["y"]["sqnr_db"] < 100
+
+
+def test_evaluation_data_the_fp32_model_cannot_run_on_is_the_data_s_error_naming_the_samples(tmp_path) -> None:
+    onnx.save(_frames_model(), tmp_path / "frames.onnx")
+    data = RNG.normal(0, 1, (64, 4)).astype(np.float32)
+    short_tail = {"x": data[:34]}  # batches of 32: the second holds 2 frames, fewer than the kernel's 3
+    expected = (
+        r"^evaluation data: the FP32 model does not run on samples 32 to 33 \('x' float32 \(2, 4\)\): .*'conv_time'"
+    )
+    with pytest.raises(InvalidDataError, match=expected):
+        quantize(tmp_path / "frames.onnx", {"x": data}, short_tail, QuantizeConfig(batch_size=32), tmp_path / "out")
 
 
 def test_failing_shape_inference_is_tolerated(monkeypatch) -> None:
