@@ -35,7 +35,16 @@ from quantcore.config import QuantizeConfig
 from quantcore.graph import SUBGRAPH_INPUT, GraphIndex
 from quantcore.platforms import PLATFORMS
 from quantcore.preparation import PreparedModel
-from quantcore.rules import COMPUTE_OPS, BiasRequest, Platform, QuantRequest, RuleContext, keep_float, pass_through
+from quantcore.rules import (
+    COMPUTE_OPS,
+    BiasRequest,
+    FloatReason,
+    Platform,
+    QuantRequest,
+    RuleContext,
+    keep_float,
+    pass_through,
+)
 from quantcore.tqc import TensorQuantConfig
 
 # Per-node decisions recorded in Annotation.decisions
@@ -264,6 +273,11 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
             excluded=state.excluded,
         )
         requests = rule(node, context)
+        kept = next((r for r in requests if isinstance(r, FloatReason)), None)
+        if kept is not None:
+            state.decisions[node.name] = FLOAT
+            state.reasons[node.name] = f"{platform.name} rule for {node.op_type}: {kept.reason}"
+            continue
         accepted: list[QuantRequest | BiasRequest] = []
         for request in requests:
             if isinstance(request, BiasRequest):

