@@ -193,7 +193,7 @@ def quantize_integer_elementwise(node: onnx.NodeProto, context: RuleContext) -> 
         context.index.is_constant(name) or context.annotated(name) for name in node.input
     )
     if not rounds_nothing_new and not read_in_integer(node.output[0], context):
-        return []
+        return [FloatReason("no integer kernel writes an operand or reads the result: stays float, as fast and exact")]
     spread = multiplier_spread(node, context)
     if spread is not None and not any(context.annotated(name) for name in node.input if name != spread[0]):
         name, smallest, largest = spread
@@ -244,7 +244,7 @@ def quantize_integer_inputs(node: onnx.NodeProto, context: RuleContext) -> list[
     (a traffic-signal model's attention head, atspm-detector 1.1.0: their -1e4 mask and the scores on
     one scale cost it 24 dB), a detector's boxes and scores joined into its output."""
     if not node.output or not read_in_integer(node.output[0], context):
-        return []
+        return [FloatReason("no integer kernel reads the result, which its QLinear kernel would round: stays float")]
     requests: list[Request] = []
     for position, name in enumerate(node.input):
         if is_float_activation(name, context.index):

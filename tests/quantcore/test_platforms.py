@@ -412,6 +412,9 @@ def test_onnxruntime_closing_sigmoid_and_what_feeds_only_it_stay_float() -> None
     # no integer reader; the GlobalAveragePool before the Gemm is read in integer, so it keeps its kernel
     annotation = annotate(prepare(depthwise_concat_head()), QuantizeConfig(platform="onnxruntime"))
     assert annotation.decisions["sigmoid"] == "float" and "probs" not in annotation.configs
+    assert annotation.reasons["sigmoid"].endswith(
+        "no integer kernel reads the result, which its QLinear kernel would round: stays float"
+    )
     assert annotation.decisions["gap"] == "quantized" and {"cat", "g"} <= set(annotation.configs)
 
 
