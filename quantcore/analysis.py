@@ -35,6 +35,7 @@ allowed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -54,7 +55,6 @@ from quantcore.graph import GraphIndex
 from quantcore.metrics import OutputAgreement
 from quantcore.preparation import PreparedModel
 from quantcore.progress import Monitor
-from quantcore.session import RUNTIME_ERRORS
 
 STAGE = "analyze"
 
@@ -112,13 +112,12 @@ def analyze(
     wanted, wanted_samples = min(len(layers), options.max_layers), layerwise_batches.num_samples
     gated = gated_model(prepared, annotation)
     budgeted = options.layerwise_seconds is not None and wanted > 0  # without it, only the fetched bytes are used
-    # the runs are typed and priced on the first sample alone (``unit``: the samples of that probe)
-    probe, unit = layerwise_batches.first_sample(), layerwise_batches.batch_size if layerwise_batches.fixed else 1
-    try:
-        stack, runs, price = _priced_runs(gated, order[:wanted], probe, config.device, cones=cones, budgeted=budgeted)
-    except RUNTIME_ERRORS:  # the model does not run on one sample (its batch axis is time, convolved over)
-        probe, unit = layerwise_batches.first_batch()
-        stack, runs, price = _priced_runs(gated, order[:wanted], probe, config.device, cones=cones, budgeted=budgeted)
+    # the runs are typed and priced on ``probe``'s batch (``unit``: its samples)
+    (stack, runs, price), unit = layerwise_batches.probe(
+        functools.partial(
+            _priced_runs, gated=gated, layers=order[:wanted], device=config.device, cones=cones, budgeted=budgeted
+        )
+    )
     with stack:
         if budgeted:
             samples, wanted = affordable(
@@ -232,7 +231,7 @@ def _layerwise(
 
 
 def _priced_runs(
-    gated: GatedModel, layers: list[int], probe: Mapping[str, np.ndarray], device: str, *, cones: bool, budgeted: bool
+    probe: Mapping[str, np.ndarray], *, gated: GatedModel, layers: list[int], device: str, cones: bool, budgeted: bool
 ) -> tuple[contextlib.ExitStack, LayerRuns, Price]:
     """``layer_runs`` typed on ``probe`` (open in the returned stack, which the caller closes) and their
     ``price`` on it (timed only when ``budgeted``)."""

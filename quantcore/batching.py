@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import onnx
 
 from quantcore.errors import InvalidDataError, UnsupportedModelError
 from quantcore.graph import value_type
+from quantcore.session import RUNTIME_ERRORS
+
+T = TypeVar("T")
 
 
 def describe(arrays: Mapping[str, np.ndarray]) -> str:
@@ -240,10 +244,14 @@ class Batches:
         """The first sample alone, as a batch of one (constant inputs whole; a fixed batch: the first)."""
         return next(iter(self.resized(1)))
 
-    def first_batch(self) -> tuple[dict[str, np.ndarray], int]:
-        """The first batch and how many samples it holds: what a model that does not run on one sample
-        alone (its batch axis is time, convolved over) is probed with instead of ``first_sample``."""
-        return next(iter(self)), min(self.batch_size, self.num_samples)
+    def probe(self, run: Callable[[dict[str, np.ndarray]], T]) -> tuple[T, int]:
+        """``run`` on the first sample alone (what a per-sample cost is measured on), and the samples it ran
+        on; for a model that does not run on one sample (its batch axis is time, convolved over: madmom's
+        onset CNN), ``run`` on the first batch instead, whose samples are then the unit."""
+        try:
+            return run(self.first_sample()), self.batch_size if self.fixed else 1
+        except RUNTIME_ERRORS:
+            return run(next(iter(self))), min(self.batch_size, self.num_samples)
 
     def resized(self, batch_size: int) -> Batches:
         """The same samples in batches of ``batch_size``, without copying or checking them again; a model's

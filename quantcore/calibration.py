@@ -49,7 +49,7 @@ from quantcore.observers import Observer
 from quantcore.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.scaling import scale_offset
-from quantcore.session import RUNTIME_ERRORS, open_session
+from quantcore.session import open_session
 from quantcore.tqc import QuantState, TensorQuantConfig
 
 STAGE = "calibrate"
@@ -157,14 +157,9 @@ class ActivationFetcher:
 
 
 def _exposed_bytes_per_sample(fetch: ActivationFetcher, batches: Batches) -> int:
-    """The bytes of one sample's observed tensors, measured on an extra run of the first sample alone; for
-    a model that does not run on one sample (madmom's onset CNN, whose batch axis is time, convolved over),
-    the first batch's, divided by its samples."""
-    try:
-        return sum(a.nbytes for a in fetch(batches.first_sample()))
-    except RUNTIME_ERRORS:
-        first, samples = batches.first_batch()
-        return sum(a.nbytes for a in fetch(first)) // samples
+    """The bytes of one sample's observed tensors, measured on an extra run of ``batches.probe``."""
+    exposed, samples = batches.probe(lambda batch: sum(a.nbytes for a in fetch(batch)))
+    return exposed // samples
 
 
 def _observe(
