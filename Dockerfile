@@ -26,7 +26,7 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_CUDA=cu128
 
 # ---------------------------------------------------------------------------------------------- wheel
-# gcc compiles quantcore's C extension (quantcore/_binning.c; the image already has Python's headers).
+# gcc compiles quantcore's C extension (quantcore/observers/_binning.c; the image already has Python's headers).
 # It uses no versioned glibc symbol, so the wheel also installs on worker-gpu's Ubuntu base.
 FROM ${PYTHON_IMAGE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

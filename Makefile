@@ -12,7 +12,7 @@ TORCH  ?= torch==2.13.0
 venv: $(VENV)/.installed
 
 # constraints.txt: the dependency versions the suite last passed with (see its header).
-$(VENV)/.installed: pyproject.toml constraints.txt quantcore/_binning.c
+$(VENV)/.installed: pyproject.toml constraints.txt quantcore/observers/_binning.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"

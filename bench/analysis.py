@@ -4,7 +4,7 @@
 
 Each model is calibrated with the default recipe (``onnxruntime`` platform), then ``quantcore.analyze``
 runs twice, each in its own process: ``whole``, every layer-wise run on the whole gated model (cones
-switched off by their size limit, as before cones existed), and ``cones`` (``quantcore.analysis_cones``).
+switched off by their size limit, as before cones existed), and ``cones`` (``quantcore.analysis.cones``).
 Printed per model and mode: the analyze call's wall and process CPU seconds, the layer-wise samples and
 layers, the measured wall time of a layer's run against a reference run, the peak resident memory
 during the call (MB; the peak is reset before it), and, for ``cones``, the largest difference of a
@@ -37,7 +37,8 @@ WORKER_TIMEOUT = 1800
 
 def run_worker(mode: str, case_dir: Path, samples: int | None, budget: float | None) -> dict:
     """Calibrate the case, then time ``analyze`` in ``mode``."""
-    from quantcore import AnalysisOptions, QuantizeConfig, analysis_cones, analyze, annotate, calibrate, prepare
+    from quantcore import AnalysisOptions, QuantizeConfig, analyze, annotate, calibrate, prepare
+    from quantcore.analysis import cones as analysis_cones
 
     if mode == "whole":
         analysis_cones.CONE_MODEL_BYTES = -1  # no model is small enough: every run on the whole model

@@ -49,7 +49,7 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
 @dataclass
 class Case:
     """One model with its data: calibration and evaluation arrays (samples on each input's batch axis,
-    ``quantcore.batching``). ``labels``: classes of the held-out samples, for top-1; ``task``: or another
+    ``quantcore.runtime.batching``). ``labels``: classes of the held-out samples, for top-1; ``task``: or another
     task metric of the first output's batches on the held-out samples (captcha-ocr: text accuracy)."""
 
     name: str
@@ -328,8 +328,8 @@ def real_cases(
     ``held_out`` others."""
     from bench.dequantized import dequantize
     from bench.sentence_encoder import encoder_inputs, export_encoder
-    from quantcore.batching import input_specs
-    from quantcore.preparation import load_model
+    from quantcore.prepare.preparation import load_model
+    from quantcore.runtime.batching import input_specs
 
     cases = []
     for name, (package, member) in REAL_MODELS.items():

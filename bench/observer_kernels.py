@@ -1,14 +1,14 @@
 """Histogram kernels for the observers: CPU nanoseconds per observed value, on real activations.
 
 Not a test. Feeds the activations the default recipe observes (one calibration batch of a model) to
-each candidate way of building the 2048-bin histogram of |x| that ``quantcore.histogram`` keeps, and
+each candidate way of building the 2048-bin histogram of |x| that ``quantcore.observers.histogram`` keeps, and
 prints the process CPU time per value (median of ``--repeats``), summed over every tensor:
 
 - ``minmax``: numpy's two reductions ``x.min()``, ``x.max()``, about the cost of reading the values;
 - ``percentile``: ``PercentileObserver.observe`` as calibration runs it on its first batch (the
   extremes, the floor chosen from a sample, then the values above the floor binned: two scans);
 - ``percentile-later``: the same observer fed the same batch again, its range and floor in force:
-  what every later batch costs (one scan, ``quantcore._binning``);
+  what every later batch costs (one scan, ``quantcore.observers._binning``);
 - ``resolve_all``: the same observer with every bin resolved (what ``kl``/``mse``/``floating`` cost);
 - ``torch-histc``: ``torch.histc(|x|, 2048, 0, top)``, one intra-op thread;
 - ``torch-bincount-1t`` / ``-2t``: ``torch.aminmax`` then ``torch.bincount`` of the int32 bin indices,
@@ -16,7 +16,7 @@ prints the process CPU time per value (median of ``--repeats``), summed over eve
   (OpenMP threads spin after each parallel region: that CPU time counts).
 
 Then the MSE threshold search each tensor's percentile histogram gets in the clip search
-(``quantcore.clipping.mse_amax``), run with ``SEARCH_THREADS`` (one) and with two torch threads: process
+(``quantcore.observers.clipping.mse_amax``), run with ``SEARCH_THREADS`` (one) and with two torch threads: process
 CPU ms and wall ms over every tensor: a first pass, then the median of ``--repeats`` more. (The kernels
 above have already started torch's threads here; in a fresh process the first searches also pay for
 that.)
@@ -39,13 +39,14 @@ import numpy as np
 import onnx
 import torch
 
-from quantcore import QuantizeConfig, clipping
-from quantcore.annotation import annotate
-from quantcore.batching import Batches, input_specs
-from quantcore.graph import GraphIndex
-from quantcore.histogram import PercentileObserver
-from quantcore.preparation import prepare
-from quantcore.session import open_session
+from quantcore import QuantizeConfig
+from quantcore.annotate.annotation import annotate
+from quantcore.graph.index import GraphIndex
+from quantcore.observers import clipping
+from quantcore.observers.histogram import PercentileObserver
+from quantcore.prepare.preparation import prepare
+from quantcore.runtime.batching import Batches, input_specs
+from quantcore.runtime.session import open_session
 
 BINS = 2048
 

@@ -158,7 +158,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     import onnxruntime  # noqa: F401
     import torch  # noqa: F401
 
-    from quantcore.batching import Batches, input_specs
+    from quantcore.runtime.batching import Batches, input_specs
 
     model_path = case_dir / "model.onnx"
     calibration = dict(np.load(case_dir / "calibration.npz"))
@@ -193,7 +193,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     elif method == "ort-dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        from quantcore.cpu_features import this_cpu_saturates_u8s8
+        from quantcore.runtime.cpu_features import this_cpu_saturates_u8s8
 
         output = out_dir / "model.dynamic.onnx"
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     else:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
-        from quantcore.cpu_features import this_cpu_saturates_u8s8
+        from quantcore.runtime.cpu_features import this_cpu_saturates_u8s8
 
         specs = input_specs(onnx.load(str(model_path), load_external_data=False))
         batches = Batches(calibration, specs, BATCH_SIZE, what="calibration")
@@ -251,7 +251,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
 def _batches(case: Case, arrays: dict[str, np.ndarray]):
     import onnx
 
-    from quantcore.batching import Batches, input_specs
+    from quantcore.runtime.batching import Batches, input_specs
 
     specs = input_specs(onnx.load(str(case.model_path), load_external_data=False))
     return Batches(arrays, specs, BATCH_SIZE, what="bench")

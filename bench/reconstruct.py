@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, export, prepare, reconstruct
-from quantcore.session import open_session
+from quantcore.runtime.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
 from tests.quantcore.trained import build_mobilenet, build_resnet
 

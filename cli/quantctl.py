@@ -35,7 +35,7 @@ import httpx
 
 from cli.client import DEFAULT_URL, ApiError, Client, ProtocolError, job_path, resource_path
 from cli.recipe import RecipeError, build_recipe
-from cli.report import render_report
+from cli.report_text import render_report
 from cli.transfer import DownloadError, download, model_upload, upload
 from cli.watch import JobWatcher
 

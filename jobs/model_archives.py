@@ -12,7 +12,7 @@ folder. The API checks an upload this way before storing it and books the unpack
 quota; the worker's validation then calls `unpack_model_zip`, which writes the data files beside the
 archive and the model over it, so the stored model is `model.onnx` with its data next to it, as a
 single-file upload would be. The external-data locations inside the model are checked afterwards, by
-the same validation as any model's (`quantcore.validate.check_external_data`).
+the same validation as any model's (`quantcore.prepare.validate.check_external_data`).
 """
 
 from __future__ import annotations

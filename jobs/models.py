@@ -144,7 +144,7 @@ class Dataset(Base):
     # [{"name", "dtype", "shape"}] for every array in the archive. [] for images.
     arrays: Mapped[list[Any]] = mapped_column(JSON)
     # Images; or the arrays' common first-axis length. None when they have none: samples then run along
-    # each model input's own batch axis, counted when a job pairs the dataset with a model (`jobs.compat`).
+    # each model input's own batch axis, counted when a job pairs the dataset with a model (`jobs.dataset_fit`).
     num_samples: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[DatasetKind] = mapped_column(
         _enum(DatasetKind, "dataset_kind"), default=DatasetKind.arrays, server_default=DatasetKind.arrays.value

@@ -3,7 +3,7 @@
 Object arrays are refused: loading them would unpickle, which runs code from the upload. Which axis
 counts samples depends on the model an array feeds (a recurrent state ``(2, N, 128)`` batches along
 axis 1, a scalar sample rate is one value for all samples), so an upload is not checked for one
-sample count: a job checks its dataset against its model's batch axes (`jobs.compat`).
+sample count: a job checks its dataset against its model's batch axes (`jobs.dataset_fit`).
 """
 
 from __future__ import annotations

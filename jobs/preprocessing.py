@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from jobs.compat import dataset_mismatches
+from jobs.dataset_fit import dataset_mismatches
 from jobs.models import Dataset, DatasetKind
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ that failed, a report from an older format, a measurement the recipe switched of
     sqnr_db_min    the lowest per-output SQNR, 10·log10(Σx² / Σ(x - x̂)²), exact QDQ vs FP32
     cosine_min     the lowest per-output cosine similarity, exact QDQ vs FP32
     sizes          bytes of the FP32 and the QDQ model files
-    latency        CPU EP p50 at batch 1 in ms, FP32 and quantized (quantcore.engine.latency)
+    latency        CPU EP p50 at batch 1 in ms, FP32 and quantized (quantcore.evaluate.cpu_latency)
     target_met     with an accuracy target in the recipe: whether the model kept meets it
 """
 

@@ -30,12 +30,11 @@ Deployment: ``build_engine`` (TensorRT, GPU workers; ``skipped`` with the reason
 Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors: ``quantcore.errors``.
 """
 
-from quantcore.analysis import analyze
-from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
-from quantcore.annotation import Annotation, annotate
-from quantcore.calibration import calibrate
-from quantcore.config import NodeOverride, QuantizeConfig, ReconstructionConfig
-from quantcore.engine import build_engine, check_qdq, cpu_latency
+from quantcore.analysis.ranking import analyze
+from quantcore.annotate.annotation import Annotation, annotate
+from quantcore.annotate.platforms import PLATFORMS, Platform
+from quantcore.calibrate.calibration import calibrate
+from quantcore.config import AccuracyTarget, AnalysisOptions, NodeOverride, QuantizeConfig, ReconstructionConfig
 from quantcore.errors import (
     Canceled,
     InvalidDataError,
@@ -43,19 +42,19 @@ from quantcore.errors import (
     QuantcoreError,
     UnsupportedModelError,
 )
-from quantcore.evaluation import evaluate
-from quantcore.fake_quant import fake_quantize_tensor
-from quantcore.parity import ParityVerdict, check_parity
+from quantcore.evaluate.evaluation import evaluate
+from quantcore.evaluate.parity import ParityVerdict, check_parity
+from quantcore.export.qdq import ExportResult, export
+from quantcore.numerics.fake_quant import fake_quantize_tensor
+from quantcore.numerics.policy import QuantPolicy, RoundingPolicy
+from quantcore.numerics.storage_type import StorageType, storage_type
+from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 from quantcore.pipeline import STAGES, QuantizeResult, quantize
-from quantcore.platforms import PLATFORMS, Platform
-from quantcore.policy import QuantPolicy, RoundingPolicy
-from quantcore.preparation import PreparedModel, prepare
-from quantcore.qdq import ExportResult, export
+from quantcore.prepare.preparation import PreparedModel, prepare
+from quantcore.prepare.validate import inspect_model
 from quantcore.reconstruction import ReconstructionResult, reconstruct
-from quantcore.report_html import render_html
-from quantcore.storage import StorageType, storage_type
-from quantcore.tqc import QuantState, TensorQuantConfig
-from quantcore.validate import inspect_model
+from quantcore.report.html import render_html
+from quantcore.tensorrt.engine import build_engine, check_qdq, cpu_latency
 
 __all__ = [
     "PLATFORMS",

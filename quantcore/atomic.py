@@ -14,7 +14,7 @@ from typing import Any
 
 import onnx
 
-from quantcore.protobuf import fits_in_protobuf
+from quantcore.graph.protobuf import fits_in_protobuf
 
 
 def write_bytes(path: Path, data: bytes) -> None:

@@ -5,17 +5,17 @@
 ``clip`` runs when activations are observed by ``percentile``, ``config.percentile_candidates`` names
 others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the percentile,
 or the MSE threshold read from the same histograms, that reproduces the FP32 outputs best on the
-calibration data (``quantcore.clip_search``), and the run goes on with it (re-calibrations too).
+calibration data (``quantcore.calibrate.clip_search``), and the run goes on with it (re-calibrations too).
 ``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
 skipped at once).
-``analyze`` (``quantcore.analysis``, unless ``config.analysis.enabled`` is off) measures each
+``analyze`` (``quantcore.analysis.ranking``, unless ``config.analysis.enabled`` is off) measures each
 quantized tensor's and each layer's error, where the machine has the memory it needs
-(``quantcore.memory_plan``, priced after ``prepare``: otherwise the report's analysis is null and a
+(``quantcore.runtime.memory_plan``, priced after ``prepare``: otherwise the report's analysis is null and a
 warning says why; a run that would not fit at all is refused there). It is a diagnosis, run on models
-of its own (switchable, gated, twin: ``quantcore.analysis_switch``): when ONNX Runtime or quantcore fails
+of its own (switchable, gated, twin: ``quantcore.analysis.switch``): when ONNX Runtime or quantcore fails
 on those, the run goes on without it, its report's analysis null and a warning naming the error, unless
 a ``target`` needs its ranking;
-``target`` runs only with ``config.target`` (``quantcore.accuracy_target``): it keeps the most harmful
+``target`` runs only with ``config.target`` (``quantcore.analysis.accuracy_target``): it keeps the most harmful
 layers in float until the target is met and replaces the exported files with the model kept;
 ``report["target"]["met"]`` says whether it was.
 
@@ -23,19 +23,20 @@ Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(sta
 end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
 between batches. Files appear in ``out_dir`` only complete (written under a temporary name, then
 renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond 2 GB), ``tqc.json``, ``checkpoint.json``
-(what a resumed run may reuse, ``quantcore.checkpoint``), ``report.json``, ``report.html``.
+(what a resumed run may reuse, ``quantcore.export.checkpoint``), ``report.json``, ``report.html``.
 A run canceled or failed after export leaves the exported files in place; ``report.json`` is written
 last, so its presence marks a finished run.
 
-Deployed accuracy equals reported accuracy: after evaluate, ``quantcore.parity`` compares the
+Deployed accuracy equals reported accuracy: after evaluate, ``quantcore.evaluate.parity`` compares the
 exported model run as exact Q/DQ with the same model on ONNX Runtime's integer kernels. When they
 disagree beyond its tolerance and the platform knows the cause (u8s8 saturation without VNNI on the
 onnxruntime platform), the model is re-annotated, re-calibrated, re-exported and re-evaluated with the
 remedy (7-bit weights), inside the evaluate stage. When they still disagree, the ONNX Runtime graph
-rewrite that causes it is looked for (``quantcore.parity.isolate_optimizer``) and, when found, the
+rewrite that causes it is looked for (``quantcore.evaluate.parity.isolate_optimizer``) and, when found, the
 deployed numbers are those of a session without it. Before all that, when ONNX Runtime could not build
 the exported model at full optimization, the rewrite that breaks the build is looked for the same way
-(``quantcore.parity.isolate_build_failure``) and left out from then on. The report's ``parity`` section says what was
+(``quantcore.evaluate.parity.isolate_build_failure``) and left out from then on. The report's ``parity``
+section says what was
 measured, what was done and why, and ``config`` is the configuration of the files written (its
 ``disabled_optimizers``: what a user of the model in that ONNX Runtime must disable too).
 """
@@ -51,27 +52,30 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore import atomic, checkpoint, half_precision
-from quantcore.accuracy_target import TargetRun, check_target, reach_target
-from quantcore.analysis import analyze
-from quantcore.annotation import annotate
-from quantcore.batching import Batches, input_specs
-from quantcore.calibration import calibrate, calibrate_clips, configured_clip
-from quantcore.clip_search import MIN_SAMPLES, choose_clip
+from quantcore import atomic
+from quantcore.analysis.accuracy_target import TargetRun, check_target, reach_target
+from quantcore.analysis.ranking import analyze
+from quantcore.annotate.annotation import annotate
+from quantcore.calibrate.calibration import calibrate, calibrate_clips, configured_clip
+from quantcore.calibrate.clip_search import MIN_SAMPLES, choose_clip
 from quantcore.config import QuantizeConfig
-from quantcore.engine import EngineResult, build_engine, cpu_latency
-from quantcore.engine.profiles import observed_shapes
 from quantcore.errors import Canceled, QuantcoreError, UnsupportedModelError
-from quantcore.evaluation import check_labels, evaluate
-from quantcore.memory_plan import plan_memory
-from quantcore.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
-from quantcore.preparation import load_model, prepare
+from quantcore.evaluate.evaluation import check_labels, evaluate
+from quantcore.evaluate.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
+from quantcore.export import checkpoint
+from quantcore.export.qdq import export
+from quantcore.jsonable import jsonable
+from quantcore.prepare import half_precision
+from quantcore.prepare.preparation import load_model, prepare
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
-from quantcore.qdq import export
 from quantcore.reconstruction import reconstruct
-from quantcore.report import REPORT_FORMAT, jsonable
-from quantcore.report_html import HTML_FILE, render_html
-from quantcore.session import RUNTIME_ERRORS, runtime_message
+from quantcore.report.document import REPORT_FORMAT
+from quantcore.report.html import HTML_FILE, render_html
+from quantcore.runtime.batching import Batches, input_specs
+from quantcore.runtime.memory_plan import plan_memory
+from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
+from quantcore.tensorrt.engine import EngineResult, build_engine, cpu_latency
+from quantcore.tensorrt.profiles import observed_shapes
 
 STAGES = (
     "prepare",
@@ -104,7 +108,7 @@ class QuantizeResult:
     model_path: Path  # the QDQ ONNX model
     tqc_path: Path  # every quantized tensor's config, JSON
     report_path: Path  # the report below, JSON
-    # (report.html beside it: the same report as a standalone page, ``quantcore.report_html``)
+    # (report.html beside it: the same report as a standalone page, ``quantcore.report.html``)
     report: dict[str, Any]
     model_data_path: Path | None = None  # the model's external data (``model.qdq.onnx.data``), beyond 2 GB
     engine_path: Path | None = None  # the TensorRT engine, when one was built
@@ -144,14 +148,14 @@ def quantize(
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
     calibration / evaluation: ``{input name: array}``, samples along each input's batch axis
-    (``quantcore.batching``: usually the first; a constant input's array is its value), batched by
+    (``quantcore.runtime.batching``: usually the first; a constant input's array is its value), batched by
     ``config.batch_size`` or the model's fixed batch dimension. labels: optional (N_eval,) integer
     class ids for top-1 accuracy. engine_builder: called like ``build_engine`` for the engine stage (a
     service passes one that builds where a GPU is, or skips with the reason). Raises
     ``InvalidModelError``, ``UnsupportedModelError``, ``InvalidDataError`` (checked before any slow
     stage), or ``Canceled``.
 
-    After export, ``checkpoint.json`` records the exported files (``quantcore.checkpoint``). With
+    After export, ``checkpoint.json`` records the exported files (``quantcore.export.checkpoint``). With
     ``resume_from`` (a directory an earlier run of the same model, calibration data and config wrote
     into, usually ``out_dir`` itself), a valid checkpoint there replaces calibrate and export (their
     calibrated configs are read back from its ``tqc.json``): those stages neither run nor report

@@ -91,7 +91,7 @@ def test_job_splits_along_each_inputs_axis(stateful: dict) -> None:
     }
     assert split["label_source"] == "npz array 'labels'"
     # quantcore batched the parts along the same axes: 30 calibration samples in 8, 8, 8, 6
-    # 30 calibration samples: too few to choose a clipping percentile on (quantcore.clip_search.MIN_SAMPLES)
+    # 30 calibration samples: too few to choose a clipping percentile on (quantcore.calibrate.clip_search.MIN_SAMPLES)
     assert report["calibration"] == {"num_samples": 30, "batch_size": 8, "num_batches": 4, "percentile_search": None}
     assert report["evaluation"]["num_samples"] == 10
     assert report["evaluation"]["fp32"]["top1"] == 1.0  # labels aligned with the samples of x and state

@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from jobs.report import Report
+from jobs.report_schema import Report
 from samples.digits import HELDOUT_FILE
 from tests.conftest import Service
 from tests.test_report_schema import undocumented

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from jobs.recipe import ONNXRUNTIME_PLATFORMS, PLATFORM_PRECISIONS, Recipe
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig
-from quantcore.observers import ACTIVATION_OBSERVERS
+from quantcore.observers.registry import ACTIVATION_OBSERVERS
 from worker.translate import to_quantize_config
 
 

@@ -1,4 +1,4 @@
-"""The report schema (jobs/report.py) against real reports written by quantcore: every report
+"""The report schema (jobs/report_schema.py) against real reports written by quantcore: every report
 validates, and the schema documents every field quantcore writes (none falls into ``extra``)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import onnxruntime as ort
 import pytest
 from pydantic import BaseModel
 
-from jobs.report import Report
+from jobs.report_schema import Report
 from quantcore import QuantizeConfig, quantize
-from quantcore.analysis_config import AccuracyTarget
+from quantcore.config import AccuracyTarget
 from tests.quantcore.models import planted_outlier, save
 
 

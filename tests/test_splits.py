@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jobs.recipe import Recipe
-from quantcore.batching import input_specs
 from quantcore.errors import InvalidDataError
+from quantcore.runtime.batching import input_specs
 from tests.onnx_builders import stateful_data, stateful_model
 from worker.splits import split_dataset, split_indices
 

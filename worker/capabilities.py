@@ -26,8 +26,8 @@ PROBE_TIMEOUT = 120.0  # seconds; importing torch and tensorrt on a cold disk ta
 
 def _inspect() -> dict[str, Any]:
     """Runs in the child: the facts, with the reason whenever an engine cannot be built here."""
-    from quantcore.engine.metadata import cuda_status, gpu_info
-    from quantcore.engine.tensorrt_build import tensorrt_module
+    from quantcore.tensorrt.build import tensorrt_module
+    from quantcore.tensorrt.metadata import cuda_status, gpu_info
 
     usable, cuda_reason = cuda_status()
     trt, trt_reason = tensorrt_module()

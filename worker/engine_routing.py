@@ -37,9 +37,9 @@ from jobs.config import settings
 from jobs.db import session_scope
 from jobs.queue import enqueue_engine_build
 from quantcore import atomic
-from quantcore.engine import EngineResult, build_engine
 from quantcore.errors import Canceled
 from quantcore.progress import CancelCheck, ProgressCallback
+from quantcore.tensorrt.engine import EngineResult, build_engine
 from worker.engine_task import INPUTS_FILE, REQUEST_FILE, RESULT_FILE, timing_cache_dir
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from jobs import queries, storage, workers
 from jobs.config import settings
 from jobs.db import session_scope
 from quantcore import atomic
-from quantcore.engine import EngineResult, build_engine
 from quantcore.errors import Canceled
+from quantcore.tensorrt.engine import EngineResult, build_engine
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from jobs.logs import job_context, log_context
 from jobs.models import DatasetKind, JobStatus
 from jobs.recipe import Recipe
 from quantcore import QuantizeResult, atomic, quantize
-from quantcore.batching import input_specs
 from quantcore.errors import Canceled, QuantcoreError
-from quantcore.report_html import HTML_FILE
+from quantcore.report.html import HTML_FILE
+from quantcore.runtime.batching import input_specs
 from worker.engine_routing import EngineRouter
 from worker.job_signals import stop_if_requested
 from worker.splits import Split, split_dataset, split_images
@@ -68,7 +68,7 @@ ARTIFACTS = {
     "model.qdq.onnx.data": "application/octet-stream",  # its weights, beside it, for a model beyond 2 GB
     "tqc.json": "application/json",
     "report.json": "application/json",
-    "report.html": "text/html",  # the report as a standalone page (quantcore.report_html)
+    "report.html": "text/html",  # the report as a standalone page (quantcore.report.html)
     "model.engine": "application/octet-stream",  # TensorRT plan, on GPU workers only
     "engine.json": "application/json",
 }

@@ -5,7 +5,7 @@ seed and dataset give the same split; `Split.record` states it (counts, the axis
 were taken along, and a SHA-256 of the chosen indices, or of the chosen file names for images) so a
 report says exactly what it measured.
 
-Samples run along each model input's batch axis, by quantcore's rule (`quantcore.batching`): a
+Samples run along each model input's batch axis, by quantcore's rule (`quantcore.runtime.batching`): a
 state declared (2, batch, 128) is split along axis 1, and a constant input (a scalar sample rate)
 goes whole into both parts. `labels` holds one integer per sample.
 """

@@ -6,7 +6,7 @@ from typing import Any
 
 from jobs.recipe import Recipe
 from quantcore import NodeOverride, QuantizeConfig, ReconstructionConfig
-from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
+from quantcore.config import AccuracyTarget, AnalysisOptions
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:

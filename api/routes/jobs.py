@@ -22,7 +22,7 @@ from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
 from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
 from jobs.quotas import reserve_job_slot
-from jobs.report import Report
+from jobs.report_schema import Report
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)

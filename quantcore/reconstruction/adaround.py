@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from quantcore.linear import broadcast
-from quantcore.tqc import TensorQuantConfig
+from quantcore.numerics.linear import broadcast
+from quantcore.numerics.tqc import TensorQuantConfig
 
 ZETA, GAMMA = 1.1, -0.1
 MODES = ("nearest", "soft", "hard")

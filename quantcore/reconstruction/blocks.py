@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from quantcore.annotation import Annotation
+from quantcore.annotate.annotation import Annotation
+from quantcore.graph.ops import COMPUTE_OPS
 from quantcore.reconstruction.torch_ops import OPS
-from quantcore.rules import COMPUTE_OPS
 
 MAX_GROUPED_LAYERS = 3
 ACTIVATION_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"})

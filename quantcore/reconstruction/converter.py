@@ -30,14 +30,14 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from quantcore.annotation import Annotation
-from quantcore.calibration import dominator_root
-from quantcore.fake_quant import fake_quantize_tensor
-from quantcore.graph import GraphIndex
+from quantcore.annotate.annotation import Annotation
+from quantcore.calibrate.calibration import dominator_root
+from quantcore.graph.index import GraphIndex
+from quantcore.numerics.fake_quant import fake_quantize_tensor
+from quantcore.numerics.tqc import TensorQuantConfig
 from quantcore.reconstruction.adaround import AdaRoundWeight
 from quantcore.reconstruction.blocks import Block
 from quantcore.reconstruction.torch_ops import OPS, node_attributes
-from quantcore.tqc import TensorQuantConfig
 
 
 def learnable_weight(tqc: TensorQuantConfig) -> bool:

@@ -37,22 +37,22 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from quantcore.annotation import Annotation
-from quantcore.batching import Batches, input_specs
-from quantcore.calibration import dominator_root
+from quantcore.annotate.annotation import Annotation
+from quantcore.calibrate.calibration import dominator_root
 from quantcore.config import QuantizeConfig, ReconstructionConfig
 from quantcore.errors import InvalidDataError, UnsupportedModelError
-from quantcore.graph import GraphIndex
-from quantcore.preparation import PreparedModel
+from quantcore.export.qdq import build_qdq_model
+from quantcore.graph.index import GraphIndex
+from quantcore.numerics.tqc import QuantState
+from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
-from quantcore.qdq import build_qdq_model
 from quantcore.reconstruction.adaround import beta_at
 from quantcore.reconstruction.blocks import Block, partition
 from quantcore.reconstruction.cache import BlockCache
 from quantcore.reconstruction.converter import BlockModule, learnable_activation, learnable_weight
-from quantcore.session import open_session
-from quantcore.threads import torch_threads
-from quantcore.tqc import QuantState
+from quantcore.runtime.batching import Batches, input_specs
+from quantcore.runtime.session import open_session
+from quantcore.runtime.threads import torch_threads
 
 STAGE = "reconstruct"
 CANCEL_EVERY = 10  # steps between should_cancel polls

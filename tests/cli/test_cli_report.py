@@ -9,7 +9,7 @@ import pytest
 
 from cli.quantctl import main
 from cli.recipe import RecipeError, apply_override, build_recipe
-from cli.report import render_report
+from cli.report_text import render_report
 
 
 def test_report_by_mode_then_output(api) -> None:

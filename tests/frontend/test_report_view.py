@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from jobs.report import Report
+from jobs.report_schema import Report
 from quantcore import QuantizeConfig, quantize
-from quantcore.analysis_config import AccuracyTarget
+from quantcore.config import AccuracyTarget
 from tests.conftest import Service
 from tests.frontend.conftest import audit, screenshot, sign_in
 from tests.quantcore.models import planted_outlier, save
@@ -129,7 +129,7 @@ def test_unmet_target_is_shown_as_a_failure_with_its_report(page, service: Servi
 
 def test_a_deployment_that_needs_rewrites_off_says_how_to_run_it(page, service: Service, tmp_path):
     """The parity section as the pipeline writes it when a remedy was needed (the reason and remedy texts
-    of quantcore.parity for an ONNX Runtime rewrite that changed the results): the dashboard shows what
+    of quantcore.evaluate.parity for an ONNX Runtime rewrite that changed the results): the dashboard shows what
     was changed and the exact InferenceSession call that runs the model as measured."""
     report = real_report(tmp_path, AccuracyTarget("cosine", 0.999))
     before = dict(report["parity"], agree=False, reason="deployed vs exact SQNR 12.0 dB < 30.0 dB")

@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from quantcore import InvalidDataError, QuantizeConfig, annotate, calibrate, prepare, quantize
-from quantcore.accuracy_target import reuse_calibration
-from quantcore.analysis_config import AccuracyTarget
-from quantcore.report_html import render_html
+from quantcore.analysis.accuracy_target import reuse_calibration
+from quantcore.config import AccuracyTarget
+from quantcore.report.html import render_html
 from tests.quantcore.models import planted_outlier, save
 
 DATA = np.random.default_rng(1).normal(size=(96, 3, 8, 8)).astype(np.float32)

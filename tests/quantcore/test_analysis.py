@@ -9,13 +9,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import QuantizeConfig, annotate, calibrate, export, prepare
-from quantcore.analysis import affordable, analyze
-from quantcore.analysis_config import AnalysisOptions
-from quantcore.analysis_ranges import RangeStats
-from quantcore.analysis_switch import MASK_INPUT, gated_model, switchable_model
-from quantcore.metrics import OutputAgreement
-from quantcore.session import EXACT_OPTIMIZATION, open_session
-from quantcore.tqc import TensorQuantConfig
+from quantcore.analysis.ranges import RangeStats
+from quantcore.analysis.ranking import affordable, analyze
+from quantcore.analysis.switch import MASK_INPUT, gated_model, switchable_model
+from quantcore.config import AnalysisOptions
+from quantcore.numerics.metrics import OutputAgreement
+from quantcore.numerics.tqc import TensorQuantConfig
+from quantcore.runtime.session import EXACT_OPTIMIZATION, open_session
 from tests.quantcore import zoo
 from tests.quantcore.models import planted_outlier, save
 

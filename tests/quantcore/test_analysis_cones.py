@@ -1,4 +1,4 @@
-"""The layer-wise runs on cones (``quantcore.analysis_cones``): every layer's outputs as the whole gated
+"""The layer-wise runs on cones (``quantcore.analysis.cones``): every layer's outputs as the whole gated
 model gives them, on graphs with residual Adds, skip Concats, several outputs and dynamic axes; smaller
 runs than the whole model's; and no cones where the model is too big for them."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from quantcore import QuantizeConfig, annotate, calibrate, prepare
-from quantcore import analysis_cones as cones_module
-from quantcore.analysis_cones import layer_runs
-from quantcore.analysis_switch import MASK_INPUT, gated_model
-from quantcore.session import open_session
+from quantcore.analysis import cones as cones_module
+from quantcore.analysis.cones import layer_runs
+from quantcore.analysis.switch import MASK_INPUT, gated_model
+from quantcore.runtime.session import open_session
 from tests.quantcore import zoo
 from tests.quantcore.models import save, two_heads
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quantcore import QuantizeConfig, annotate, prepare
-from quantcore.annotation import NodeInput
+from quantcore.annotate.annotation import NodeInput
 from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, matmul_convtranspose
 
 

@@ -1,4 +1,4 @@
-"""Attention over long sequences (quantcore.attention): integer presets keep the probabilities' product
+"""Attention over long sequences (quantcore.prepare.attention): integer presets keep the probabilities' product
 float beyond LONG_ATTENTION positions, measured on the sample where shapes are symbolic; FP8 keeps it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import QuantizeConfig, annotate, prepare, quantize
-from quantcore.attention import LONG_ATTENTION, attention_products, softmax_positions
+from quantcore.prepare.attention import LONG_ATTENTION, attention_products, softmax_positions
 from tests.quantcore.models import masked_attention, padded_tokens, save
 
 

@@ -10,10 +10,11 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, calibration, prepare, quantize
-from quantcore.batching import Batches, input_specs
-from quantcore.calibration import ActivationFetcher
-from quantcore.scaling import scale_offset
+from quantcore import InvalidDataError, QuantizeConfig, QuantState, annotate, calibrate, prepare, quantize
+from quantcore.calibrate import calibration
+from quantcore.calibrate.calibration import ActivationFetcher
+from quantcore.numerics.scaling import scale_offset
+from quantcore.runtime.batching import Batches, input_specs
 from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual, save
 

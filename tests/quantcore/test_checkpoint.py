@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from quantcore import QuantizeConfig, quantize
-from quantcore.checkpoint import CHECKPOINT_FILE
+from quantcore.export.checkpoint import CHECKPOINT_FILE
 from tests.quantcore.models import conv_relu_gemm, save
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from quantcore import QuantizeConfig, annotate, calibrate, prepare, quantize
-from quantcore.batching import Batches, input_specs
-from quantcore.calibration import calibrate_clips
-from quantcore.clip_search import MIN_SAMPLES, SEARCH_SAMPLES, choose_clip
+from quantcore.calibrate.calibration import calibrate_clips
+from quantcore.calibrate.clip_search import MIN_SAMPLES, SEARCH_SAMPLES, choose_clip
+from quantcore.runtime.batching import Batches, input_specs
 from tests.quantcore.models import conv_bn_residual, save
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from quantcore.annotate.platforms import PLATFORMS
 from quantcore.config import PLATFORM_NAMES, NodeOverride, QuantizeConfig
-from quantcore.platforms import PLATFORMS
-from quantcore.tqc import QuantState, TensorQuantConfig
+from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 
 
 def test_symmetric_int8_defaults() -> None:

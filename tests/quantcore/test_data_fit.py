@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from quantcore import InvalidDataError, QuantizeConfig, preparation, prepare, quantize
+from quantcore import InvalidDataError, QuantizeConfig, prepare, quantize
+from quantcore.prepare import preparation
 from tests.quantcore.test_robustness import _model, _value
 
 RNG = np.random.default_rng(0)

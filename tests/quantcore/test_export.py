@@ -97,7 +97,7 @@ def test_quantized_tensor_that_is_a_graph_output_stays_float(tmp_path) -> None:
 def test_tqc_table(residual_export) -> None:
     _, annotation, exported, _ = residual_export
     table = json.loads(exported.tqc_path.read_text())
-    assert table["format"] == "quantcore.tqc/2" and table["platform"] == "tensorrt"
+    assert table["format"] == "quantcore.numerics.tqc/2" and table["platform"] == "tensorrt"
     assert set(table["tensors"]) == set(annotation.configs)
     weight = table["tensors"]["conv2.w"]
     assert weight["kind"] == "weight" and weight["state"] == "baked" and weight["axis"] == 0
@@ -306,9 +306,9 @@ def test_export_of_a_model_saved_with_external_data(tmp_path) -> None:
 def test_beyond_the_protobuf_limit_the_export_uses_external_data(tmp_path, monkeypatch) -> None:
     """The >2 GB path, exercised by lowering the limit: tensors go to model.qdq.onnx.data, the checker
     reads the model from disk, and ONNX Runtime runs it from its directory."""
-    import quantcore.protobuf
+    import quantcore.graph.protobuf
 
-    monkeypatch.setattr(quantcore.protobuf, "PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(quantcore.graph.protobuf, "PROTOBUF_LIMIT", 1000)
     x = np.random.default_rng(0).normal(size=(4, 3, 8, 8)).astype(np.float32)
     _, exported = quantize_stages(conv_bn_residual(), {"input": x}, tmp_path, platform="onnxruntime")
     assert {p.name for p in exported.files} == {"model.qdq.onnx", "model.qdq.onnx.data", "tqc.json"}

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
-from quantcore.fake_quant import fake_quantize_numpy, fake_quantize_tensor, quantize_array
-from quantcore.floating import E4M3FN, E5M2, FloatFormat, round_to_format
-from quantcore.policy import QuantPolicy, RoundingPolicy, make_policy
-from quantcore.rounding import round_values
-from quantcore.tqc import QuantState, TensorQuantConfig
+from quantcore.numerics.fake_quant import fake_quantize_numpy, fake_quantize_tensor, quantize_array
+from quantcore.numerics.floating import E4M3FN, E5M2, FloatFormat, round_to_format
+from quantcore.numerics.policy import QuantPolicy, RoundingPolicy, make_policy
+from quantcore.numerics.rounding import round_values
+from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 from tests.quantcore.reference import MODES, float_round_reference, linear_reference, round_reference
 
 P = QuantPolicy

@@ -1,4 +1,4 @@
-"""Half-precision models (``quantcore.half_precision``): computed in float32 inside, their interface
+"""Half-precision models (``quantcore.prepare.half_precision``): computed in float32 inside, their interface
 kept, then quantized like any float32 model. The float16 models are made as users make them: with
 onnxconverter-common's converter (edges kept or not, float32 islands) and with ``model.half()``
 before ``torch.onnx.export``."""
@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxconverter_common import float16
 
 from quantcore import QuantizeConfig, prepare, quantize
-from quantcore.engine.qdq_rules import check_qdq, summarize
-from quantcore.graph import iter_tensors, node_subgraphs
-from quantcore.half_precision import HALF
+from quantcore.graph.index import iter_tensors, node_subgraphs
+from quantcore.prepare.half_precision import HALF
+from quantcore.tensorrt.qdq_rules import check_qdq, summarize
 from tests.quantcore.zoo import TinyEncoder, build, export
 
 FP16_STEP = 2.0**-10  # float16's relative spacing: one rounding of an output to float16 is within it

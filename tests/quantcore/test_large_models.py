@@ -1,5 +1,5 @@
-"""Models beyond protobuf's 2 GiB (``quantcore.protobuf``), and the memory plan of a run and of its
-analysis (``quantcore.memory_plan``)."""
+"""Models beyond protobuf's 2 GiB (``quantcore.graph.protobuf``), and the memory plan of a run and of its
+analysis (``quantcore.runtime.memory_plan``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import quantcore.memory_plan
+import quantcore.runtime.memory_plan
 from quantcore import QuantizeConfig, quantize
-from quantcore.analysis_config import AccuracyTarget, AnalysisOptions
-from quantcore.config import ReconstructionConfig
+from quantcore.config import AccuracyTarget, AnalysisOptions, ReconstructionConfig
 from quantcore.errors import UnsupportedModelError
-from quantcore.memory_plan import RUN_FACTOR, WITH_CONES, WITHOUT_CONES, available_bytes, plan_memory
-from quantcore.protobuf import fits_in_protobuf, initializer_bytes, skeleton
+from quantcore.graph.protobuf import fits_in_protobuf, initializer_bytes, skeleton
+from quantcore.runtime.memory_plan import RUN_FACTOR, WITH_CONES, WITHOUT_CONES, available_bytes, plan_memory
 from tests.quantcore.models import external_tensor, matmul_chain
 from tests.quantcore.zoo import build
 
@@ -121,11 +120,11 @@ def test_the_memory_plan_drops_cones_then_the_analysis(available_weights, cones,
 def test_a_run_that_would_not_fit_is_refused_before_the_slow_stages(tmp_path, monkeypatch) -> None:
     model = chain(3, 512)  # 3 MiB of weights
     weights = initializer_bytes(model)
-    monkeypatch.setattr(quantcore.memory_plan, "resident_bytes", lambda: weights)
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "resident_bytes", lambda: weights)
     assert plan_memory(model, available=(RUN_FACTOR - 1) * weights).skip is not None  # fits, just
     with pytest.raises(UnsupportedModelError, match=r"needs about 12 MiB of memory \(4 times its 3 MiB of weights"):
         plan_memory(model, available=(RUN_FACTOR - 1) * weights - 1)
-    monkeypatch.setattr(quantcore.memory_plan, "available_bytes", lambda: weights)
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "available_bytes", lambda: weights)
     path = tmp_path / "chain.onnx"
     onnx.save_model(model, str(path))
     x = np.random.default_rng(0).normal(size=(8, 512)).astype(np.float32)
@@ -142,21 +141,21 @@ def test_available_memory_is_the_lesser_of_the_machine_and_the_cgroup(tmp_path, 
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    8000000 kB\n")
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
-    monkeypatch.setattr(quantcore.memory_plan, "MEMINFO", meminfo)
-    monkeypatch.setattr(quantcore.memory_plan, "CGROUP", cgroup)
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "MEMINFO", meminfo)
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "CGROUP", cgroup)
     assert available_bytes() == 8000000 * 1024  # no cgroup files: the machine's
     (cgroup / "memory.max").write_text("max\n")
     (cgroup / "memory.current").write_text("1000\n")
     assert available_bytes() == 8000000 * 1024  # an unlimited group
     (cgroup / "memory.max").write_text(f"{4 << 30}\n")
     assert available_bytes() == (4 << 30) - 1000  # a container's limit, less what the group uses
-    monkeypatch.setattr(quantcore.memory_plan, "MEMINFO", tmp_path / "absent")
-    monkeypatch.setattr(quantcore.memory_plan, "CGROUP", tmp_path / "absent")
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "MEMINFO", tmp_path / "absent")
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "CGROUP", tmp_path / "absent")
     assert available_bytes() is None
 
 
 def test_without_the_memory_the_analysis_is_skipped_and_the_report_says_why(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(quantcore.memory_plan, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(quantcore.runtime.memory_plan, "available_bytes", lambda: 1000)
     x = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
     model = tmp_path / "chain.onnx"
     onnx.save_model(chain(3, 64), str(model))
@@ -183,7 +182,7 @@ def test_without_memory_for_cones_the_layer_wise_runs_are_whole(tmp_path, monkey
     config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
     runs = {}
     for label, factor in (("cones", WITH_CONES), ("whole", WITH_CONES - 1)):
-        monkeypatch.setattr(quantcore.memory_plan, "available_bytes", lambda f=factor: f * weights)
+        monkeypatch.setattr(quantcore.runtime.memory_plan, "available_bytes", lambda f=factor: f * weights)
         layerwise = quantize(model, {"input": x}, {"input": x}, config, tmp_path / label).report["analysis"][
             "layerwise"
         ]
@@ -198,8 +197,8 @@ def test_models_handled_as_beyond_the_limit_give_the_same_report(tmp_path, monke
     skeletons and detached weights, as for a model beyond 2 GiB, measures exactly what the same run of
     whole models measures. (Evaluation opens the files.) The chains have the calibration samples the clip
     search needs."""
-    import quantcore.protobuf
-    import quantcore.session
+    import quantcore.graph.protobuf
+    import quantcore.runtime.session
 
     config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
     if name.startswith("chain"):
@@ -214,8 +213,8 @@ def test_models_handled_as_beyond_the_limit_give_the_same_report(tmp_path, monke
     path = tmp_path / f"{name}.onnx"
     onnx.save_model(proto, str(path))
     whole = quantize(path, calibration, evaluation, config, tmp_path / "whole").report
-    monkeypatch.setattr(quantcore.protobuf, "PROTOBUF_LIMIT", 1000)
-    monkeypatch.setattr(quantcore.protobuf, "DETACHED_TENSOR_BYTES", 64)
+    monkeypatch.setattr(quantcore.graph.protobuf, "PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(quantcore.graph.protobuf, "DETACHED_TENSOR_BYTES", 64)
     detached_weights = []
 
     def counted(model: onnx.ModelProto):
@@ -223,7 +222,7 @@ def test_models_handled_as_beyond_the_limit_give_the_same_report(tmp_path, monke
         detached_weights.append(len(tensors))
         return header, tensors
 
-    monkeypatch.setattr(quantcore.session, "skeleton", counted)
+    monkeypatch.setattr(quantcore.runtime.session, "skeleton", counted)
     detached = quantize(path, calibration, evaluation, config, tmp_path / "detached").report
     assert min(detached_weights) > 0  # each session with weights beside it
     # prepare, calibrate, the analysis's two models; the FP32 model and 5 candidates of the clip search;

@@ -1,4 +1,4 @@
-"""A logarithm's argument stays float (quantcore.float_regions): a spectrogram front end computed in the
+"""A logarithm's argument stays float (quantcore.prepare.float_regions): a spectrogram front end computed in the
 graph, as Spotify's basic-pitch (tf2onnx) computes its CQT: filter outputs stacked, scaled, squared,
 summed, logged, then a layer reads the log."""
 
@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import QuantizeConfig, prepare, quantize
-from quantcore.float_regions import LOG_REASON
+from quantcore.prepare.float_regions import LOG_REASON
 from tests.quantcore.models import save
 
 ARGUMENT = ["re", "im", "stack_re", "stack_im", "stack", "scale", "square", "sum", "floor", "log"]

@@ -10,9 +10,9 @@ import onnxruntime as ort
 import pytest
 
 from quantcore import QuantizeConfig, evaluate
-from quantcore.batching import output_batch_axes
-from quantcore.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, as_array, register_task_metric
-from quantcore.report import jsonable
+from quantcore.jsonable import jsonable
+from quantcore.numerics.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, as_array, register_task_metric
+from quantcore.runtime.batching import output_batch_axes
 from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_relu_gemm, save
 

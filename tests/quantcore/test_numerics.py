@@ -15,7 +15,7 @@ import torch
 from onnx import numpy_helper
 
 from quantcore import QuantizeConfig, annotate, calibrate, export, prepare
-from quantcore.fake_quant import fake_quantize
+from quantcore.numerics.fake_quant import fake_quantize
 from tests.quantcore.models import conv_relu_gemm
 
 

@@ -13,12 +13,12 @@ from unittest.mock import patch
 import numpy as np
 import pytest
 
-from quantcore import _binning
-from quantcore.clipping import mse_amax
-from quantcore.histogram import HistogramObserver
-from quantcore.observers import MinMaxObserver, PercentileObserver
-from quantcore.scaling import scale_offset
-from quantcore.tqc import TensorQuantConfig
+from quantcore.numerics.scaling import scale_offset
+from quantcore.numerics.tqc import TensorQuantConfig
+from quantcore.observers import _binning
+from quantcore.observers.clipping import mse_amax
+from quantcore.observers.histogram import HistogramObserver
+from quantcore.observers.registry import MinMaxObserver, PercentileObserver
 
 
 def test_minmax_per_tensor_and_per_channel() -> None:
@@ -151,9 +151,9 @@ import tracemalloc  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from quantcore.observers import OBSERVERS, EMAMinMaxObserver, make_observer  # noqa: E402
-from quantcore.policy import QuantPolicy, make_policy  # noqa: E402
-from quantcore.tqc import QuantState  # noqa: E402
+from quantcore.numerics.policy import QuantPolicy, make_policy  # noqa: E402
+from quantcore.numerics.tqc import QuantState  # noqa: E402
+from quantcore.observers.registry import OBSERVERS, EMAMinMaxObserver, make_observer  # noqa: E402
 from tests.quantcore.reference import float_round_reference, linear_reference  # noqa: E402
 
 FP8 = make_policy(floating=True)

@@ -25,7 +25,7 @@ import pytest
 from onnx import numpy_helper
 
 from quantcore import PLATFORMS, AnalysisOptions, InvalidDataError, QuantcoreError, QuantizeConfig, prepare, quantize
-from quantcore.engine import check_qdq
+from quantcore.tensorrt.engine import check_qdq
 from tests.quantcore.test_zoo import check_against_fake_quant
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"

@@ -12,10 +12,11 @@ import pytest
 from onnx import numpy_helper
 
 import quantcore
-from quantcore import AnalysisOptions, QuantizeConfig, annotate, cpu_features, prepare, quantize
+from quantcore import AnalysisOptions, QuantizeConfig, annotate, prepare, quantize
 from quantcore.errors import QuantcoreError
-from quantcore.parity import MAX_SQNR_LOSS_DB, MAX_TOP1_GAP, MIN_SQNR_DB, ParityVerdict, check_parity, remedy
-from quantcore.session import open_session
+from quantcore.evaluate.parity import MAX_SQNR_LOSS_DB, MAX_TOP1_GAP, MIN_SQNR_DB, ParityVerdict, check_parity, remedy
+from quantcore.runtime import cpu_features
+from quantcore.runtime.session import open_session
 from samples.digits import TRAIN_SAMPLES, load_dataset
 from tests.quantcore.models import conv_bn_residual
 
@@ -299,7 +300,7 @@ def test_fp8_exact_mode_matches_the_onnx_reference_evaluator(digits_sample, tmp_
     not (its layout passes mis-compute Conv on float8-dequantized weights), hence EXACT_OPTIMIZATION."""
     from onnx.reference import ReferenceEvaluator
 
-    from quantcore.session import EXACT_OPTIMIZATION, open_session
+    from quantcore.runtime.session import EXACT_OPTIMIZATION, open_session
 
     x = digits_sample.evaluation["input"][:20]
     result = quantize(
@@ -327,7 +328,7 @@ def _verdict_report(agree: bool) -> dict:
 
 
 def test_isolate_optimizer_names_the_first_rewrite_whose_absence_restores_agreement() -> None:
-    from quantcore.parity import SUSPECT_OPTIMIZERS, isolate_optimizer
+    from quantcore.evaluate.parity import SUSPECT_OPTIMIZERS, isolate_optimizer
 
     culprit = SUSPECT_OPTIMIZERS[2]
     tried = []
@@ -348,7 +349,7 @@ def test_isolate_optimizer_names_the_first_rewrite_whose_absence_restores_agreem
 def test_isolated_integer_kernels_name_the_missing_vnni(monkeypatch, flags) -> None:
     """When the rewrite that puts in the integer kernels is the culprit on a CPU without VNNI (tensorrt's
     int8 weights saturate there, measured on ocr-cls: deployed 3.8 dB from exact), the reason says so."""
-    from quantcore.parity import INTEGER_KERNEL_REWRITE, isolate_optimizer
+    from quantcore.evaluate.parity import INTEGER_KERNEL_REWRITE, isolate_optimizer
 
     monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset(flags.split()))

@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig, QuantState, annotate, calibrate, prepare
-from quantcore.annotation import NodeInput
-from quantcore.precision import parse_precision
+from quantcore.annotate.annotation import NodeInput
+from quantcore.numerics.precision import parse_precision
 from tests.quantcore.models import conv_bn_residual, masked_attention, padded_tokens
 
 

@@ -132,7 +132,7 @@ def test_garbage_file_is_an_invalid_model(tmp_path) -> None:
 
 
 def test_ir_version_is_lowered_only_as_far_as_the_opset_allows() -> None:
-    from quantcore.opset import MAX_RUNTIME_IR_VERSION, lower_ir_version, required_ir_version
+    from quantcore.prepare.opset import MAX_RUNTIME_IR_VERSION, lower_ir_version, required_ir_version
 
     model = conv_relu_gemm()
     model.ir_version = 14

@@ -20,13 +20,13 @@ from quantcore import (
     reconstruct,
 )
 from quantcore.errors import Canceled, UnsupportedModelError
-from quantcore.fake_quant import quantize_array
-from quantcore.graph import GraphIndex
+from quantcore.graph.index import GraphIndex
+from quantcore.numerics.fake_quant import quantize_array
+from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 from quantcore.reconstruction import partition
 from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
 from quantcore.reconstruction.converter import BlockModule
-from quantcore.session import open_session
-from quantcore.tqc import QuantState, TensorQuantConfig
+from quantcore.runtime.session import open_session
 from samples.digits import load_dataset
 from tests.onnx_builders import stateful_data, stateful_model, tiny_conv_model
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, export, prepare, reconstruct
-from quantcore.session import open_session
+from quantcore.runtime.session import open_session
 
 ITERS = 200  # a CPU test budget; the papers use 20000 steps per block
 NOISE = 2 / 500  # two held-out samples: below this, top-1 differences are noise

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, prepare, reconstruct
 from quantcore.reconstruction.torch_ops import OPS
-from quantcore.session import open_session
+from quantcore.runtime.session import open_session
 
 CONV_TRANSPOSE_CASES = {
     "plain": {},

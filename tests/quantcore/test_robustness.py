@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import PLATFORMS, QuantizeConfig, annotate, prepare, quantize
-from quantcore.float_regions import NORMALIZATION_REASON, POWER_REASON
+from quantcore.prepare.float_regions import NORMALIZATION_REASON, POWER_REASON
 
 RNG = np.random.default_rng(0)
 
@@ -439,7 +439,7 @@ def test_failing_shape_inference_is_tolerated(monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("[ShapeInferenceError] unsupported op")
 
-    monkeypatch.setattr("quantcore.shapes.shape_inference.infer_shapes", broken)
+    monkeypatch.setattr("quantcore.prepare.shapes.shape_inference.infer_shapes", broken)
     model = paddle_style()
     prepared = prepare(model)
     assert any("shape inference failed, continuing without it" in w for w in prepared.warnings)

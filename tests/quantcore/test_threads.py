@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from quantcore import clipping
-from quantcore.observers import make_observer
-from quantcore.threads import torch_threads
-from quantcore.tqc import TensorQuantConfig
+from quantcore.numerics.tqc import TensorQuantConfig
+from quantcore.observers import clipping, make_observer
+from quantcore.runtime.threads import torch_threads
 
 
 def test_torch_threads_sets_the_count_for_the_block_and_restores_it_even_when_the_block_raises() -> None:
@@ -41,7 +40,7 @@ def test_the_mse_search_runs_on_one_torch_thread_and_gives_the_callers_count_bac
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with patch("quantcore.clipping._mse_losses", recording):
+        with patch("quantcore.observers.clipping._mse_losses", recording):
             observer.bounds()
         assert threads_seen == [1, 1]  # the coarse and the fine search
         assert torch.get_num_threads() == 2

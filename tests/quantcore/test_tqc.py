@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quantcore.errors import UnsupportedModelError
-from quantcore.policy import QuantPolicy, RoundingPolicy, make_policy
-from quantcore.scaling import scale_offset
-from quantcore.storage import storage_type
-from quantcore.tqc import TRANSITIONS, QuantState, TensorQuantConfig
+from quantcore.numerics.policy import QuantPolicy, RoundingPolicy, make_policy
+from quantcore.numerics.scaling import scale_offset
+from quantcore.numerics.storage_type import storage_type
+from quantcore.numerics.tqc import TRANSITIONS, QuantState, TensorQuantConfig
 from tests.quantcore.reference import scale_offset_reference
 
 P = QuantPolicy

@@ -10,7 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from quantcore import InvalidModelError, inspect_model
-from quantcore.batching import input_specs
+from quantcore.runtime.batching import input_specs
 from tests.onnx_builders import stateful_model
 from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, save
 
@@ -38,7 +38,7 @@ def test_unknown_dimension_is_null(tmp_path) -> None:
 
 
 def test_records_each_inputs_batch_axis(tmp_path) -> None:
-    # quantcore.batching's rule, recorded for the service: state (2, batch, 8) along axis 1, sr constant
+    # quantcore.runtime.batching's rule, recorded for the service: state (2, batch, 8) along axis 1, sr constant
     info = inspect_model(save(stateful_model(), tmp_path / "m.onnx"))
     assert [(i["name"], i["batch_axis"]) for i in info["inputs"]] == [("x", 0), ("state", 1), ("sr", None)]
     assert [i["batch_axis"] for i in info["inputs"]] == [s.batch_axis for s in input_specs(stateful_model())]

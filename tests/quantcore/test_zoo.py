@@ -1,13 +1,13 @@
 """Every zoo model (tests/quantcore/zoo.py, plus the trained digits CNN; those exported from torch also as
 its default dynamo exporter writes them, ``resnet:dynamo``...) times every platform in
-``quantcore.platforms.PLATFORMS`` (iterated, so new platforms are covered as they land) quantizes
+``quantcore.annotate.platforms.PLATFORMS`` (iterated, so new platforms are covered as they land) quantizes
 with ``quantcore.quantize``, and the result
 
 - passes ``onnx.checker`` (full check) and loads and runs in ONNX Runtime, with integer kernels and
   as exact Q/DQ arithmetic;
 - keeps the graph input/output names, ranks, fixed sizes and symbolic (dynamic) dimensions, and runs
   on a batch with other sizes on those dimensions;
-- agrees with the torch fake-quant kernels (``quantcore.fake_quant``) tensor by tensor: for every
+- agrees with the torch fake-quant kernels (``quantcore.numerics.fake_quant``) tensor by tensor: for every
   DequantizeLinear of the exported model, ONNX Runtime's exact-QDQ output equals fake-quantizing
   the float tensor the QuantizeLinear read in that same run (for a weight: the prepared FP32
   initializer) with the scale and zero point the model stores, within one quantization step; after a
@@ -26,8 +26,8 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 from quantcore import QuantizeConfig, prepare, quantize
-from quantcore.platforms import PLATFORMS
-from quantcore.session import open_session
+from quantcore.annotate.platforms import PLATFORMS
+from quantcore.runtime.session import open_session
 from tests.quantcore.zoo import EXPORTED, ZOO, ZooModel, build
 
 INTEGER_RANGES = {
@@ -77,9 +77,9 @@ def _weighted_matmuls(model: onnx.ModelProto) -> int:
 def _simulate_dynamic(x: np.ndarray) -> tuple:
     """(fake-quantized x, tolerance): the torch kernels' DYNAMIC policy, which must reproduce ONNX's
     DynamicQuantizeLinear (uint8, the range of x widened to 0)."""
-    from quantcore.fake_quant import fake_quantize_numpy
-    from quantcore.policy import make_policy
-    from quantcore.tqc import QuantState, TensorQuantConfig
+    from quantcore.numerics.fake_quant import fake_quantize_numpy
+    from quantcore.numerics.policy import make_policy
+    from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 
     tqc = TensorQuantConfig(policy=make_policy(symmetric=False, dynamic=True), state=QuantState.ACTIVATED)
     step = (max(float(x.max()), 0.0) - min(float(x.min()), 0.0)) / 255
@@ -99,14 +99,14 @@ def _simulate(x: np.ndarray, scale: np.ndarray, zero: onnx.TensorProto | None, a
         shape[axis] = -1
     step = np.abs(scale).reshape(shape) if axis is not None else np.abs(scale)
     if elem_type in FLOAT8_FORMATS:
-        floating = pytest.importorskip("quantcore.floating")
+        floating = pytest.importorskip("quantcore.numerics.floating")
         fmt = floating.float_format(*FLOAT8_FORMATS[elem_type])
         y = floating.fake_quantize_float(x_t, torch.from_numpy(scale), fmt, axis).numpy()
         # one FP8 step at y's magnitude: 2^-M relative, the subnormal step 2^(1-B-M) absolute
         exponent, mantissa = FLOAT8_FORMATS[elem_type]
         bias = 2 ** (exponent - 1) - 1
         return y, np.abs(y) * 2.0**-mantissa + step * 2.0 ** (1 - bias - mantissa)
-    from quantcore.fake_quant import fake_quantize
+    from quantcore.numerics.fake_quant import fake_quantize
 
     quant_min, quant_max = INTEGER_RANGES[elem_type]
     y = fake_quantize(x_t, torch.from_numpy(scale), torch.from_numpy(offset), quant_min, quant_max, axis).numpy()

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from quantcore.threads import torch_threads
+from quantcore.runtime.threads import torch_threads
 from samples.digits import TRAIN_SAMPLES, load_dataset
 
 

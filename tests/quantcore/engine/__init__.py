@@ -1,1 +1,1 @@
-"""Tests of quantcore.engine (stage 7, build engine)."""
+"""Tests of quantcore.tensorrt.engine (stage 7, build engine)."""

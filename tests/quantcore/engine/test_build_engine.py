@@ -11,11 +11,11 @@ import onnx
 import pytest
 
 import quantcore
-from quantcore.batching import input_specs
-from quantcore.engine import EngineOptions, EngineResult, build_engine, observed_shapes
-from quantcore.engine.layer_precision import int8_annotated_nodes, layer_table
-from quantcore.engine.metadata import cuda_status, file_sha256
-from quantcore.engine.tensorrt_build import tensorrt_module
+from quantcore.runtime.batching import input_specs
+from quantcore.tensorrt.build import tensorrt_module
+from quantcore.tensorrt.engine import EngineOptions, EngineResult, build_engine, observed_shapes
+from quantcore.tensorrt.layer_precision import int8_annotated_nodes, layer_table
+from quantcore.tensorrt.metadata import cuda_status, file_sha256
 from tests.quantcore.models import conv_bn_residual, save
 
 

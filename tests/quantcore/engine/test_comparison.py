@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from quantcore.batching import input_specs
-from quantcore.engine import _latency_batches, _specs_at
-from quantcore.engine.comparison import compare_with_references
-from quantcore.engine.profiles import observed_shapes, profiles_for
+from quantcore.runtime.batching import input_specs
+from quantcore.tensorrt.comparison import compare_with_references
+from quantcore.tensorrt.engine import _latency_batches, _specs_at
+from quantcore.tensorrt.profiles import observed_shapes, profiles_for
 from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import save
 

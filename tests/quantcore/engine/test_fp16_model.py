@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, shape_inference
 
-from quantcore.engine.fp16_model import to_float16
-from quantcore.session import open_session
+from quantcore.runtime.session import open_session
+from quantcore.tensorrt.fp16_model import to_float16
 from tests.quantcore.zoo import ZOO, build
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import quantcore
-from quantcore.batching import InputSpec
-from quantcore.engine.latency import MIN_RUNS, LatencySettings, cpu_latency, feeds_for, summarize, time_calls
 from quantcore.errors import Canceled, InvalidDataError
+from quantcore.evaluate.cpu_latency import MIN_RUNS, LatencySettings, cpu_latency, feeds_for, summarize, time_calls
 from quantcore.progress import Monitor
+from quantcore.runtime.batching import InputSpec
 from tests.quantcore.models import conv_bn_residual, save
 
 FAST = LatencySettings(warmup=2, runs=12, budget_s=None)  # enough for percentiles; the numbers are not asserted on

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from quantcore.batching import input_specs
-from quantcore.engine.profiles import (
+from quantcore.errors import InvalidDataError
+from quantcore.runtime.batching import input_specs
+from quantcore.tensorrt.profiles import (
     OptimizationProfile,
     ShapeRange,
     derive_range,
@@ -15,7 +16,6 @@ from quantcore.engine.profiles import (
     observed_shapes,
     profiles_for,
 )
-from quantcore.errors import InvalidDataError
 from tests.onnx_builders import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual
 

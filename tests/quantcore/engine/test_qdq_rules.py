@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantcore
-from quantcore.engine.qdq_rules import RULES, Finding, check_qdq, summarize
-from quantcore.session import open_session
+from quantcore.runtime.session import open_session
+from quantcore.tensorrt.qdq_rules import RULES, Finding, check_qdq, summarize
 from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, matmul_convtranspose, save
 
 RNG = np.random.default_rng(0)

@@ -6,7 +6,7 @@ import json
 import multiprocessing
 from pathlib import Path
 
-from quantcore.engine import timing_cache
+from quantcore.tensorrt import timing_cache
 
 UPDATES = 25  # per process; each is a read-merge-write that would lose entries without the lock
 

@@ -7,9 +7,9 @@ import onnx
 import pytest
 
 from quantcore import QuantizeConfig, quantize
-from quantcore.batching import input_specs
-from quantcore.engine import build_engine, check_qdq, observed_shapes
-from quantcore.engine.metadata import cuda_status
+from quantcore.runtime.batching import input_specs
+from quantcore.tensorrt.engine import build_engine, check_qdq, observed_shapes
+from quantcore.tensorrt.metadata import cuda_status
 from tests.quantcore.zoo import ZOO, build
 
 CALIBRATION = 16  # of the zoo's 24 samples; the rest evaluate

@@ -1,0 +1,286 @@
+"""CPU deployment latency: ONNX Runtime (CPU EP, integer kernels as deployed) running the FP32 model
+and the quantized model at batch 1 and batch 32.
+
+Protocol per (model, batch): one session, up to ``warmup`` untimed runs, then up to ``runs`` timed runs
+of ``session.run`` on the same inputs (wall clock, ``time.perf_counter``). A time budget keeps large
+models from taking minutes: timing stops once ``budget_s`` seconds of timed runs and at least
+``MIN_RUNS`` runs are done, warming up once a fifth of it has passed (one run at least). A YOLOv8n
+(320x320, 0.4 s FP32 and 0.9 s quantized per batch of 32 on 2 cores) took 72 s at 50 runs; with 5 s
+per measurement the stage takes 17 s. The runs each measurement got are in its summary. Reported in ms:
+p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max; throughput =
+batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
+batch only; a dynamic batch axis gets each requested batch size.
+
+Inputs: rows of ``sample`` (samples on each input's batch axis, ``quantcore.runtime.batching``, repeated
+cyclically to fill a batch; constant inputs as given) when given, else synthetic (standard normal
+floats, zero integers); symbolic non-batch dimensions need a sample.
+The two models share threads settings and inputs; other load on the machine shows up in the numbers,
+which is why p90/p99 are reported beside p50.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quantcore.checks import require_seconds
+from quantcore.errors import InvalidDataError
+from quantcore.progress import Monitor
+from quantcore.runtime.batching import InputSpec, input_specs
+from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
+
+STAGE = "latency"
+PERCENTILES = (50, 90, 99)
+MIN_RUNS = 5  # timed runs a measurement gets before its budget can stop it (its median is then a real one)
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    """warmup / runs: at most this many untimed / timed runs per measurement (one model at one batch
+    size); budget_s: seconds of timed runs after which a measurement stops once it has ``MIN_RUNS``
+    (None: always ``warmup`` and ``runs``); batch_sizes for dynamic-batch models; threads: ONNX Runtime
+    intra-op threads (None: its default, one per physical core)."""
+
+    warmup: int = 5
+    runs: int = 50
+    budget_s: float | None = 5.0
+    batch_sizes: tuple[int, ...] = (1, 32)
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("warmup", "runs"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field == "warmup" else 1):
+                raise ValueError(f"{field} must be an integer >= {0 if field == 'warmup' else 1}, got {value!r}")
+        sizes = tuple(self.batch_sizes)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise ValueError(f"batch_sizes must be integers >= 1, got {self.batch_sizes!r}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
+        require_seconds("budget_s", self.budget_s)
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ValueError(f"threads must be None or an integer >= 1, got {self.threads!r}")
+
+
+def summarize(times_ms: Sequence[float], batch: int) -> dict[str, Any]:
+    """Percentiles, mean/min/max (ms) and throughput (samples/s) of ``times_ms`` at ``batch``."""
+    times = np.asarray(times_ms, dtype=np.float64)
+    if times.size == 0:
+        raise ValueError("no timings to summarize")
+    p50, p90, p99 = (float(v) for v in np.percentile(times, PERCENTILES))
+    total_s = float(times.sum()) / 1000.0
+    return {
+        "batch": int(batch),
+        "runs": int(times.size),
+        "p50_ms": p50,
+        "p90_ms": p90,
+        "p99_ms": p99,
+        "mean_ms": float(times.mean()),
+        "min_ms": float(times.min()),
+        "max_ms": float(times.max()),
+        "throughput_samples_per_s": batch * times.size / total_s if total_s > 0 else None,
+    }
+
+
+def time_calls(call: Callable[[], object], *, warmup: int, runs: int, budget_s: float | None = None) -> list[float]:
+    """Wall-clock ms of up to ``runs`` calls after up to ``warmup`` untimed ones. With ``budget_s``, the
+    warm-up ends once a call has run and ``budget_s / 5`` seconds have passed, and the timing once
+    ``MIN_RUNS`` calls (all of ``runs``, if fewer) are timed and their total reaches ``budget_s``."""
+    budget = float("inf") if budget_s is None else budget_s
+    started = time.perf_counter()
+    for _ in range(warmup):
+        call()
+        if time.perf_counter() - started >= budget / 5:
+            break
+    times, total = [], 0.0
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - started
+        times.append(elapsed * 1000.0)
+        total += elapsed
+        if total >= budget and len(times) >= MIN_RUNS:
+            break
+    return times
+
+
+def fixed_batch(specs: Sequence[InputSpec]) -> int | None:
+    """The batch every batched input fixes, if they all fix the same one (constant inputs have none)."""
+    batches = {spec.fixed_batch for spec in specs if spec.batch_axis is not None}
+    return batches.pop() if len(batches) == 1 and None not in batches else None
+
+
+def feeds_for(
+    specs: Sequence[InputSpec], batch: int, sample: Mapping[str, np.ndarray] | None = None, *, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """One batch of inputs: ``sample`` rows repeated cyclically, else synthetic values of the declared shape."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        if sample is not None and spec.name in sample:
+            rows = np.asarray(sample[spec.name])
+            axis = spec.batch_axis
+            if axis is None:  # a constant input (``quantcore.runtime.batching``): the same value in every batch
+                feeds[spec.name] = np.array(rows, dtype=spec.dtype)
+                continue
+            if rows.ndim <= axis or rows.shape[axis] == 0:
+                raise InvalidDataError(f"sample for input {spec.name!r} has no rows")
+            picked = np.take(rows, np.arange(batch) % rows.shape[axis], axis=axis)
+            feeds[spec.name] = np.ascontiguousarray(picked, dtype=spec.dtype)
+            continue
+        if spec.shape is None:
+            raise InvalidDataError(f"input {spec.name!r} has no known shape; give sample inputs")
+        shape = []
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, int) and dim > 0:
+                shape.append(dim)
+            elif axis == spec.batch_axis:
+                shape.append(batch)
+            else:
+                raise InvalidDataError(f"input {spec.name!r} axis {axis} is symbolic ({dim!r}); give sample inputs")
+        if np.issubdtype(spec.dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        else:
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return feeds
+
+
+def _session(
+    path: str | Path | bytes,
+    threads: int | None,
+    level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    disabled_optimizers: Sequence[str] = (),
+) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = level
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(
+        path if isinstance(path, bytes) else str(path),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(disabled_optimizers),
+    )
+
+
+def _deployed_session(
+    path: str | Path, threads: int | None, notes: list[str], disabled_optimizers: Sequence[str]
+) -> ort.InferenceSession:
+    """The quantized model as the evaluate stage deploys it: full optimization (integer kernels) without
+    ``disabled_optimizers`` (``quantcore.evaluate.parity``), or basic optimization where ONNX Runtime cannot build
+    the fully optimized graph (float8 Q/DQ in some versions); the fallback is noted."""
+    if disabled_optimizers:
+        notes.append(f"quantized model measured with ONNX Runtime's {', '.join(disabled_optimizers)} disabled")
+    try:
+        return _session(path, threads, disabled_optimizers=disabled_optimizers)
+    except Exception as error:  # ONNX Runtime raises its own exception types
+        notes.append(
+            f"ONNX Runtime's full optimization cannot build the quantized model ({str(error)[:200]}); "
+            "measured at basic optimization, Q/DQ run as float ops"
+        )
+        return _session(path, threads, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, disabled_optimizers)
+
+
+def cpu_latency(
+    fp32_model: str | Path | onnx.ModelProto,
+    quantized_model_path: str | Path,
+    *,
+    sample: Mapping[str, np.ndarray] | None = None,
+    settings: LatencySettings | None = None,
+    seed: int = 0,
+    disabled_optimizers: Sequence[str] = (),
+    monitor: Monitor | None = None,
+) -> dict[str, Any]:
+    """Plain-JSON latency of both models on ONNX Runtime's CPU EP::
+
+        {"device": "cpu", "provider", "threads", "warmup", "runs", "budget_s", "batch_sizes": [1, 32],
+         "fp32": {"batch_1": summary, "batch_32": summary}, "quantized": {...},
+         "speedup_p50": {"batch_1": fp32 p50 / quantized p50, ...}, "notes": [...]}
+
+    (a summary is ``summarize``'s dict). ``fp32_model``: a path, or the model itself where it is not the
+    file as given (a half-precision model's float32 computation, ``quantcore.prepare.half_precision``).
+    Fixed-batch models: ``batch_sizes`` is ``[their batch]``. A batch size the FP32 model does not run
+    on is left out of ``batch_sizes``, with a note.
+    ``disabled_optimizers``: ONNX Runtime rewrites the quantized model's session skips, as the deployed
+    evaluation does (``QuantizeConfig.disabled_optimizers``). ``monitor``: progress of stage ``latency``
+    after each measurement, and cancellation checked before each.
+    """
+    settings = settings or LatencySettings()
+    monitor = monitor or Monitor()
+    given = isinstance(fp32_model, onnx.ModelProto)
+    specs = input_specs(fp32_model if given else onnx.load(str(fp32_model), load_external_data=False))
+    notes = []
+    batches = settings.batch_sizes
+    fixed = fixed_batch(specs)
+    if fixed is not None:
+        batches = (fixed,)
+        notes.append(f"the model fixes batch {fixed}; measured at that batch only")
+    result: dict[str, Any] = {
+        "device": "cpu",
+        "provider": "CPUExecutionProvider",
+        "onnxruntime": ort.__version__,
+        "threads": settings.threads,
+        "cpu_count": os.cpu_count(),
+        "warmup": settings.warmup,
+        "runs": settings.runs,
+        "budget_s": settings.budget_s,
+        "batch_sizes": list(batches),
+        "fp32": {},
+        "quantized": {},
+        "speedup_p50": {},
+        "notes": notes,
+    }
+    sessions = {
+        "fp32": _session(fp32_model.SerializeToString() if given else fp32_model, settings.threads),
+        "quantized": _deployed_session(quantized_model_path, settings.threads, notes, disabled_optimizers),
+    }
+    measurements = len(batches) * len(sessions)
+    for i, batch in enumerate(batches):
+        feeds = feeds_for(specs, batch, sample, seed=seed)
+        key = f"batch_{batch}"
+        try:
+            for j, (label, session) in enumerate(sessions.items()):
+                monitor.check(STAGE)
+                times = time_calls(
+                    lambda s=session, f=feeds: s.run(None, f),
+                    warmup=settings.warmup,
+                    runs=settings.runs,
+                    budget_s=settings.budget_s,
+                )
+                result[label][key] = summary = summarize(times, batch)
+                done = i * len(sessions) + j + 1
+                monitor.report(
+                    STAGE,
+                    done / measurements,
+                    f"{label} at batch {batch}: p50 {summary['p50_ms']:.3g} ms, {len(times)} runs",
+                )
+        except RUNTIME_ERRORS as error:
+            if key in result["fp32"]:  # FP32 ran at this batch and the quantized model did not: a defect
+                raise
+            # the FP32 model itself does not run at this batch: its batch axis is time, convolved over
+            # (madmom's onset CNN), say
+            result["batch_sizes"].remove(batch)
+            notes.append(f"not measured at batch {batch}: the FP32 model does not run on it ({runtime_message(error)})")
+            continue
+        cut = [
+            f"{label} {result[label][key]['runs']}" for label in sessions if result[label][key]["runs"] < settings.runs
+        ]
+        if cut:
+            notes.append(
+                f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget ({', '.join(cut)} runs)"
+            )
+        quantized_p50 = result["quantized"][key]["p50_ms"]
+        result["speedup_p50"][key] = result["fp32"][key]["p50_ms"] / quantized_p50 if quantized_p50 > 0 else None
+        if result["speedup_p50"][key] is not None and result["speedup_p50"][key] < 1.0:
+            notes.append(f"at batch {batch} the quantized model is slower than FP32 on this CPU")
+    return result
