@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     # Celery workers add this to their niceness when they start (`worker.app`; relative, as `nice -n`,
     # capped at 19), so that an API on the same host keeps the CPU it needs to answer while jobs
     # quantize (on a 2-core machine, GET p99 222 ms with the job worker at the API's priority, 135 ms
-    # 10 below it: bench/README.md). It only matters when the CPU is contended; 0 leaves it alone.
+    # 10 below it, measured by bench.load). It only matters when the CPU is contended; 0 leaves it alone.
     worker_nice: int = Field(default=10, ge=0, le=19)
 
     # TensorRT engine stage (`worker.engine_routing`). A job whose worker has no GPU with TensorRT hands the

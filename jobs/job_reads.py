@@ -5,7 +5,7 @@ select just the columns `api.schemas.JobPublic` shows, on the table rather than 
 `Job` objects are built, tracked in the session and then read back attribute by attribute. Their
 statements are built once, values bound at execution (building a select and its cache key took a
 list request about 7 % of its CPU). Beyond the session's fixed cost (checkout, pre-ping, commit), a
-page of 20 fell from 0.49 to 0.15 ms of CPU, one job from 0.14 to 0.07 ms (bench/README.md). Pages
+page of 20 fell from 0.49 to 0.15 ms of CPU, one job from 0.14 to 0.07 ms (``bench.request_cpu``). Pages
 follow `jobs.cursors` (newest first, keyset on (created_at, id)). Writes and everything that needs a
 `Job` object go through `jobs.queries`.
 """

@@ -38,7 +38,7 @@ class KeyProject:
 
 # The lookup every request makes, built once, on the tables rather than the ORM classes: the columns it
 # needs as one row, no ORM objects to build and track. Its CPU beyond the session's fixed cost (checkout,
-# pre-ping, commit: 0.27 ms) fell from 0.12 ms (ApiKey loaded with its Project) to 0.02 ms (bench/README.md).
+# pre-ping, commit: 0.27 ms) fell from 0.12 ms (ApiKey loaded with its Project) to 0.02 ms (bench.request_cpu).
 _keys, _projects = ApiKey.__table__.c, Project.__table__.c
 _LIVE_KEY = (
     select(

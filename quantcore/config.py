@@ -152,7 +152,7 @@ class ReconstructionConfig:
     against the regularizer's 8λ at β = 2. Small layers at 2 bit have curvatures of 0.1-1.3 (bench's
     `narrow` ResNet), above the papers' 8·0.01, and then stay undecided however long they train (measured
     there: 53 % of h(V) undecided after 300, 1000 and 3000 steps alike, and hardening tripling the block
-    loss); see bench/README.md.
+    loss).
     cache_bytes: block inputs/targets are held in memory up to this size and memory-mapped from a
     temporary file beyond it. seed: sampling, dropping and everything else random. threads: torch
     intra-op threads on CPU while reconstructing (0: torch's default; 1 is fastest for small blocks on

@@ -120,7 +120,7 @@ def test_the_soft_time_limit_fails_the_job_and_names_it(service: Service, digits
     model, dataset = service.upload(key, model_path.read_bytes(), data_path.read_bytes())
     # Work that outlasts the limit many times over on any machine: AdaRound at its most steps (100000 per
     # layer, polled for cancellation every 10). Not a long calibration: its length is what the engine makes
-    # shorter (30000 batches of one went from 2.5 to 1.4-1.7 s in session 25, and the job ended in time).
+    # shorter (30000 batches of one take 1.4-1.7 s, and such a job ends in time).
     recipe = {
         **SLOW_RECIPE,
         "calibration": {"num_samples": 256},

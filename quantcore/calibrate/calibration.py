@@ -134,7 +134,7 @@ class ActivationFetcher:
         self.quiet.log_severity_level = 4  # a refused buffer is expected: no error line on stderr
         # ONNX Runtime's default graph id, named: its Python wrapper (1.32) looks the key up in every run's
         # options, and a missing key costs a raised and caught error, 24 µs a run: a third of the digits
-        # CNN's calibration in batches of one, a fifth of wakeword-jarvis's (bench/README, session 25)
+        # CNN's calibration in batches of one, a fifth of wakeword-jarvis's
         self.quiet.add_run_config_entry("gpu_graph_id", "0")
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -10,7 +10,7 @@ The calibration pass keeps histograms that give several percentiles at no extra 
 MSE threshold estimated on the same histogram (``quantcore.observers.clipping.mse_amax``): the candidates
 (``quantcore.calibrate.calibration.calibrate_clips``). No one rule suits every model either: with the ``mse``
 observer instead of the percentile, the bench's held-out SQNR moved by -1.5 to +7.7 dB across its real
-models (bench/README.md, session 23). ``choose_clip`` builds the exact Q/DQ model of each candidate,
+models of ``bench.quality``. ``choose_clip`` builds the exact Q/DQ model of each candidate,
 runs it on the first ``SEARCH_SAMPLES`` calibration samples and keeps the candidate whose worst float
 output comes closest to FP32 (SQNR; ties: the configured clip). Calibration samples,
 not evaluation ones, so the figures the report gives on the evaluation data are not the ones selected on;
@@ -39,7 +39,7 @@ STAGE = "clip"
 SEARCH_SAMPLES = 32
 # Calibration samples a choice needs. With the 16 of the test zoo's models the choice made on them was
 # worse on held-out samples for 4 of 9 models (-0.9 to -1.9 dB) and better for 3 (+0.4 to +2.1); with
-# 128 on the bench's real models, better for 5 of 9 and worse for 1 (bench/README.md, session 18).
+# 128 on the bench's real models (``bench.quality``), better for 5 of 9 and worse for 1.
 MIN_SAMPLES = 64
 
 

@@ -112,7 +112,7 @@ FINE = 32
 # 2-core machine, every search of a model on two threads took about twice the CPU time for at most 14 %
 # less wall time (ocr-det 122 against 60 CPU ms, 62 against 60 wall ms; ocr-cls 78 / 44 CPU, 38 / 44
 # wall), and with another process busy on a core, more of both (ocr-cls 118 / 42 CPU, 78 / 42 wall ms):
-# ``bench.observer_kernels``, bench/README.md session 24.
+# measured by ``bench.observer_kernels``.
 SEARCH_THREADS = 1
 
 

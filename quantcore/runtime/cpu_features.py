@@ -12,7 +12,7 @@ kernels: full 8-bit weights are exact there. Two exact answers without VNNI:
 - the full int8 grid stored as uint8 with its zero point moved by 128 (q_u8 = q_s8 + 128: the same
   dequantized values): ONNX Runtime then runs its u8u8 kernels, which do not add u8·s8 pairs in 16
   bits (measured: deployed agrees with exact Q/DQ, tests/quantcore/test_parity.py). Full precision;
-  those kernels are slower (bench/README).
+  those kernels are slower (``bench.quality --latency``).
 """
 
 from __future__ import annotations

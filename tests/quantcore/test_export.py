@@ -134,8 +134,8 @@ def test_matmul_and_convtranspose_export_runs_in_onnxruntime(tmp_path) -> None:
 @pytest.mark.parametrize("platform", ["onnxruntime", "onnxruntime-dynamic", "tensorrt"])
 def test_masked_attention_keeps_its_accuracy(tmp_path, platform: str) -> None:
     # padded tokens get -3.4e38 added to their scores before the Softmax. At int8, this block measures
-    # about 35 dB against FP32 on either platform; quantizing the masked sum (the onnxruntime rules before
-    # session 20 gave every Add of two float tensors an integer kernel) put -3.4e38 and the scores on one
+    # about 35 dB against FP32 on either platform; quantizing the masked sum (as onnxruntime rules that
+    # give every Add of two float tensors an integer kernel would) puts -3.4e38 and the scores on one
     # scale: 9.9 dB. 28 dB separates the two with room for another seed's noise.
     model = masked_attention()
     _, exported = quantize_stages(model, padded_tokens(64, 12, 8, seed=0), tmp_path, platform=platform, batch_size=8)

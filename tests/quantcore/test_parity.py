@@ -366,8 +366,8 @@ def test_low_bit_mobilenet_is_deployed_without_the_rewrite_that_breaks_it(digits
     raises on a Clip before a uint4 QuantizeLinear): the pipeline finds it, leaves it out, and says so.
     Once built, its WeightBiasQuantization rounds the float biases to int32 steps of s_x·s_w, coarse at 4
     bits. Whether that passes parity depends on the CPU's kernels and on the model trained on it: on an AMD
-    EPYC (sessions 18 to 29) the deployed model was far from exact Q/DQ (16.9 dB) but not less accurate
-    (15.2 against 14.7 dB from FP32), so the rewrite stayed; on an Intel Xeon (session 30) top-1 moved 0.6
+    EPYC the deployed model was far from exact Q/DQ (16.9 dB) but not less accurate
+    (15.2 against 14.7 dB from FP32), so the rewrite stayed; on an Intel Xeon top-1 moved 0.6
     points from exact, so parity left it out too and said so. Either way the report's deployed numbers
     are what the user gets."""
     images, labels = load_dataset(0)

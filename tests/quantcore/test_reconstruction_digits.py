@@ -86,11 +86,11 @@ def test_every_reconstructed_block_lowered_its_loss(results) -> None:
 
 
 # The narrow ResNet (tests.quantcore.trained, 4 channels wide) is where W4A4 costs top-1 itself: measured
-# FP32 97.0 / RTN 93.8 % here (Xeon), 97.2 / 94.6 on an EPYC (bench/README.md), so the accuracy order and
+# FP32 97.0 / RTN 93.8 % here (Xeon), 97.2 / 94.6 on an EPYC (bench.reconstruct), so the accuracy order and
 # the share of the gap QDrop closes can be asserted in accuracy, not only in the logits' SQNR.
 NARROW_SEEDS = (0, 1, 2)
 # points of top-1 between two methods' means over NARROW_SEEDS that count as noise: a method's seed-to-seed
-# std was 0.0 to 0.5 points on both CPUs (bench/README.md), so a difference of two 3-seed means has a std
+# std was 0.0 to 0.5 points on both CPUs (bench.reconstruct), so a difference of two 3-seed means has a std
 # of at most about 0.4 points; 0.6 is 1.5 of those, 3 of the 500 held-out samples
 NARROW_NOISE = 0.006
 
