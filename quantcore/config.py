@@ -16,19 +16,42 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-from quantcore.annotate.platforms import PLATFORMS
 from quantcore.checks import require_bool, require_choice, require_int, require_seconds, string_tuple
 from quantcore.numerics.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
 from quantcore.observers.registry import ACTIVATION_OBSERVERS
 from quantcore.runtime.cpu_features import REDUCE_RANGE_CHOICES
 
-PLATFORM_NAMES = tuple(PLATFORMS)
+# The platforms a run may name: the keys of ``quantcore.annotate.platforms.PLATFORMS``, whose rule sets sit
+# above config (they read it); a test pins the two together.
+PlatformName = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"]
+PLATFORM_NAMES: tuple[PlatformName, ...] = get_args(PlatformName)
+# platform -> the precisions it accepts, its default first; None: int8 and any integer wXaY. Here, not in
+# the platforms' rule sets, so that a run's precision is checked and defaulted with its other options.
+PLATFORM_PRECISIONS: dict[PlatformName, tuple[str, ...] | None] = {
+    "tensorrt": ("int8", "w8a8"),
+    "tensorrt-fp8": ("fp8",),
+    "onnxruntime": ("int8", "w8a8"),
+    "onnxruntime-dynamic": ("int8", "w8a8"),  # DynamicQuantizeLinear is uint8 only
+    "academic": None,
+}
 DEVICES = ("cpu", "cuda")
 CLIPS = ("percentile", "mse")  # where a percentile-observed tensor is clipped (QuantizeConfig.clip)
 RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
 MAX_RECONSTRUCTION_ITERS = 100_000
+
+
+def default_precision(platform: PlatformName) -> str:
+    """The precision a run gets when it names none: the platform's first, int8 where it takes any."""
+    accepted = PLATFORM_PRECISIONS[platform]
+    return accepted[0] if accepted else "int8"
+
+
+def accepts_precision(platform: PlatformName, precision: str) -> bool:
+    """Whether ``platform`` runs ``precision`` (a valid precision name, see ``PLATFORM_PRECISIONS``)."""
+    accepted = PLATFORM_PRECISIONS[platform]
+    return precision != "fp8" if accepted is None else precision in accepted
 
 
 def _require_range(name: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
@@ -39,7 +62,6 @@ def _require_range(name: str, value: object, lo: float, hi: float, *, integer: b
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-
 
 
 # metric -> True when higher values are better (the threshold is a floor), False when it is a ceiling
@@ -267,9 +289,8 @@ class QuantizeConfig:
 
     platform: rule set placing Q/DQ (``quantcore.annotate.platforms``: tensorrt, tensorrt-fp8, onnxruntime,
     onnxruntime-dynamic, academic). precision: ``int8`` | ``fp8`` | ``wXaY`` (``quantcore.numerics.precision``),
-    accepted per
-    platform (fp8 only on tensorrt-fp8; wXaY other than w8a8 only on academic); None (the default):
-    the platform's own, fp8 on tensorrt-fp8 and int8 elsewhere.
+    accepted per platform (``PLATFORM_PRECISIONS``: fp8 only on tensorrt-fp8; wXaY other than w8a8 only on
+    academic); None (the default): the platform's own, fp8 on tensorrt-fp8 and int8 elsewhere.
     observer: how activation ranges are derived (``quantcore.observers.registry``; ``percentile`` takes
     amax = the ``percentile``-th percentile of |x|). percentile_candidates: other percentiles the run
     tries for the tensors observed by ``percentile``, with the MSE threshold (``clip="mse"``), keeping
@@ -294,7 +315,7 @@ class QuantizeConfig:
     harmful layers in float (``quantcore.analysis.accuracy_target``); None: quantize everything the rules allow.
     """
 
-    platform: str = "tensorrt"
+    platform: PlatformName = "tensorrt"
     precision: str | None = None
     observer: str = "percentile"
     percentile: float = 99.99
@@ -316,10 +337,10 @@ class QuantizeConfig:
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
         if self.precision is None:
-            object.__setattr__(self, "precision", PLATFORMS[self.platform].default_precision)
+            object.__setattr__(self, "precision", default_precision(self.platform))
         parse_precision(self.precision)
-        if not PLATFORMS[self.platform].accepts(self.precision):
-            accepted = PLATFORMS[self.platform].precisions or ("int8", "wXaY")
+        if not accepts_precision(self.platform, self.precision):
+            accepted = PLATFORM_PRECISIONS[self.platform] or ("int8", "wXaY")
             raise ValueError(
                 f"precision {self.precision!r} is not available on platform {self.platform!r} "
                 f"(it accepts {', '.join(accepted)})"

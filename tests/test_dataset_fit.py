@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jobs.config import Settings
 from jobs.dataset_fit import LEGACY, dataset_mismatches
-from jobs.npz import InvalidArchive, inspect_npz
+from jobs.npz import InvalidArchive, inspect_npz, npz_limits
 from quantcore import inspect_model
-from tests.onnx_builders import stateful_data, stateful_model
+from samples.tiny import stateful_data, stateful_model
 from tests.quantcore.models import save
 
 
@@ -23,7 +24,8 @@ def info(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def _arrays(tmp_path: Path, **arrays: np.ndarray) -> tuple[list[dict], int | None]:
     np.savez(tmp_path / "d.npz", **arrays)
-    return inspect_npz(tmp_path / "d.npz", max_arrays=16)
+    listing = inspect_npz(tmp_path / "d.npz", limits=npz_limits(Settings(max_dataset_arrays=16)))
+    return listing.arrays, listing.num_samples
 
 
 def test_a_dataset_batched_along_each_inputs_axis_fits(info: dict, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from jobs.recipe import ONNXRUNTIME_PLATFORMS, PLATFORM_PRECISIONS, Recipe
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig
+from quantcore.config import PLATFORM_PRECISIONS as ENGINE_PRECISIONS
 from quantcore.observers.registry import ACTIVATION_OBSERVERS
 from worker.translate import to_quantize_config
 
@@ -161,8 +162,7 @@ def test_reconstruction_translates_with_the_recipe_seed() -> None:
 
 def test_recipe_choices_match_quantcore() -> None:
     assert set(PLATFORM_PRECISIONS) == set(PLATFORMS)
-    for name, precisions in PLATFORM_PRECISIONS.items():
-        assert precisions == PLATFORMS[name].precisions or (precisions is None and PLATFORMS[name].precisions is None)
+    assert PLATFORM_PRECISIONS == ENGINE_PRECISIONS
     # reduce_range is accepted exactly where the engine's weights run on u8s8 kernels
     assert set(ONNXRUNTIME_PLATFORMS) == {name for name, p in PLATFORMS.items() if p.reduced_range_remedy}
     observers = set(Recipe.model_json_schema()["$defs"]["CalibrationSpec"]["properties"]["observer"]["enum"])

@@ -33,7 +33,8 @@ from quantcore.graph.ops import COMPUTE_OPS
 from quantcore.numerics.tqc import TensorQuantConfig
 
 if TYPE_CHECKING:
-    from quantcore.config import QuantizeConfig
+    from quantcore.config import PlatformName, QuantizeConfig
+
 
 @dataclass(frozen=True)
 class QuantRequest:
@@ -253,8 +254,9 @@ class Platform:
     """A named rule set plus its presets.
 
     rules: op_type → rule; ops absent from ``rules`` (and ops outside the default ONNX domain) use
-    ``keep_float``. weight / activation: the TQC presets the rules instantiate. precisions: the
-    precision names this platform accepts (None: any integer ``wXaY``). boundary_bits: bits of the first
+    ``keep_float``. weight / activation: the TQC presets the rules instantiate. The precisions a
+    platform accepts are the run config's (``quantcore.config.PLATFORM_PRECISIONS``, by ``name``), checked
+    before any rule runs, so its rules only see precisions it takes. boundary_bits: bits of the first
     and last compute layer (weights and the activation they read), whatever the precision says.
     floating: the platform quantizes to FP8 (``tensorrt-fp8``). notes: statements for the report
     about choices made for this run (e.g. a reduced weight range). unsigned_weights: whether int8
@@ -263,12 +265,11 @@ class Platform:
     (``reduce_range="on"``) are the parity check's remedy for a saturating CPU (``quantcore.evaluate.parity``).
     """
 
-    name: str
+    name: PlatformName
     rules: Mapping[str, Rule]
     weight: WeightPreset
     activation: ActivationPreset
     description: str = ""
-    precisions: tuple[str, ...] | None = ("int8", "w8a8")
     boundary_bits: int | None = None
     floating: bool = False
     notes: Callable[[QuantizeConfig], list[str]] = field(default=lambda config: [])
@@ -279,13 +280,3 @@ class Platform:
         if node.domain not in ("", "ai.onnx"):
             return keep_float
         return self.rules.get(node.op_type, keep_float)
-
-    @property
-    def default_precision(self) -> str:
-        """The precision a run gets when it names none: the platform's first, int8 where it takes any."""
-        return self.precisions[0] if self.precisions else "int8"
-
-    def accepts(self, precision: str) -> bool:
-        if self.precisions is None:
-            return precision != "fp8"
-        return precision in self.precisions

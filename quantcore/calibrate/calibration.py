@@ -47,7 +47,7 @@ from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 from quantcore.observers import registry as observers
 from quantcore.observers.clipping import mse_amax
 from quantcore.observers.histogram import PercentileObserver
-from quantcore.observers.registry import Observer
+from quantcore.observers.registry import Observer, ObserverSettings
 from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.runtime.batching import EXPOSED_BYTES_PER_BATCH, Batches, input_specs
@@ -61,7 +61,7 @@ def make_observer(tqc: TensorQuantConfig, config: QuantizeConfig, *, resolve_all
     """The observer named by ``tqc.observer``, aimed at ``tqc``'s grid (kl, mse, floating search
     their range for it); the percentile comes from the run's config. ``resolve_all``: see
     ``quantcore.observers.registry`` (``complete``)."""
-    return observers.make_observer(tqc, percentile=config.percentile, resolve_all=resolve_all)
+    return observers.make_observer(tqc, ObserverSettings(percentile=config.percentile, resolve_all=resolve_all))
 
 
 def dominator_root(name: str, configs: Mapping[str, TensorQuantConfig]) -> str:

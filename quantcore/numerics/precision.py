@@ -6,7 +6,7 @@ A precision name is what a recipe says; ``parse_precision`` turns it into a ``Pr
     wXaY    weights X bit, activations Y bit, X, Y in [2, 8]    e.g. w4a8, w4a4, w2a4
     fp8     weights and activations FP8 E4M3 (4 exponent bits, 3 mantissa bits, max 448)
 
-Which precisions a platform accepts is the platform's data (``Platform.precisions``).
+Which precisions a platform accepts is the run config's data (``quantcore.config.PLATFORM_PRECISIONS``).
 """
 
 from __future__ import annotations

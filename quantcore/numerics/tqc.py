@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -31,9 +31,14 @@ from quantcore.numerics.policy import (
     validate_policy,
 )
 
-__all__ = ["QuantPolicy", "QuantState", "RoundingPolicy", "TensorQuantConfig"]
+__all__ = ["OBSERVER_NAMES", "ObserverName", "QuantPolicy", "QuantState", "RoundingPolicy", "TensorQuantConfig"]
 
 MIN_BITS, MAX_BITS = 2, 16
+
+# The observers a TQC may name: the keys of ``quantcore.observers.registry.OBSERVERS`` (a test pins the two
+# together). Named here rather than read from the registry because the observers build on TQCs.
+ObserverName = Literal["minmax", "ema_minmax", "percentile", "kl", "mse", "floating", "constant"]
+OBSERVER_NAMES: tuple[ObserverName, ...] = get_args(ObserverName)
 
 
 class QuantState(enum.Enum):
@@ -116,7 +121,7 @@ class TensorQuantConfig:
 
     num_bits: int
     channel_axis: int | None
-    observer: str
+    observer: ObserverName
     quant_min: int | float
     quant_max: int | float
     scale: np.ndarray | None
@@ -134,7 +139,7 @@ class TensorQuantConfig:
         symmetric: bool | None = None,
         per_channel: bool | None = None,
         channel_axis: int | None = None,
-        observer: str = "minmax",
+        observer: ObserverName = "minmax",
         quant_min: int | float | None = None,
         quant_max: int | float | None = None,
         scale: np.ndarray | float | None = None,
@@ -226,10 +231,8 @@ class TensorQuantConfig:
             require_int("channel_axis", self.channel_axis)
         elif self.channel_axis is not None:
             raise ValueError("channel_axis must be None when per_channel is False")
-        from quantcore.observers.registry import OBSERVERS  # here, not at import: observers read TQCs
-
-        if self.observer not in OBSERVERS:
-            raise ValueError(f"observer must be one of {sorted(OBSERVERS)}, got {self.observer!r}")
+        if self.observer not in OBSERVER_NAMES:
+            raise ValueError(f"observer must be one of {sorted(OBSERVER_NAMES)}, got {self.observer!r}")
         if not isinstance(self.rounding, RoundingPolicy):
             raise ValueError(f"rounding must be a RoundingPolicy, got {self.rounding!r}")
         if not isinstance(self.state, QuantState):

@@ -5,9 +5,9 @@ the range (lo, hi) the statistics support. Turning a range into scale and offset
 ``quantcore.numerics.scaling.scale_offset``, the single place where that happens. State never grows with the
 number of batches (``state_nbytes`` lets tests check it); no sample is ever buffered.
 
-Registry: ``OBSERVERS[name](axis=..., percentile=..., tqc=..., momentum=..., bins=..., resolve_all=...)``
-builds an observer (every keyword optional, every factory takes them all); ``TensorQuantConfig.observer``
-holds one of these names:
+Registry: ``OBSERVERS[name](ObserverSettings(...))`` builds an observer (every factory takes the one
+settings object and reads the fields it needs); ``TensorQuantConfig.observer`` holds one of these names
+(``quantcore.numerics.tqc.ObserverName``):
 
     minmax       running min / max
     ema_minmax   exponential moving average of each batch's min / max: m ← μ·m + (1-μ)·m_batch
@@ -29,11 +29,12 @@ observed again by an observer built with ``resolve_all=True``, which is always c
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
-from quantcore.numerics.tqc import TensorQuantConfig
+from quantcore.numerics.tqc import ObserverName, TensorQuantConfig
 from quantcore.observers.clipping import FloatingObserver, KLObserver, MSEObserver
 from quantcore.observers.histogram import HistogramObserver, PercentileObserver, finite_values
 
@@ -48,6 +49,7 @@ __all__ = [
     "MSEObserver",
     "MinMaxObserver",
     "Observer",
+    "ObserverSettings",
     "PerChannelObserver",
     "PercentileObserver",
 ]
@@ -238,46 +240,70 @@ class PerChannelObserver:
         return sum(o.state_nbytes for o in self.channels)
 
 
-ObserverFactory = Callable[..., Observer]
+@dataclass(frozen=True)
+class ObserverSettings:
+    """What an observer factory builds from; each factory reads the fields its observer uses and the
+    observer checks their values.
+
+    axis: None for per-tensor, else the channel axis (one range per slice). tqc: the target grid; the
+    histogram observers clip for it (kl/mse/floating search their threshold on it, an asymmetric grid
+    gets a one-sided range) and ``constant`` reports its ``constant_range``.
+    percentile: amax of ``percentile`` is that percentile of |x|. momentum: μ of ``ema_minmax``.
+    bins: histogram bins of the histogram observers. resolve_all: a ``percentile`` observer that
+    resolves every bin, hence is ``complete`` whatever the data (see module).
+    """
+
+    axis: int | None = None
+    tqc: TensorQuantConfig | None = None
+    percentile: float = 99.99
+    momentum: float = 0.9
+    bins: int = 2048
+    resolve_all: bool = False
+
+
+ObserverFactory = Callable[[ObserverSettings], Observer]
 
 
 def _per_channel_or_tensor(axis: int | None, make: Callable[[], Observer]) -> Observer:
     return make() if axis is None else PerChannelObserver(axis, make)
 
 
-def _minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
-    return MinMaxObserver(axis=axis)
+def _minmax(settings: ObserverSettings) -> Observer:
+    return MinMaxObserver(axis=settings.axis)
 
 
-def _ema_minmax(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
-    return EMAMinMaxObserver(axis=axis, momentum=momentum)
+def _ema_minmax(settings: ObserverSettings) -> Observer:
+    return EMAMinMaxObserver(axis=settings.axis, momentum=settings.momentum)
 
 
-def _percentile(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
+def _percentile(settings: ObserverSettings) -> Observer:
     return _per_channel_or_tensor(
-        axis, lambda: PercentileObserver(percentile=percentile, bins=bins, tqc=tqc, resolve_all=resolve_all)
+        settings.axis,
+        lambda: PercentileObserver(
+            percentile=settings.percentile, bins=settings.bins, tqc=settings.tqc, resolve_all=settings.resolve_all
+        ),
     )
 
 
-def _kl(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
-    return _per_channel_or_tensor(axis, lambda: KLObserver(bins=bins, tqc=tqc))
+def _kl(settings: ObserverSettings) -> Observer:
+    return _per_channel_or_tensor(settings.axis, lambda: KLObserver(bins=settings.bins, tqc=settings.tqc))
 
 
-def _mse(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
-    return _per_channel_or_tensor(axis, lambda: MSEObserver(bins=bins, tqc=tqc))
+def _mse(settings: ObserverSettings) -> Observer:
+    return _per_channel_or_tensor(settings.axis, lambda: MSEObserver(bins=settings.bins, tqc=settings.tqc))
 
 
-def _floating(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
-    return _per_channel_or_tensor(axis, lambda: FloatingObserver(bins=bins, tqc=tqc))
+def _floating(settings: ObserverSettings) -> Observer:
+    return _per_channel_or_tensor(settings.axis, lambda: FloatingObserver(bins=settings.bins, tqc=settings.tqc))
 
 
-def _constant(*, axis=None, percentile=99.99, tqc=None, momentum=0.9, bins=2048, resolve_all=False) -> Observer:
-    if tqc is None or tqc.constant_range is None:
+def _constant(settings: ObserverSettings) -> Observer:
+    if settings.tqc is None or settings.tqc.constant_range is None:
         raise ValueError("the constant observer needs tqc=TensorQuantConfig(observer='constant', constant_range=...)")
-    return ConstantObserver(*tqc.constant_range, axis=axis)
+    return ConstantObserver(*settings.tqc.constant_range, axis=settings.axis)
 
 
-OBSERVERS: dict[str, ObserverFactory] = {
+OBSERVERS: dict[ObserverName, ObserverFactory] = {
     "minmax": _minmax,
     "ema_minmax": _ema_minmax,
     "percentile": _percentile,
@@ -287,15 +313,12 @@ OBSERVERS: dict[str, ObserverFactory] = {
     "constant": _constant,
 }
 # The choices QuantizeConfig.observer offers for activations ("constant" needs a per-tensor range).
-ACTIVATION_OBSERVERS = ("minmax", "ema_minmax", "percentile", "kl", "mse", "floating")
+ACTIVATION_OBSERVERS: tuple[ObserverName, ...] = ("minmax", "ema_minmax", "percentile", "kl", "mse", "floating")
 
 
-def make_observer(
-    tqc: TensorQuantConfig, *, percentile: float = 99.99, momentum: float = 0.9, resolve_all: bool = False
-) -> Observer:
-    """The observer ``tqc.observer`` names, per-channel along ``tqc.channel_axis`` when per-channel,
-    aiming at ``tqc``'s grid; ``resolve_all``: one that is ``complete`` whatever the data (see module)."""
+def make_observer(tqc: TensorQuantConfig, settings: ObserverSettings = ObserverSettings()) -> Observer:
+    """The observer ``tqc.observer`` names, aimed at ``tqc``'s grid and per-channel along
+    ``tqc.channel_axis`` when per-channel: ``tqc`` sets the settings' ``tqc`` and ``axis``, the other
+    fields are taken as given."""
     axis = tqc.channel_axis if tqc.per_channel else None
-    return OBSERVERS[tqc.observer](
-        axis=axis, percentile=percentile, tqc=tqc, momentum=momentum, resolve_all=resolve_all
-    )
+    return OBSERVERS[tqc.observer](replace(settings, axis=axis, tqc=tqc))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quantcore.annotate.platforms import PLATFORMS
-from quantcore.config import PLATFORM_NAMES, NodeOverride, QuantizeConfig
+from quantcore.config import PLATFORM_NAMES, PLATFORM_PRECISIONS, NodeOverride, QuantizeConfig
 from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 
 
@@ -96,7 +96,10 @@ def test_quantize_config_normalises_lists_to_tuples() -> None:
 
 
 def test_platform_names_match_the_registry() -> None:
-    assert set(PLATFORM_NAMES) == set(PLATFORMS)
+    """config names the platforms (it sits below their rule sets): each registered rule set is named
+    there, under its own name, and has its accepted precisions listed."""
+    assert set(PLATFORM_NAMES) == set(PLATFORMS) == set(PLATFORM_PRECISIONS)
+    assert all(platform.name == name for name, platform in PLATFORMS.items())
 
 
 def test_config_round_trips_to_a_report_dict() -> None:

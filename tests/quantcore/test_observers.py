@@ -8,6 +8,7 @@ import subprocess
 import sysconfig
 from pathlib import Path
 from types import ModuleType
+from typing import get_args
 from unittest.mock import patch
 
 import numpy as np
@@ -152,8 +153,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from quantcore.numerics.policy import QuantPolicy, make_policy  # noqa: E402
-from quantcore.numerics.tqc import QuantState  # noqa: E402
-from quantcore.observers.registry import OBSERVERS, EMAMinMaxObserver, make_observer  # noqa: E402
+from quantcore.numerics.tqc import ObserverName, QuantState  # noqa: E402
+from quantcore.observers.registry import OBSERVERS, EMAMinMaxObserver, ObserverSettings, make_observer  # noqa: E402
 from tests.quantcore.reference import float_round_reference, linear_reference  # noqa: E402
 
 FP8 = make_policy(floating=True)
@@ -170,10 +171,16 @@ def test_registry_names_and_signature() -> None:
     assert set(OBSERVERS) == {"minmax", "ema_minmax", "percentile", "kl", "mse", "floating", "constant"}
     for name in OBSERVERS:
         tqc = TensorQuantConfig(observer=name, constant_range=(-1.0, 1.0) if name == "constant" else None)
-        observer = OBSERVERS[name](axis=None, percentile=99.9, tqc=tqc)
+        observer = OBSERVERS[name](ObserverSettings(percentile=99.9, tqc=tqc))
         observer.observe(np.linspace(-2, 2, 101, dtype=np.float32))
         lo, hi = observer.bounds()
         assert -2.0 <= lo <= 0.0 <= hi <= 2.0, name
+
+
+def test_every_registered_observer_is_a_name_a_tqc_accepts() -> None:
+    """TensorQuantConfig checks ``observer`` against the ``ObserverName`` Literal, not the registry (the
+    registry builds on TQCs): an observer registered without being named there fails here."""
+    assert set(get_args(ObserverName)) == set(OBSERVERS)
 
 
 def test_ema_minmax_follows_the_moving_average() -> None:
@@ -182,7 +189,7 @@ def test_ema_minmax_follows_the_moving_average() -> None:
         observer.observe(np.array([lo, hi]))
     lo, hi = observer.bounds()
     assert (lo, hi) == (0.75 * -1 + 0.25 * -3, 0.75 * 1 + 0.25 * 5)  # exact in binary fractions
-    per_channel = OBSERVERS["ema_minmax"](axis=0, momentum=0.5)
+    per_channel = OBSERVERS["ema_minmax"](ObserverSettings(axis=0, momentum=0.5))
     per_channel.observe(np.array([[1.0, 2.0], [-4.0, 0.0]]))
     per_channel.observe(np.array([[3.0, 4.0], [-2.0, 0.0]]))
     np.testing.assert_array_equal(per_channel.bounds()[0], [2.0, -3.0])  # channel mins (1, 3) and (-4, -2)
@@ -252,7 +259,7 @@ def test_kl_is_not_captured_by_the_zero_spike_of_a_relu_output() -> None:
     clipped at 2.17 sigma here (and cost 27 dB of SQNR on the digits CNN); TensorRT's entropy
     calibrator gives the zero bin its neighbour's count, which keeps 3.9 sigma."""
     rng = np.random.default_rng(0)
-    observer = OBSERVERS["kl"](tqc=TensorQuantConfig(observer="kl"))
+    observer = OBSERVERS["kl"](ObserverSettings(tqc=TensorQuantConfig(observer="kl")))
     for _ in range(10):
         observer.observe(np.maximum(rng.normal(size=10_000), 0).astype(np.float32))
     lo, hi = observer.bounds()
@@ -311,7 +318,7 @@ def test_peak_memory_does_not_grow_with_the_number_of_batches(name: str) -> None
 
 
 def test_floating_observer_defaults_to_e4m3_on_a_linear_config() -> None:
-    observer = OBSERVERS["floating"](tqc=TensorQuantConfig())
+    observer = OBSERVERS["floating"](ObserverSettings(tqc=TensorQuantConfig()))
     assert observer.tqc.policy & QuantPolicy.FLOATING and observer.tqc.quant_max == 448.0
 
 

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig, QuantState, annotate, calibrate, prepare
 from quantcore.annotate.annotation import NodeInput
+from quantcore.config import accepts_precision
 from quantcore.numerics.precision import parse_precision
 from tests.quantcore.models import conv_bn_residual, masked_attention, padded_tokens
 
@@ -77,10 +78,10 @@ def depthwise_concat_head() -> onnx.ModelProto:
 
 def test_registry_names_and_precisions() -> None:
     assert set(PLATFORMS) == {"tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"}
-    assert not PLATFORMS["onnxruntime-dynamic"].accepts("w4a8")  # DynamicQuantizeLinear is uint8 only
-    assert PLATFORMS["tensorrt-fp8"].accepts("fp8") and not PLATFORMS["tensorrt-fp8"].accepts("int8")
-    assert not PLATFORMS["tensorrt"].accepts("fp8") and not PLATFORMS["onnxruntime"].accepts("w4a8")
-    assert PLATFORMS["academic"].accepts("w2a4") and not PLATFORMS["academic"].accepts("fp8")
+    assert not accepts_precision("onnxruntime-dynamic", "w4a8")  # DynamicQuantizeLinear is uint8 only
+    assert accepts_precision("tensorrt-fp8", "fp8") and not accepts_precision("tensorrt-fp8", "int8")
+    assert not accepts_precision("tensorrt", "fp8") and not accepts_precision("onnxruntime", "w4a8")
+    assert accepts_precision("academic", "w2a4") and not accepts_precision("academic", "fp8")
     assert parse_precision("w4a8").weight_bits == 4 and parse_precision("w4a8").activation_bits == 8
     with pytest.raises(ValueError, match="precision"):
         QuantizeConfig(platform="onnxruntime", precision="fp8")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from quantcore.numerics.tqc import TensorQuantConfig
-from quantcore.observers import clipping, make_observer
+from quantcore.observers import clipping
+from quantcore.observers.registry import make_observer
 from quantcore.runtime.threads import torch_threads
 
 

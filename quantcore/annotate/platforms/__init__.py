@@ -15,8 +15,9 @@ from quantcore.annotate.platforms.onnxruntime_dynamic import ONNXRUNTIME_DYNAMIC
 from quantcore.annotate.platforms.tensorrt import TENSORRT
 from quantcore.annotate.platforms.tensorrt_fp8 import TENSORRT_FP8
 from quantcore.annotate.rules import Platform
+from quantcore.config import PlatformName
 
-PLATFORMS: dict[str, Platform] = {
+PLATFORMS: dict[PlatformName, Platform] = {
     p.name: p for p in (TENSORRT, TENSORRT_FP8, ONNXRUNTIME, ONNXRUNTIME_DYNAMIC, ACADEMIC)
 }
 

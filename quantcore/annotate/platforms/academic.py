@@ -44,6 +44,5 @@ ACADEMIC = Platform(
     activation=activation,
     description="academic protocol: 2-8 bit asymmetric per-channel weights, asymmetric activations, "
     "first and last layer at 8 bit",
-    precisions=None,
     boundary_bits=BOUNDARY_BITS,
 )

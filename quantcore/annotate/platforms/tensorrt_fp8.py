@@ -58,6 +58,5 @@ TENSORRT_FP8 = Platform(
     weight=weight,
     activation=activation,
     description="TensorRT FP8 E4M3: per-channel weights, per-tensor activations, TensorRT's placement",
-    precisions=("fp8",),
     floating=True,
 )
