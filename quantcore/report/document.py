@@ -1,5 +1,87 @@
-"""The run report as a JSON document: its format name (values made JSON-safe by ``quantcore.jsonable``)."""
+"""The run report as a JSON document: its format name, its assembly from the stages' typed results
+(``quantcore.report.stage_results``; values made JSON-safe by ``quantcore.jsonable``), and its two files.
+
+Sections, in the order report.json holds them: format, config (of the files written), prepare,
+annotation (``Annotation.summary``), calibration (with the clip stage's ``percentile_search``),
+reconstruction, evaluation, parity, analysis, target, latency, engine, stage_seconds, resumed, warnings
+(every stage's, in stage order).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from quantcore import atomic
+from quantcore.jsonable import jsonable
+from quantcore.report.html import HTML_FILE, render_html
+from quantcore.report.stage_results import Analyzed, Evaluated, PreparedInputs
+from quantcore.tensorrt.engine import EngineResult
+
 REPORT_FORMAT = "quantcore.report/1"
+REPORT_FILE = "report.json"
+
+
+def build_report(
+    inputs: PreparedInputs,
+    evaluated: Evaluated,
+    analyzed: Analyzed,
+    latency: dict[str, Any] | None,
+    engine: EngineResult | None,
+    stage_seconds: Mapping[str, float],
+) -> dict[str, Any]:
+    """The report of a finished run, JSON-ready: ``inputs`` from prepare, ``evaluated`` for the model kept
+    last (after the parity remedy and the accuracy target), ``analyzed``, the latency stage's dict and the
+    engine stage's result (None: the stage did not run), and each stage's wall-clock seconds."""
+    model = evaluated.model
+    prepared, calibrated, reconstruction = model.prepared, model.calibrated, model.reconstruction
+    return jsonable(
+        {
+            "format": REPORT_FORMAT,
+            "config": model.config.to_dict(),
+            "prepare": {
+                "source_opset": prepared.source_opset,
+                "opset": prepared.opset,
+                "folded_batchnorms": [
+                    {"node": f.node, "batchnorm": f.batchnorm, "output": f.output} for f in prepared.folded_batchnorms
+                ],
+                "folded_constants": prepared.folded_constants,
+                "renamed_nodes": prepared.renamed_nodes,
+                "widened_from": prepared.widened_from,
+            },
+            "annotation": calibrated.summary(),
+            "calibration": {
+                "num_samples": inputs.calibration.num_samples,
+                "batch_size": inputs.calibration.batch_size,
+                "num_batches": len(inputs.calibration),
+                "percentile_search": model.percentile_search,
+            },
+            "reconstruction": None if reconstruction is None else reconstruction.summary(),
+            "evaluation": evaluated.evaluation,
+            "parity": evaluated.parity,
+            "analysis": analyzed.analysis,
+            "target": evaluated.target,
+            "latency": {"cpu": latency},
+            "engine": engine.to_dict() if engine is not None else None,
+            "stage_seconds": stage_seconds,
+            "resumed": model.resumed,
+            "warnings": [
+                *prepared.warnings,
+                *calibrated.warnings,
+                *(reconstruction.warnings if reconstruction is not None else ()),
+                *model.exported.warnings,
+                *evaluated.reference_notes,
+                *analyzed.warnings,
+            ],
+        }
+    )
+
+
+def write_report(out_dir: Path, report: Mapping[str, Any]) -> Path:
+    """Write ``report`` into ``out_dir`` as report.html, then report.json (last: its presence marks a
+    finished run), each complete or not at all (``quantcore.atomic``); returns report.json's path."""
+    report_path = out_dir / REPORT_FILE
+    atomic.write_bytes(out_dir / HTML_FILE, render_html(report).encode())
+    atomic.write_json(report_path, report)
+    return report_path

@@ -251,7 +251,7 @@ def test_pipeline_remedies_a_disagreement_with_7_bit_weights(digits_sample, tmp_
     reduce_range=on, measures again and says so."""
     monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"sse2", "avx2"}))
-    real = quantcore.pipeline.check_parity
+    real = quantcore.pipeline.deployment.check_parity
     calls = []
 
     def failing_first(evaluation):
@@ -260,7 +260,7 @@ def test_pipeline_remedies_a_disagreement_with_7_bit_weights(digits_sample, tmp_
             return ParityVerdict(False, 12.0, 0.02, "deployed vs exact SQNR 12.0 dB < 30.0 dB")
         return real(evaluation)
 
-    monkeypatch.setattr(quantcore.pipeline, "check_parity", failing_first)
+    monkeypatch.setattr(quantcore.pipeline.deployment, "check_parity", failing_first)
     progress = []
     result = quantize(
         digits_sample.model_path,

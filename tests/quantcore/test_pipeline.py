@@ -236,7 +236,7 @@ def test_a_failed_analysis_leaves_the_model_and_its_evaluation(small_model, tmp_
     def failing(*args, **kwargs):
         raise Fail("Non-zero status code returned while running Sub node. Name:'t_analysis_graphwise_error_1'")
 
-    monkeypatch.setattr("quantcore.pipeline.analyze", failing)
+    monkeypatch.setattr("quantcore.pipeline.diagnosis.analyze", failing)
     path, data = small_model
     events = []
     result = quantize(

@@ -1,0 +1,142 @@
+"""``quantize``: the stages in one call, with progress, cancellation and atomic outputs.
+
+    prepare → annotate → calibrate → clip → reconstruct → export → evaluate → analyze → target → latency → engine
+
+One function per stage, each in the module of its concept: prepare to export (and resuming from a
+checkpoint) in ``quantization``, evaluate with the parity remedy, latency and engine in ``deployment``,
+analyze and target in ``diagnosis``; each takes and returns the typed results of
+``quantcore.report.stage_results``, from which ``quantcore.report.document`` assembles the report.
+
+Each stage reports ``progress(stage, 0.0, ...)`` at its start and ``progress(stage, 1.0, ...)`` at its
+end (calibrate and evaluate also once per batch); ``should_cancel`` is polled before every stage and
+between batches (``quantcore.pipeline.run.StageClock``). Files appear in ``out_dir`` only complete
+(written under a temporary name, then renamed): ``model.qdq.onnx`` (+ ``model.qdq.onnx.data`` beyond
+2 GB), ``tqc.json``, ``checkpoint.json`` (what a resumed run may reuse, ``quantcore.export.checkpoint``),
+``report.html``, ``report.json``. A run canceled or failed after export leaves the exported files in
+place; ``report.json`` is written last, so its presence marks a finished run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantcore.config import QuantizeConfig
+from quantcore.export import checkpoint
+from quantcore.export.qdq import ExportResult
+from quantcore.pipeline.deployment import engine_stage, evaluate_stage, latency_stage
+from quantcore.pipeline.diagnosis import analyze_stage, target_stage
+from quantcore.pipeline.quantization import (
+    annotate_stage,
+    calibrate_stage,
+    clip_stage,
+    export_stage,
+    prepare_stage,
+    reconstruct_stage,
+    restore_checkpoint,
+)
+from quantcore.pipeline.run import Run, StageClock
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.report.document import build_report, write_report
+from quantcore.tensorrt.engine import EngineResult, build_engine
+
+STAGES = (
+    "prepare",
+    "annotate",
+    "calibrate",
+    "clip",
+    "reconstruct",
+    "export",
+    "evaluate",
+    "analyze",
+    "target",
+    "latency",
+    "engine",
+)
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    model_path: Path  # the QDQ ONNX model
+    tqc_path: Path  # every quantized tensor's config, JSON
+    report_path: Path  # the report below, JSON
+    # (report.html beside it: the same report as a standalone page, ``quantcore.report.html``)
+    report: dict[str, Any]
+    model_data_path: Path | None = None  # the model's external data (``model.qdq.onnx.data``), beyond 2 GB
+    engine_path: Path | None = None  # the TensorRT engine, when one was built
+    engine_metadata_path: Path | None = None  # its engine.json
+
+    @classmethod
+    def of(
+        cls, exported: ExportResult, engine: EngineResult | None, report_path: Path, report: dict[str, Any]
+    ) -> QuantizeResult:
+        """The paths of a finished run: the kept model's files, and the engine's when one was built."""
+        built = engine is not None and engine.status == "built"
+        return cls(
+            model_path=exported.model_path,
+            tqc_path=exported.tqc_path,
+            report_path=report_path,
+            report=report,
+            model_data_path=next((f for f in exported.files if f.name == f"{exported.model_path.name}.data"), None),
+            engine_path=engine.engine_path if built else None,
+            engine_metadata_path=engine.metadata_path if built else None,
+        )
+
+
+def quantize(
+    model_path: str | Path,
+    calibration: Mapping[str, np.ndarray],
+    evaluation: Mapping[str, np.ndarray],
+    config: QuantizeConfig,
+    out_dir: str | Path,
+    *,
+    labels: np.ndarray | None = None,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+    engine_builder: Callable[..., EngineResult] = build_engine,
+    resume_from: str | Path | None = None,
+) -> QuantizeResult:
+    """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
+
+    calibration / evaluation: ``{input name: array}``, samples along each input's batch axis
+    (``quantcore.runtime.batching``: usually the first; a constant input's array is its value), batched by
+    ``config.batch_size`` or the model's fixed batch dimension. labels: optional (N_eval,) integer
+    class ids for top-1 accuracy. engine_builder: called like ``build_engine`` for the engine stage (a
+    service passes one that builds where a GPU is, or skips with the reason). Raises
+    ``InvalidModelError``, ``UnsupportedModelError``, ``InvalidDataError`` (checked before any slow
+    stage), or ``Canceled``.
+
+    After export, ``checkpoint.json`` records the exported files (``quantcore.export.checkpoint``). With
+    ``resume_from`` (a directory an earlier run of the same model, calibration data and config wrote
+    into, usually ``out_dir`` itself), a valid checkpoint there replaces calibrate and export (their
+    calibrated configs are read back from its ``tqc.json``): those stages neither run nor report
+    progress, and the report's ``resumed`` lists them. Runs with reconstruction always recompute (the
+    checkpoint does not hold the learned model).
+    """
+    monitor = Monitor(progress, should_cancel)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(model_path, calibration, evaluation, labels, out_dir, monitor, StageClock(monitor))
+
+    inputs = prepare_stage(run, config)
+    annotation = annotate_stage(run, inputs, config)
+    key = checkpoint.fingerprint(Path(model_path), calibration, config)  # the config as given: a rerun matches
+    model = restore_checkpoint(run, inputs, annotation, config, key, resume_from)
+    if model is None:
+        calibrated = calibrate_stage(run, inputs, annotation, config)
+        calibrated = clip_stage(run, inputs, calibrated)
+        calibrated = reconstruct_stage(run, inputs, calibrated)
+        model = export_stage(run, annotation, calibrated, key)
+    evaluated = evaluate_stage(run, inputs, model)
+    analyzed = analyze_stage(run, inputs, evaluated)
+    evaluated = target_stage(run, inputs, evaluated, analyzed)
+    latency = latency_stage(run, inputs, evaluated)
+    engine = engine_stage(run, inputs, evaluated, engine_builder)
+
+    report = build_report(inputs, evaluated, analyzed, latency, engine, run.clock.seconds)
+    report_path = write_report(out_dir, report)
+    return QuantizeResult.of(evaluated.model.exported, engine, report_path, report)

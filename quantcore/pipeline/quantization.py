@@ -1,0 +1,199 @@
+"""The stages that make the quantized model: prepare → annotate → calibrate → clip → reconstruct →
+export, or, for a resumed run, prepare → annotate → the checkpoint in place of the rest.
+
+``clip`` runs when activations are observed by ``percentile``, ``config.percentile_candidates`` names
+others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the percentile,
+or the MSE threshold read from the same histograms, that reproduces the FP32 outputs best on the
+calibration data (``quantcore.calibrate.clip_search``), and the run goes on with it (re-calibrations too).
+``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
+skipped at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from quantcore.analysis.accuracy_target import check_target
+from quantcore.annotate.annotation import Annotation, annotate
+from quantcore.calibrate.calibration import Clip, calibrate_clips, configured_clip
+from quantcore.calibrate.clip_search import MIN_SAMPLES, choose_clip
+from quantcore.config import QuantizeConfig
+from quantcore.errors import UnsupportedModelError
+from quantcore.evaluate.evaluation import check_labels
+from quantcore.export import checkpoint
+from quantcore.export.qdq import export
+from quantcore.pipeline.run import Run
+from quantcore.prepare.preparation import PreparedModel, prepare
+from quantcore.reconstruction import ReconstructionResult, reconstruct
+from quantcore.report.stage_results import PreparedInputs, QuantizedModel
+from quantcore.runtime.batching import Batches, input_specs
+from quantcore.runtime.memory_plan import plan_memory
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """calibrate's result, as clip and reconstruct refine it: the calibrated configs the export writes."""
+
+    config: QuantizeConfig  # with the clip kept applied, once the clip stage has chosen
+    prepared: PreparedModel  # with the learned weights, once reconstruct has run
+    candidates: dict[Clip, Annotation]  # every clip calibrated, ``configured_clip(config)`` among them
+    calibrated: Annotation  # the configured clip's, then the clip kept, then reconstruct's
+    percentile_search: dict[str, Any] | None = None  # the clip stage's choice, once it has run
+    reconstruction: ReconstructionResult | None = None
+
+
+def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
+    """Prepare the model and check the data against it, before any slow stage: batches both data sets
+    for the prepared model, checks the labels and the target, and prices the analysis' memory. Raises
+    ``InvalidModelError``, ``UnsupportedModelError`` (also: a target whose ranking cannot fit), or
+    ``InvalidDataError``."""
+    started = run.clock.begin("prepare")
+    # The first calibration batch lets prepare fold Ifs that depend on input shapes or flag inputs.
+    source_specs = input_specs(onnx.load(str(run.model_path), load_external_data=False))
+    sample = next(iter(Batches(run.calibration, source_specs, config.batch_size, what="calibration")), None)
+    prepared = prepare(run.model_path, sample=sample)
+    specs = input_specs(prepared.model)
+    calibration = Batches(run.calibration, specs, config.batch_size, what="calibration")
+    evaluation = Batches(run.evaluation, specs, config.batch_size, what="evaluation")
+    check_labels(run.labels, evaluation.total_samples, evaluation.num_samples)
+    check_target(config.target, run.labels)
+    memory = plan_memory(prepared.model)  # priced now: a target that needs the analysis fails before the slow stages
+    if config.target is not None and memory.skip is not None:
+        raise UnsupportedModelError(f"the accuracy target needs the layer-wise ranking, but {memory.skip}")
+    run.clock.end(
+        "prepare",
+        started,
+        f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes",
+    )
+    return PreparedInputs(prepared, sample, calibration, evaluation, memory)
+
+
+def annotate_stage(run: Run, inputs: PreparedInputs, config: QuantizeConfig) -> Annotation:
+    """The platform's annotation of the prepared model (configs not yet calibrated)."""
+    started = run.clock.begin("annotate")
+    annotation = annotate(inputs.prepared, config)
+    run.clock.end(
+        "annotate",
+        started,
+        f"{len(annotation.activations)} activations, {len(annotation.parameters)} weights to quantize",
+    )
+    return annotation
+
+
+def restore_checkpoint(
+    run: Run,
+    inputs: PreparedInputs,
+    annotation: Annotation,
+    config: QuantizeConfig,
+    key: str,
+    resume_from: str | Path | None,
+) -> QuantizedModel | None:
+    """The model a valid checkpoint in ``resume_from`` holds (``key``: ``checkpoint.fingerprint`` of this
+    run), in place of calibrate, clip and export: no progress, the configs read back from its tqc.json,
+    the clip it kept applied to ``config``. None (the stages run) without ``resume_from``, with a
+    reconstruction (the checkpoint does not hold the learned model), or with no valid checkpoint there."""
+    if resume_from is None or config.reconstruction is not None:
+        return None
+    restored = checkpoint.load(Path(resume_from), run.out_dir, key)
+    if restored is None:
+        return None
+    exported, percentile_search = restored.exported, restored.percentile_search
+    calibrated = checkpoint.restore_configs(annotation, exported.tqc_path)
+    resumed: tuple[str, ...] = ("calibrate", "export")
+    if percentile_search is not None:  # re-calibrations (remedy, target) go on with the clip kept
+        config = replace(config, percentile=percentile_search["chosen"], clip=percentile_search["clip"])
+        resumed = ("calibrate", "clip", "export")
+    return QuantizedModel(config, inputs.prepared, annotation, calibrated, exported, percentile_search, None, resumed)
+
+
+def calibrate_stage(run: Run, inputs: PreparedInputs, annotation: Annotation, config: QuantizeConfig) -> Calibration:
+    """Calibrate ``annotation`` on the calibration batches: for the configured clip, and, when the clip
+    stage will search, for each of ``config.percentile_candidates`` and the MSE threshold too (one pass)."""
+    started = run.clock.begin("calibrate")
+    batches = inputs.calibration
+    enough = batches.num_samples >= MIN_SAMPLES
+    searched = (*config.percentile_candidates, "mse") if enough and config.percentile_candidates else ()
+    candidates = calibrate_clips(
+        inputs.prepared,
+        annotation,
+        batches,
+        config,
+        searched,
+        progress=run.monitor.progress,
+        should_cancel=run.monitor.should_cancel,
+    )
+    calibrated = candidates[configured_clip(config)]
+    run.clock.end("calibrate", started, f"calibrated on {batches.num_samples} samples")
+    return Calibration(config, inputs.prepared, candidates, calibrated)
+
+
+def clip_stage(run: Run, inputs: PreparedInputs, calibration: Calibration) -> Calibration:
+    """The candidate clip that reproduces the FP32 outputs best, applied to the config (the stage runs,
+    and reports, only when calibrate produced more than one candidate; otherwise ``calibration``)."""
+    if len(calibration.candidates) <= 1:
+        return calibration
+    started = run.clock.begin("clip")
+    choice = choose_clip(
+        calibration.prepared, calibration.candidates, inputs.calibration, calibration.config, run.monitor
+    )
+    chosen = replace(
+        calibration,
+        config=choice.applied(calibration.config),
+        calibrated=choice.annotation,
+        percentile_search=choice.to_dict(),
+    )
+    run.clock.end("clip", started, choice.statement)
+    return chosen
+
+
+def reconstruct_stage(run: Run, inputs: PreparedInputs, calibration: Calibration) -> Calibration:
+    """``calibration`` with learned rounding (AdaRound/BRECQ/QDrop) when ``config.reconstruction`` is set:
+    the model's weights and the configs replaced by reconstruct's; otherwise unchanged (reported skipped)."""
+    started = run.clock.begin("reconstruct")
+    config = calibration.config
+    if config.reconstruction is None:
+        run.clock.end("reconstruct", started, "skipped: no reconstruction in the config")
+        return calibration
+    reconstruction = reconstruct(
+        calibration.prepared,
+        calibration.calibrated,
+        inputs.calibration,
+        config,
+        progress=run.monitor.progress,
+        should_cancel=run.monitor.should_cancel,
+    )
+    run.clock.end("reconstruct", started, f"{config.reconstruction.method}: {len(reconstruction.blocks)} blocks")
+    return replace(
+        calibration,
+        prepared=reconstruction.prepared,
+        calibrated=reconstruction.annotation,
+        reconstruction=reconstruction,
+    )
+
+
+def export_stage(run: Run, annotation: Annotation, calibration: Calibration, key: str) -> QuantizedModel:
+    """Write the QDQ model and its tqc.json into ``run.out_dir``, then checkpoint.json (``key``: this run's
+    ``checkpoint.fingerprint``), which a resumed run may reuse in place of calibrate, clip and export."""
+    started = run.clock.begin("export")
+    config = calibration.config
+    exported = export(calibration.prepared, calibration.calibrated, run.out_dir, platform=config.platform)
+    checkpoint.save(run.out_dir, key, exported, calibration.percentile_search)
+    run.clock.end(
+        "export",
+        started,
+        f"{exported.quantize_linear_nodes} QuantizeLinear, {exported.dequantize_linear_nodes} DequantizeLinear",
+    )
+    return QuantizedModel(
+        config,
+        calibration.prepared,
+        annotation,
+        calibration.calibrated,
+        exported,
+        calibration.percentile_search,
+        calibration.reconstruction,
+        resumed=(),
+    )
