@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cases import real_cases, zoo_cases
+from bench.models.cases import real_cases, zoo_cases
 from bench.quality import ROOT, status_mb, write_case
 
 MODES = ("whole", "cones")

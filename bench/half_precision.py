@@ -4,7 +4,7 @@
 nice -n 5 .venv/bin/python -m bench.half_precision --models ocr-rec,ocr-cls,yolo-det,minilm
 ```
 
-Each named model of ``bench.cases.REAL_MODELS`` is converted as users make float16 models: onnxconverter-common's
+Each named model of ``bench.models.cases.REAL_MODELS`` is converted as users make float16 models: onnxconverter-common's
 ``convert_float_to_float16`` with its defaults (inputs and outputs float16 too). The float32 model and its
 conversion go through ``bench.quality``'s methods on the same data (cast to float16 for the conversion), and every
 row of both is compared with the float32 model's outputs. So the conversion's "fp32" row is what the conversion
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cases import REAL_MODELS, Case, real_cases
+from bench.models.cases import REAL_MODELS, Case, real_cases
 from bench.quality import bench_case, run_model, table
 
 METHODS = ("quantcore", "quantcore-ort", "ort-minmax")

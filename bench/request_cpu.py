@@ -38,7 +38,7 @@ import anyio.to_thread
 from api.warmup import asgi_get, warm_up
 from launcher.servers import PostgresCluster
 from launcher.stack import Stack
-from tests.rows import placeholder_job
+from samples.rows import placeholder_job
 
 Call = Callable[[], Any]
 

@@ -18,8 +18,8 @@ from jobs import queries
 from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.queue import enqueue_job, make_celery
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import _wait_terminal, assert_problem, tiny_dataset
 
 IDS = {"model_id": str(uuid.uuid4()), "dataset_id": str(uuid.uuid4())}

@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 
 from jobs.recipe import Recipe
+from samples.tiny import stateful_data, stateful_model
 from tests.conftest import Service
-from tests.onnx_builders import stateful_data, stateful_model
 from tests.test_api import assert_problem
 from tests.test_e2e import read_events
 from worker.splits import split_indices

@@ -1,10 +1,10 @@
-"""bench.significance: the bootstrap intervals the quality bench prints beside each SQNR."""
+"""bench.stats.significance: the bootstrap intervals the quality bench prints beside each SQNR."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.significance import difference_interval, sample_energies, sqnr_interval
+from bench.stats.significance import difference_interval, sample_energies, sqnr_interval
 
 
 def outputs(rng: np.random.Generator, noise: float, batches: int = 4, batch: int = 8) -> tuple[list, list]:

@@ -14,8 +14,8 @@ import pytest
 
 from cli import quantctl
 from jobs.summary import recipe_summary, report_summary
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import assert_problem, npz_bytes
 from tests.test_e2e import read_events
 

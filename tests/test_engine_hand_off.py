@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from jobs import queries, workers
 from jobs.db import session_scope
 from jobs.models import JobStatus
-from tests.rows import placeholder_job
+from samples.rows import placeholder_job
 
 OWNER = "gpu@test:101"
 

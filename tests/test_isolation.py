@@ -18,8 +18,8 @@ import re
 import httpx
 import pytest
 
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import PROBLEM, _wait_terminal, tiny_dataset
 
 PUBLIC = {("get", "/api/v1/health"), ("get", "/api/v1/ready")}

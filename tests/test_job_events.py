@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from jobs import queries, timings
 from jobs.db import session_scope
 from jobs.models import JobEvent
-from tests.rows import placeholder_job
+from samples.rows import placeholder_job
 
 
 def _job(url: str) -> uuid.UUID:

@@ -14,8 +14,8 @@ import pytest
 from jobs.config import Settings
 from jobs.logs import ContextFilter, JsonFormatter, TextFormatter, job_context, log_context
 from launcher.stack import Stack
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import ARTIFACTS, Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import _wait_terminal, tiny_dataset
 
 FAST_RECIPE = {"deploy": {"cpu_latency": False, "tensorrt_engine": False}}

@@ -22,8 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.stack import Stack
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import ARTIFACTS, Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import _wait_terminal, assert_problem, tiny_dataset
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

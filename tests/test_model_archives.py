@@ -22,8 +22,8 @@ from jobs.model_archives import (
     unpack_model_zip,
 )
 from quantcore import inspect_model
+from samples.tiny import tiny_conv_bytes, tiny_conv_model
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes, tiny_conv_model
 from tests.test_api import assert_problem, leftovers, npz_bytes
 from tests.test_comparison import run_job
 

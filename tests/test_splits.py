@@ -11,7 +11,7 @@ import pytest
 from jobs.recipe import Recipe
 from quantcore.errors import InvalidDataError
 from quantcore.runtime.batching import input_specs
-from tests.onnx_builders import stateful_data, stateful_model
+from samples.tiny import stateful_data, stateful_model
 from worker.splits import split_dataset, split_indices
 
 AXES = {spec.name: spec.batch_axis for spec in input_specs(stateful_model(state_size=16))}

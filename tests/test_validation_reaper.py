@@ -30,8 +30,8 @@ from jobs.queue import (
     pending_job_ids,
     pending_validation_ids,
 )
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service, redis_database
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_datasets_images import class_folders, zip_bytes
 
 pytestmark = pytest.mark.e2e

@@ -27,8 +27,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from jobs import keys, queries, webhooks
 from jobs.db import session_scope
 from jobs.models import JobStatus, WebhookEndpoint, WebhookMessage, utcnow
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import _wait_terminal, assert_problem, tiny_dataset
 
 pytestmark = pytest.mark.e2e

@@ -41,8 +41,8 @@ def digits_sample(digits: tuple[Path, Path]) -> Digits:
 
 @pytest.fixture(scope="session")
 def digits_mobilenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``tests.quantcore.trained.DigitsMobileNet`` trained on the digits (about 5 s), its ReLU6 exported as
+    """``samples.trained.DigitsMobileNet`` trained on the digits (about 5 s), its ReLU6 exported as
     Clip; its data is ``samples.digits.load_dataset(0)``."""
-    from tests.quantcore.trained import build_mobilenet
+    from samples.trained import build_mobilenet
 
     return build_mobilenet(tmp_path_factory.mktemp("digits-mobilenet"))

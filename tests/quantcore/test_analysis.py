@@ -16,7 +16,7 @@ from quantcore.config import AnalysisOptions
 from quantcore.numerics.metrics import OutputAgreement
 from quantcore.numerics.tqc import TensorQuantConfig
 from quantcore.runtime.session import EXACT_OPTIMIZATION, open_session
-from tests.quantcore import zoo
+from samples import zoo
 from tests.quantcore.models import planted_outlier, save
 
 CONFIG = QuantizeConfig(platform="tensorrt", cpu_latency=False)

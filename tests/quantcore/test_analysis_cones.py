@@ -12,7 +12,7 @@ from quantcore.analysis import cones as cones_module
 from quantcore.analysis.cones import layer_runs
 from quantcore.analysis.switch import MASK_INPUT, gated_model
 from quantcore.runtime.session import open_session
-from tests.quantcore import zoo
+from samples import zoo
 from tests.quantcore.models import save, two_heads
 
 

@@ -15,7 +15,7 @@ from quantcore.calibrate import calibration
 from quantcore.calibrate.calibration import ActivationFetcher
 from quantcore.numerics.scaling import scale_offset
 from quantcore.runtime.batching import Batches, input_specs
-from tests.onnx_builders import stateful_data, stateful_model
+from samples.tiny import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual, save
 
 

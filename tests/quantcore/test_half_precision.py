@@ -20,7 +20,7 @@ from quantcore import QuantizeConfig, prepare, quantize
 from quantcore.graph.index import iter_tensors, node_subgraphs
 from quantcore.prepare.half_precision import HALF
 from quantcore.tensorrt.qdq_rules import check_qdq, summarize
-from tests.quantcore.zoo import TinyEncoder, build, export
+from samples.zoo import TinyEncoder, build, export
 
 FP16_STEP = 2.0**-10  # float16's relative spacing: one rounding of an output to float16 is within it
 

@@ -15,8 +15,8 @@ from quantcore.config import AccuracyTarget, AnalysisOptions, ReconstructionConf
 from quantcore.errors import UnsupportedModelError
 from quantcore.graph.protobuf import fits_in_protobuf, initializer_bytes, skeleton
 from quantcore.runtime.memory_plan import RUN_FACTOR, WITH_CONES, WITHOUT_CONES, available_bytes, plan_memory
-from tests.quantcore.models import external_tensor, matmul_chain
-from tests.quantcore.zoo import build
+from samples.large import external_tensor, matmul_chain
+from samples.zoo import build
 
 VOCAB, WIDTH, HIDDEN = 66_000, 8192, 32  # a 2.16 GB embedding table: past 2 GiB by 15 MB
 

@@ -13,7 +13,7 @@ from quantcore import QuantizeConfig, evaluate
 from quantcore.jsonable import jsonable
 from quantcore.numerics.metrics import TASK_METRICS, OutputAgreement, TopKAccuracy, as_array, register_task_metric
 from quantcore.runtime.batching import output_batch_axes
-from tests.onnx_builders import stateful_data, stateful_model
+from samples.tiny import stateful_data, stateful_model
 from tests.quantcore.models import conv_relu_gemm, save
 
 

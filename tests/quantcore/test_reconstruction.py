@@ -28,7 +28,7 @@ from quantcore.reconstruction.adaround import AdaRoundWeight, beta_at
 from quantcore.reconstruction.converter import BlockModule
 from quantcore.runtime.session import open_session
 from samples.digits import load_dataset
-from tests.onnx_builders import stateful_data, stateful_model, tiny_conv_model
+from samples.tiny import stateful_data, stateful_model, tiny_conv_model
 
 C = 6  # channels of the tiny residual model
 

@@ -85,7 +85,7 @@ def test_every_reconstructed_block_lowered_its_loss(results) -> None:
         assert all(b.status in ("reconstructed", "kept_nearest") for b in result.blocks)
 
 
-# The narrow ResNet (tests.quantcore.trained, 4 channels wide) is where W4A4 costs top-1 itself: measured
+# The narrow ResNet (samples.trained, 4 channels wide) is where W4A4 costs top-1 itself: measured
 # FP32 97.0 / RTN 93.8 % here (Xeon), 97.2 / 94.6 on an EPYC (bench.reconstruct), so the accuracy order and
 # the share of the gap QDrop closes can be asserted in accuracy, not only in the logits' SQNR.
 NARROW_SEEDS = (0, 1, 2)
@@ -100,7 +100,7 @@ def narrow_results(tmp_path_factory):
     """{method: mean held-out top-1 over NARROW_SEEDS} for FP32, RTN and the three methods at W4A4
     (academic, percentile 99.99 activations, 1024 training samples), each exported and run by ONNX Runtime."""
     from samples.digits import TRAIN_SAMPLES, load_dataset
-    from tests.quantcore.trained import build_resnet
+    from samples.trained import build_resnet
 
     out = tmp_path_factory.mktemp("narrow-recon")
     model_path = build_resnet(out, width=4)

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 from quantcore import InvalidModelError, inspect_model
 from quantcore.runtime.batching import input_specs
-from tests.onnx_builders import stateful_model
+from samples.tiny import stateful_model
 from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, save
 
 

@@ -1,4 +1,4 @@
-"""Every zoo model (tests/quantcore/zoo.py, plus the trained digits CNN; those exported from torch also as
+"""Every zoo model (samples/zoo.py, plus the trained digits CNN; those exported from torch also as
 its default dynamo exporter writes them, ``resnet:dynamo``...) times every platform in
 ``quantcore.annotate.platforms.PLATFORMS`` (iterated, so new platforms are covered as they land) quantizes
 with ``quantcore.quantize``, and the result
@@ -27,8 +27,9 @@ from onnx import TensorProto, numpy_helper
 
 from quantcore import QuantizeConfig, prepare, quantize
 from quantcore.annotate.platforms import PLATFORMS
+from quantcore.config import default_precision
 from quantcore.runtime.session import open_session
-from tests.quantcore.zoo import EXPORTED, ZOO, ZooModel, build
+from samples.zoo import EXPORTED, ZOO, ZooModel, build
 
 INTEGER_RANGES = {
     TensorProto.INT8: (-128, 127),
@@ -167,8 +168,7 @@ def check_against_fake_quant(qdq_path: Path, prepared: onnx.ModelProto, feeds: d
 def test_zoo_model_quantizes(zoo_model: ZooModel, platform: str, tmp_path: Path) -> None:
     source = tmp_path / "model.onnx"
     onnx.save(zoo_model.model, str(source))
-    precisions = getattr(PLATFORMS[platform], "precisions", ()) or ("int8",)
-    config = QuantizeConfig(platform=platform, precision=precisions[0], batch_size=8)  # the platform's default
+    config = QuantizeConfig(platform=platform, precision=default_precision(platform), batch_size=8)
     result = quantize(source, zoo_model.calibration, zoo_model.evaluation, config, tmp_path / "out")
 
     # structure: checker, names, ranks, fixed and symbolic dimensions

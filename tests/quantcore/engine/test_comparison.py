@@ -10,7 +10,7 @@ from quantcore.runtime.batching import input_specs
 from quantcore.tensorrt.comparison import compare_with_references
 from quantcore.tensorrt.engine import _latency_batches, _specs_at
 from quantcore.tensorrt.profiles import observed_shapes, profiles_for
-from tests.onnx_builders import stateful_data, stateful_model
+from samples.tiny import stateful_data, stateful_model
 from tests.quantcore.models import save
 
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, shape_inference
 
 from quantcore.runtime.session import open_session
 from quantcore.tensorrt.fp16_model import to_float16
-from tests.quantcore.zoo import ZOO, build
+from samples.zoo import ZOO, build
 
 
 @pytest.mark.parametrize("name", ZOO)

