@@ -132,10 +132,13 @@ class NodeOverrideSpec(_Spec):
 
 class DeploySpec(_Spec):
     cpu_latency: bool = Field(
-        True, description="Measure FP32 vs quantized latency on ONNX Runtime's CPU EP at batch 1 and 32."
+        True,
+        title="CPU latency",
+        description="Measure FP32 vs quantized latency on ONNX Runtime's CPU EP at batch 1 and 32.",
     )
     tensorrt_engine: bool = Field(
         True,
+        title="TensorRT engine",
         description="Build a TensorRT engine from the QDQ model (tensorrt platforms only). On a worker without "
         "CUDA and TensorRT the stage ends 'skipped' with the reason in the report.",
     )
@@ -255,9 +258,23 @@ class Recipe(_Spec):
     reconstruction: ReconstructionSpec | None = Field(
         None, description="Learned rounding after calibration (AdaRound, BRECQ, QDrop); null or method none for none."
     )
+    equalization: bool = Field(
+        False,
+        description="Cross-layer equalization before quantizing: each Conv→Conv or Gemm→Gemm pair (through a "
+        "Relu, LeakyRelu or PRelu) rescaled per channel so both layers' weight ranges match; the FP32 model "
+        "computes the same function, and per-tensor activations between the layers lose less.",
+    )
+    bias_correction: bool = Field(
+        False,
+        description="After calibration, each quantized Conv/Gemm with a bias has the mean output shift caused by "
+        "quantizing its weights (measured on the calibration data) subtracted from its bias. Not with a target.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
     preprocessing: PreprocessingSpec | None = Field(
-        None, description="Image datasets only: how each image becomes the model input (see jobs/preprocessing.py)."
+        None,
+        description="Image datasets only: how each image becomes the model input: decoded, converted to RGB (or L), "
+        "resized, centre-cropped, channels ordered, normalized as (pixel · scale - mean) / std, laid out as NCHW or "
+        "NHWC, cast to the input's dtype. Needs center_crop or a two-value resize, so the output size is known.",
     )
 
     @model_validator(mode="before")
@@ -319,5 +336,15 @@ class Recipe(_Spec):
             raise ValueError(
                 "reconstruction cannot be combined with a target yet: the target search re-calibrates each "
                 "candidate and would discard the learned rounding"
+            )
+        return value
+
+    @field_validator("bias_correction")
+    @classmethod
+    def _bias_correction_without_target(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("target") is not None:
+            raise ValueError(
+                "bias_correction cannot be combined with a target: a layer the target keeps in float would keep "
+                "the correction of a weight quantization it no longer has"
             )
         return value

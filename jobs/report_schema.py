@@ -79,11 +79,17 @@ class RunConfig(_Section):
     disabled_optimizers: list[str] = Field(
         default_factory=list, description="ONNX Runtime graph rewrites the deployed session skips (see parity)."
     )
-    cpu_latency: bool
-    tensorrt_engine: bool
+    cpu_latency: bool = Field(title="CPU latency")
+    tensorrt_engine: bool = Field(title="TensorRT engine")
     analysis: AnalysisConfig | None = None
     target: TargetConfig | None = None
     reconstruction: ReconstructionConfig | None = None
+    equalization: bool = Field(
+        False, description="Whether cross-layer equalization rescaled the prepared model's layer pairs."
+    )
+    bias_correction: bool = Field(
+        False, description="Whether the quantized layers' biases were corrected for their weights' mean shift."
+    )
 
 
 # ---- prepare, annotate, calibrate ----
@@ -381,7 +387,7 @@ class CpuLatency(_Section):
     provider: str
     onnxruntime: str
     threads: int | None
-    cpu_count: int | None
+    cpu_count: int | None = Field(title="CPU count")
     warmup: int
     runs: int
     budget_s: float | None = Field(
@@ -395,7 +401,7 @@ class CpuLatency(_Section):
 
 
 class Latency(_Section):
-    cpu: CpuLatency | None
+    cpu: CpuLatency | None = Field(title="CPU latency")
 
 
 class EngineSummary(_Section):

@@ -308,6 +308,11 @@ class QuantizeConfig:
     session skips; set by the parity check when a rewrite of the installed ONNX Runtime changes the
     model's results (``quantcore.evaluate.parity``), and what users of the model must skip too.
     reconstruction: learned rounding after calibration (``ReconstructionConfig``), None for none.
+    equalization: cross-layer equalization of the prepared model (``quantcore.prepare.equalization``):
+    consecutive Conv/Gemm pairs rescaled per channel to equal weight ranges, the same FP32 function.
+    bias_correction: after calibration, each quantized Conv/Gemm's bias minus the mean shift its
+    weight quantization causes on the calibration data (``quantcore.calibrate.bias_correction``); not
+    with ``target``, which may keep a corrected layer in float.
     cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
     tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
     the reason where CUDA or TensorRT is missing). analysis: what the layer-wise analysis may spend
@@ -333,6 +338,8 @@ class QuantizeConfig:
     analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
     target: AccuracyTarget | None = None
     reconstruction: ReconstructionConfig | None = None
+    equalization: bool = False
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
@@ -352,6 +359,8 @@ class QuantizeConfig:
         require_choice("reduce_range", self.reduce_range, REDUCE_RANGE_CHOICES)
         require_bool("cpu_latency", self.cpu_latency)
         require_bool("tensorrt_engine", self.tensorrt_engine)
+        require_bool("equalization", self.equalization)
+        require_bool("bias_correction", self.bias_correction)
         object.__setattr__(self, "percentile", _percentile("percentile", self.percentile))
         if isinstance(self.percentile_candidates, (str, int, float)):
             raise ValueError(f"percentile_candidates must be a tuple of numbers, got {self.percentile_candidates!r}")
@@ -382,6 +391,11 @@ class QuantizeConfig:
             raise ValueError(f"reconstruction must be a ReconstructionConfig or None, got {self.reconstruction!r}")
         if self.reconstruction is not None and self.target is not None:
             raise ValueError("reconstruction and target cannot be combined (the target search re-calibrates)")
+        if self.bias_correction and self.target is not None:
+            raise ValueError(
+                "bias_correction and target cannot be combined (a layer the target keeps in float would keep "
+                "the correction of a weight quantization it no longer has)"
+            )
 
     @property
     def precision_spec(self) -> Precision:
@@ -408,4 +422,6 @@ class QuantizeConfig:
             "analysis": self.analysis.to_dict(),
             "target": None if self.target is None else self.target.to_dict(),
             "reconstruction": None if self.reconstruction is None else self.reconstruction.to_dict(),
+            "equalization": self.equalization,
+            "bias_correction": self.bias_correction,
         }

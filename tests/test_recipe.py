@@ -136,6 +136,13 @@ def test_overrides_translate_in_order() -> None:
         ({"reconstruction": {"drop_prob": 2}}, "reconstruction.drop_prob", "less than or equal to 1"),
         ({"reconstruction": {"batch_size": 0}}, "reconstruction.batch_size", "greater than or equal to 1"),
         ({"reconstruction": {"iters": 10, "lr": 1}}, "reconstruction.lr", "Extra inputs"),
+        ({"equalization": "maybe"}, "equalization", "valid boolean"),
+        ({"bias_correction": [True]}, "bias_correction", "valid boolean"),
+        (
+            {"target": {"metric": "sqnr", "threshold": 30}, "bias_correction": True},
+            "bias_correction",
+            "cannot be combined with a target",
+        ),
     ],
 )
 def test_invalid_recipes_name_the_field(recipe: dict, field: str, needle: str) -> None:
@@ -158,6 +165,14 @@ def test_reconstruction_translates_with_the_recipe_seed() -> None:
     assert to_quantize_config(Recipe.model_validate({})).reconstruction is None
     for off in ({"reconstruction": None}, {"reconstruction": {"method": "none", "iters": 10}}):
         assert to_quantize_config(Recipe.model_validate(off)).reconstruction is None
+
+
+def test_equalization_and_bias_correction_translate_off_by_default() -> None:
+    default = to_quantize_config(Recipe.model_validate({}))
+    assert (default.equalization, default.bias_correction) == (False, False)
+    chosen = to_quantize_config(Recipe.model_validate({"equalization": True, "bias_correction": True}))
+    assert (chosen.equalization, chosen.bias_correction) == (True, True)
+    assert chosen.to_dict()["equalization"] is True and chosen.to_dict()["bias_correction"] is True
 
 
 def test_recipe_choices_match_quantcore() -> None:

@@ -13,7 +13,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
     per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
     deployment measurements (a TensorRT engine only for the tensorrt platforms), the analysis bounds, the
-    accuracy target and the reconstruction (seeded with the recipe's seed)."""
+    accuracy target, the reconstruction (seeded with the recipe's seed), equalization and bias correction."""
     spec = recipe.reconstruction
     reconstruction = (
         None
@@ -55,6 +55,8 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         if recipe.target is None
         else AccuracyTarget(recipe.target.metric, recipe.target.threshold, recipe.target.max_float_layers),
         reconstruction=reconstruction,
+        equalization=recipe.equalization,
+        bias_correction=recipe.bias_correction,
     )
 
 

@@ -7,6 +7,11 @@ or the MSE threshold read from the same histograms, that reproduces the FP32 out
 calibration data (``quantcore.calibrate.clip_search``), and the run goes on with it (re-calibrations too).
 ``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
 skipped at once).
+
+Two options change the model these stages hand on, each off by default (and then nothing of theirs
+runs): ``config.equalization`` equalizes the prepared model's layer pairs at the end of prepare
+(``quantcore.prepare.equalization``), ``config.bias_correction`` corrects the quantized layers' biases at
+the end of calibrate, before clip and reconstruct (``quantcore.calibrate.bias_correction``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import onnx
 
 from quantcore.analysis.accuracy_target import check_target
 from quantcore.annotate.annotation import Annotation, annotate
+from quantcore.calibrate.bias_correction import correct_biases
 from quantcore.calibrate.calibration import Clip, calibrate_clips, configured_clip
 from quantcore.calibrate.clip_search import MIN_SAMPLES, choose_clip
 from quantcore.config import QuantizeConfig
@@ -27,6 +33,7 @@ from quantcore.evaluate.evaluation import check_labels
 from quantcore.export import checkpoint
 from quantcore.export.qdq import export
 from quantcore.pipeline.run import Run
+from quantcore.prepare.equalization import equalize
 from quantcore.prepare.preparation import PreparedModel, prepare
 from quantcore.reconstruction import ReconstructionResult, reconstruct
 from quantcore.report.stage_results import PreparedInputs, QuantizedModel
@@ -50,12 +57,16 @@ def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
     """Prepare the model and check the data against it, before any slow stage: batches both data sets
     for the prepared model, checks the labels and the target, and prices the analysis' memory. Raises
     ``InvalidModelError``, ``UnsupportedModelError`` (also: a target whose ranking cannot fit), or
-    ``InvalidDataError``."""
+    ``InvalidDataError``. With ``config.equalization``, the prepared model is equalized."""
     started = run.clock.begin("prepare")
     # The first calibration batch lets prepare fold Ifs that depend on input shapes or flag inputs.
     source_specs = input_specs(onnx.load(str(run.model_path), load_external_data=False))
     sample = next(iter(Batches(run.calibration, source_specs, config.batch_size, what="calibration")), None)
     prepared = prepare(run.model_path, sample=sample)
+    done = f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes"
+    if config.equalization:
+        prepared, equalization = equalize(prepared)
+        done = f"{done}; {equalization.statement()}"
     specs = input_specs(prepared.model)
     calibration = Batches(run.calibration, specs, config.batch_size, what="calibration")
     evaluation = Batches(run.evaluation, specs, config.batch_size, what="evaluation")
@@ -64,11 +75,7 @@ def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
     memory = plan_memory(prepared.model)  # priced now: a target that needs the analysis fails before the slow stages
     if config.target is not None and memory.skip is not None:
         raise UnsupportedModelError(f"the accuracy target needs the layer-wise ranking, but {memory.skip}")
-    run.clock.end(
-        "prepare",
-        started,
-        f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes",
-    )
+    run.clock.end("prepare", started, done)
     return PreparedInputs(prepared, sample, calibration, evaluation, memory)
 
 
@@ -95,8 +102,9 @@ def restore_checkpoint(
     """The model a valid checkpoint in ``resume_from`` holds (``key``: ``checkpoint.fingerprint`` of this
     run), in place of calibrate, clip and export: no progress, the configs read back from its tqc.json,
     the clip it kept applied to ``config``. None (the stages run) without ``resume_from``, with a
-    reconstruction (the checkpoint does not hold the learned model), or with no valid checkpoint there."""
-    if resume_from is None or config.reconstruction is not None:
+    reconstruction or a bias correction (the checkpoint holds neither the learned model nor the corrected
+    biases), or with no valid checkpoint there."""
+    if resume_from is None or config.reconstruction is not None or config.bias_correction:
         return None
     restored = checkpoint.load(Path(resume_from), run.out_dir, key)
     if restored is None:
@@ -112,7 +120,9 @@ def restore_checkpoint(
 
 def calibrate_stage(run: Run, inputs: PreparedInputs, annotation: Annotation, config: QuantizeConfig) -> Calibration:
     """Calibrate ``annotation`` on the calibration batches: for the configured clip, and, when the clip
-    stage will search, for each of ``config.percentile_candidates`` and the MSE threshold too (one pass)."""
+    stage will search, for each of ``config.percentile_candidates`` and the MSE threshold too (one pass).
+    With ``config.bias_correction``, then the biases corrected for the configured clip's weight configs
+    (the weights' configs are the same for every clip)."""
     started = run.clock.begin("calibrate")
     batches = inputs.calibration
     enough = batches.num_samples >= MIN_SAMPLES
@@ -127,8 +137,12 @@ def calibrate_stage(run: Run, inputs: PreparedInputs, annotation: Annotation, co
         should_cancel=run.monitor.should_cancel,
     )
     calibrated = candidates[configured_clip(config)]
-    run.clock.end("calibrate", started, f"calibrated on {batches.num_samples} samples")
-    return Calibration(config, inputs.prepared, candidates, calibrated)
+    prepared, done = inputs.prepared, f"calibrated on {batches.num_samples} samples"
+    if config.bias_correction:
+        prepared, correction = correct_biases(prepared, calibrated, batches, config, run.monitor)
+        done = f"{done}; {correction.statement()}"
+    run.clock.end("calibrate", started, done)
+    return Calibration(config, prepared, candidates, calibrated)
 
 
 def clip_stage(run: Run, inputs: PreparedInputs, calibration: Calibration) -> Calibration:

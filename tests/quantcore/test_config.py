@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quantcore.annotate.platforms import PLATFORMS
-from quantcore.config import PLATFORM_NAMES, PLATFORM_PRECISIONS, NodeOverride, QuantizeConfig
+from quantcore.config import PLATFORM_NAMES, PLATFORM_PRECISIONS, AccuracyTarget, NodeOverride, QuantizeConfig
 from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 
 
@@ -83,6 +83,9 @@ def test_tensor_quant_config_equality_is_by_value() -> None:
         ({"overrides": NodeOverride("x", bits=4)}, "overrides"),
         ({"overrides": ("x",)}, "NodeOverride"),
         ({"platform": "tensorrt-fp8", "precision": "fp8", "overrides": (NodeOverride("x", bits=4),)}, "fp8"),
+        ({"equalization": "yes"}, "equalization must be a bool"),
+        ({"bias_correction": 1}, "bias_correction must be a bool"),
+        ({"bias_correction": True, "target": AccuracyTarget("sqnr", 30.0)}, "bias_correction and target"),
     ],
 )
 def test_quantize_config_rejects(kwargs: dict, message: str) -> None:
