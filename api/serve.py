@@ -27,12 +27,18 @@ would repeat: then it stops, status 1. On SIGTERM or SIGINT it passes SIGTERM to
 stop accepting and let requests finish for `--timeout-graceful-shutdown` seconds (uvicorn's graceful
 shutdown), waits for them, and ends by the same signal, as uvicorn does. With one worker the server
 runs in this process.
+
+SO_REUSEPORT would as readily let a second server bind the port beside the first, and the kernel
+would split the clients between them. So only this server's own sockets share it: a port that
+another process listens on, or another `api.serve` holds (its sockets bound but still starting), is
+refused with "address in use: HOST:PORT", status 1 (see `bound_sockets` and `port_lock`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import multiprocessing
@@ -65,17 +71,37 @@ class Options:
 def bound_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` TCP sockets bound to (host, port) with SO_REUSEPORT (port 0: a free port, the same for
     all), not yet listening: uvicorn listens on each when its worker starts serving (asyncio's
-    ``create_server`` with ``sock=``)."""
-    sockets: list[socket.socket] = []
+    ``create_server`` with ``sock=``). OSError EADDRINUSE where another process listens on the port,
+    whatever its options: a first socket bound without SO_REUSEPORT (which only our own, not listening
+    yet, may share) finds that out, and is closed once ours are bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(count):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        port = sock.getsockname()[1]
-        sockets.append(sock)
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR: connections left in TIME_WAIT by a server that ran here before do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+        sockets: list[socket.socket] = []
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            sockets.append(sock)
     return sockets
+
+
+def port_lock(port: int) -> socket.socket:
+    """A lock on `port` for this process: an abstract UNIX socket named after it, which a second
+    `api.serve` fails to bind (OSError EADDRINUSE) even while the first one's sockets are bound but do
+    not listen yet (`bound_sockets` cannot see those). The kernel releases it when the process ends;
+    like ports, such names belong to a network namespace (a container has its own)."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0quantservice-api-port-{port}")
+    except OSError:
+        lock.close()
+        raise
+    return lock
 
 
 def serve_on(options: Options, sock: socket.socket) -> None:
@@ -156,11 +182,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be at least 1")
     configure_logging(settings)  # the supervisor's own lines, in the format the workers' app uses
     options = Options(args.log_level, args.graceful_seconds)
-    sockets = bound_sockets(args.host, args.port, args.workers)
-    if args.workers == 1:
-        serve_on(options, sockets[0])
-        return 0
-    return Supervisor(options, sockets).run()
+    try:
+        sockets = bound_sockets(args.host, args.port, args.workers)
+        lock = port_lock(sockets[0].getsockname()[1])
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        print(f"api.serve: address in use: {args.host}:{args.port}", file=sys.stderr)
+        return 1
+    with lock:
+        if args.workers == 1:
+            serve_on(options, sockets[0])
+            return 0
+        return Supervisor(options, sockets).run()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`api.serve`: API workers with a listening socket each, so that connections spread over them; a dead
-worker is replaced; a worker that cannot start stops the server instead of restarting forever; the
-warm-up a worker runs before serving."""
+worker is replaced; a worker that cannot start stops the server instead of restarting forever; a
+second server on the same port is refused; the warm-up a worker runs before serving."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from api.serve import Options, Supervisor, bound_sockets
+from api.serve import Options, Supervisor, bound_sockets, port_lock
 from api.warmup import warm_up
 from launcher.stack import Stack
 
@@ -130,6 +132,49 @@ def test_a_killed_worker_is_replaced_and_no_connection_is_refused(api) -> None:
     assert len(after) == 2 and min(before) not in after and max(before) in after, (before, after)
 
 
+def serve_to_exit(port: int, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python -m api.serve --workers 2` on `port`, until it exits; one that serves instead is killed
+    with its workers after 30 s (its start-up takes a few)."""
+    argv = [sys.executable, "-m", "api.serve", "--port", str(port), "--workers", "2", "--log-level", "warning"]
+    server = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = server.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        stdout, stderr = server.communicate()
+    return subprocess.CompletedProcess(argv, server.returncode, stdout, stderr)
+
+
+def test_a_second_server_on_the_port_is_refused_and_the_first_serves_every_client(api) -> None:
+    """SO_REUSEPORT would let the second bind beside the first, and the kernel would hand it some of the
+    clients (14 of 20, once, to an instance with another database)."""
+    stack, url = api
+    port = int(url.rsplit(":", 1)[1])
+    second = serve_to_exit(port, stack.env)
+    assert (second.returncode, second.stderr.strip()) == (1, f"api.serve: address in use: 127.0.0.1:{port}")
+    log = stack.log_dir / "api.log"
+    offset = settled_size(log)
+    assert health_on_new_connections(url, CONNECTIONS) == [200] * CONNECTIONS
+    settled_size(log)
+    served = health_lines_by_worker(log, offset)
+    assert sum(served.values()) == CONNECTIONS and set(served) <= worker_pids(stack.processes["api"].pid), served
+
+
+def test_a_port_another_server_is_still_starting_on_is_refused(tmp_path: Path) -> None:
+    """The first server's sockets are bound but do not listen until its workers serve: what refuses the
+    second then is the first one's `port_lock`."""
+    (first,) = bound_sockets("127.0.0.1", 0, 1)
+    port = first.getsockname()[1]
+    try:
+        with port_lock(port):
+            second = serve_to_exit(port, dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'api.db'}"))
+    finally:
+        first.close()
+    assert (second.returncode, second.stderr.strip()) == (1, f"api.serve: address in use: 127.0.0.1:{port}")
+
+
 def test_a_worker_failing_at_start_up_stops_the_server() -> None:
     sockets = bound_sockets("127.0.0.1", 0, 2)
     started = time.monotonic()
@@ -164,9 +209,9 @@ def test_connections_go_only_to_sockets_that_listen() -> None:
     ready, starting = bound_sockets("127.0.0.1", 0, 2)
     port = ready.getsockname()[1]
     try:
-        assert listeners(port) == 0
+        assert listeners(port) == []
         ready.listen(64)
-        assert listeners(port) == 1
+        assert listeners(port) == [os.fstat(ready.fileno()).st_ino]
         clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(CONNECTIONS)]
         ready.settimeout(5)
         accepted = [ready.accept()[0] for _ in range(CONNECTIONS)]
