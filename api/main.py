@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
 
 from api import metrics, problems
 from api.dashboard import mount_dashboard
@@ -54,6 +55,12 @@ def create_app(settings: Settings | None = None, *, broker_url: str | None = Non
     for router in routers:  # each straight onto the app: a router nested in a router is one more level to match
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(metrics.router)  # /metrics, outside the versioned API
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi_at_root() -> RedirectResponse:
+        """Where tools look first; without this the dashboard's fallback would answer with its HTML."""
+        return RedirectResponse(app.openapi_url or "", status_code=308)
+
     mount_dashboard(app)  # the built frontend at /, for paths no API route answers
     return app
 

@@ -86,6 +86,10 @@ def field_errors(errors: Any, *, drop_prefix: tuple[str, ...] = ("body",)) -> li
         message = error.get("msg", "invalid")
         if error.get("type") == "extra_forbidden":
             message = "unknown field"
+        elif error.get("type") == "json_invalid":  # its loc ends in the byte offset, not a field
+            reason = error.get("ctx", {}).get("error", "")
+            message = f"not valid JSON at byte {loc[-1]}: {reason}" if loc else "not valid JSON"
+            loc = []
         out.append({"field": ".".join(loc) or "(body)", "message": message})
     return out
 

@@ -89,7 +89,9 @@ class DatasetPublic(_Public):
     status: DatasetStatus = Field(description="Image datasets are pending until a worker has decoded every image.")
     error: str | None = None
     sha256: str
-    size_bytes: int
+    size_bytes: int = Field(
+        description="What counts against the storage quota: the upload, or an .npz's arrays decompressed if larger."
+    )
     arrays: list[ArrayInfo] = Field(description="The .npz's arrays (a scalar has shape []); empty for images.")
     images: ImageSetInfo | None = None
     num_samples: int | None = Field(

@@ -4,9 +4,15 @@ Accepts `multipart/form-data` with one file part named `file` (what browsers and
 or a raw body (`application/octet-stream`) with the file name in `?filename=`. A body larger than
 the cap is cut off as soon as it passes the cap (413), and the partial file is removed. The cap is
 the smaller of the size limit and what is left of the project's storage quota; when the quota is
-the one that binds, the 413 names it (`quota`, `limit`, `used`). The route re-checks the quota in
+the one that binds, the 413 names it (`quota`, `limit`, `used`). Where uploads may be reused (below),
+what is left is at least the project's largest reusable row, so that sending bytes it holds already
+is not cut off for room it will not take. The route re-checks the quota in
 the transaction that records the upload (`jobs.quotas.reserve_storage`), so concurrent uploads
 cannot together pass it.
+
+An upload of bytes the project already holds (same SHA-256, a ready model or dataset) is answered
+with that row (200, not 201) unless the request says `?reuse=false`: nothing is stored, the quota is
+not charged again, and the streamed file is removed (`stored_copy`).
 """
 
 from __future__ import annotations
@@ -17,17 +23,20 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Query, Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from api.metrics import UPLOAD_BYTES
 from api.problems import Problem
+from jobs import queries
 from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.keys import KeyProject
+from jobs.queries import Stored
 from jobs.quotas import QuotaExceeded, QuotaUse, storage_use
 
 # Multipart framing (boundaries, part headers) a Content-Length may carry beyond the file itself.
@@ -53,6 +62,15 @@ UPLOAD_BODY = {
 }
 
 
+ReuseQuery = Annotated[
+    bool,
+    Query(
+        description="When the project already holds a ready upload with the same SHA-256, answer with it "
+        "(200) instead of storing a copy (201). false: always store a new one."
+    ),
+]
+
+
 @dataclass(frozen=True)
 class Upload:
     path: Path
@@ -67,14 +85,49 @@ def _clean_filename(raw: str, fallback: str) -> str:
     return name or fallback
 
 
-async def storage_quota(settings: Settings, project: KeyProject) -> QuotaUse:
-    """The project's storage use now; pass it to `receive_upload` to cut uploads off at the quota."""
+@dataclass(frozen=True)
+class StorageRoom:
+    use: QuotaUse
+    reusable_bytes: int = 0  # the largest row an upload could be answered with (`stored_copy`)
 
-    def read() -> QuotaUse:
+
+async def storage_quota(settings: Settings, project: KeyProject, *, reusable: type[Stored] | None) -> StorageRoom:
+    """The project's storage use now; pass it to `receive_upload` to cut uploads off at the quota.
+    `reusable`: the kind of row a re-upload is answered with, or None when uploads are not reused."""
+
+    def read() -> StorageRoom:
         with session_scope(settings.resolved_database_url) as session:
-            return storage_use(session=session, project=project, settings=settings)
+            use = storage_use(session=session, project=project, settings=settings)
+            if reusable is None:
+                return StorageRoom(use)
+            return StorageRoom(use, queries.largest_reusable(session=session, entity=reusable, project_id=project.id))
 
     return await run_in_threadpool(read)
+
+
+async def stored_copy(
+    settings: Settings, project: KeyProject, upload: Upload, room: StorageRoom, entity: type[Stored]
+) -> Stored | None:
+    """The project's ready row of `entity` holding the upload's bytes, the upload's file removed; None
+    when there is none, and the caller stores the upload. An upload let past the quota only because a
+    row that large could have been reused (`StorageRoom`) is refused here when none is."""
+    if room.reusable_bytes == 0:  # reuse not asked for, or nothing to reuse
+        return None
+
+    def find() -> Stored | None:
+        with session_scope(settings.resolved_database_url) as session:
+            return queries.find_reusable(session=session, entity=entity, project_id=project.id, sha256=upload.sha256)
+
+    try:
+        row = await run_in_threadpool(find)
+        if row is None and upload.size_bytes > room.use.remaining:
+            raise QuotaExceeded(room.use, upload.size_bytes)
+    except BaseException:
+        upload.path.unlink(missing_ok=True)
+        raise
+    if row is not None:
+        upload.path.unlink(missing_ok=True)
+    return row
 
 
 @dataclass(frozen=True)
@@ -85,9 +138,10 @@ class _Cap:
     quota: QuotaUse | None = None  # set when the quota, not the size limit, binds
 
     @classmethod
-    def of(cls, limit: int, quota: QuotaUse | None) -> _Cap:
-        if quota is not None and quota.remaining < limit:
-            return cls(quota.remaining, quota)
+    def of(cls, limit: int, room: StorageRoom | None) -> _Cap:
+        allowed = limit if room is None else max(room.use.remaining, room.reusable_bytes)
+        if room is not None and allowed < limit:
+            return cls(allowed, room.use)
         return cls(limit)
 
     def refusal(self, size: int) -> Exception:
@@ -121,11 +175,13 @@ class _Sink:
 
 
 async def receive_upload(
-    request: Request, *, directory: Path, limit: int, fallback_name: str, quota: QuotaUse | None = None
+    request: Request, *, directory: Path, limit: int, fallback_name: str, quota: StorageRoom | None = None
 ) -> Upload:
     """Stream the request body into `directory`; the caller renames or deletes the file.
 
-    `quota` is the project's storage use (from `storage_quota`), or None for no quota."""
+    `quota` is the project's storage use (from `storage_quota`), or None for no quota. Past the quota
+    but within the room left for a reusable row, an upload that is not reused is refused when its row
+    is recorded (`jobs.quotas.reserve_storage`)."""
     cap = _Cap.of(limit, quota)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap.limit + MULTIPART_SLACK:

@@ -100,11 +100,14 @@ JOB_COLUMNS = (
 
 def upload_checked(ctx: Context, collection: str, path: Path, *, wait: bool = True) -> dict[str, Any]:
     """Upload a model or dataset, then poll while its validation task has not decided (202 / pending).
-    A model with its external data file beside it goes up as one zip of both (`model_upload`)."""
+    A model with its external data file beside it goes up as one zip of both (`model_upload`); bytes the
+    project holds already come back as that model or dataset (200), which is said."""
     with model_upload(path) if collection == "models" else contextlib.nullcontext(path) as sent:
         if sent != path:
             note(f"{path.name} keeps its weights in {path.name}.data: uploading both, as one zip")
-        _, row = upload(ctx.client, collection, sent, filename=path.name, progress=ctx.progress)
+        status, row = upload(ctx.client, collection, sent, filename=path.name, progress=ctx.progress)
+    if status == 200:  # the project held these bytes already: the API answered with that row
+        note(f"reused {collection[:-1]} {row.get('id')}: the project already holds {path.name} (same SHA-256)")
     if not wait or row.get("status") != "pending":
         return row
     deadline, delay = time.monotonic() + ctx.model_wait, 0.5

@@ -15,15 +15,41 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+from sqlalchemy import inspect, make_url
+from sqlalchemy.exc import SQLAlchemyError
+
 from jobs import keys, queries
 from jobs.config import settings
-from jobs.db import session_scope
+from jobs.db import get_engine, session_scope
 from jobs.models import Project
 from jobs.quotas import concurrent_jobs_use, storage_use
 
 
 class AdminError(Exception):
     """A command that cannot be done as asked; printed without a traceback, exit status 2."""
+
+
+def _database() -> str:
+    """The configured database's URL once it is known to exist and to be migrated; AdminError saying
+    which database and what to do otherwise. Opening a missing SQLite file would create it, empty."""
+    url = settings.resolved_database_url
+    shown = make_url(url).render_as_string(hide_password=True)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise AdminError(
+            f"no database at {shown} (QUANT_VAR_DIR={settings.var_dir}, DATABASE_URL unset): "
+            "run `quant-admin migrate` to create it, or point DATABASE_URL / QUANT_VAR_DIR at the service's"
+        )
+    try:
+        migrated = inspect(get_engine(url)).has_table("alembic_version")
+    except SQLAlchemyError as exc:
+        raise AdminError(f"cannot open the database at {shown}: {_first_line(exc)}") from exc
+    if not migrated:
+        raise AdminError(f"the database at {shown} is not migrated: run `quant-admin migrate`")
+    return url
+
+
+def _first_line(exc: SQLAlchemyError) -> str:
+    return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
 
 
 def _project(session, name: str) -> Project:
@@ -34,7 +60,7 @@ def _project(session, name: str) -> Project:
 
 
 def create_key(project_name: str, label: str) -> str:
-    with session_scope(settings.resolved_database_url) as session:
+    with session_scope(_database()) as session:
         project = queries.get_project_by_name(session=session, name=project_name)
         if project is None:
             project = queries.create_project(session=session, name=project_name)
@@ -43,7 +69,7 @@ def create_key(project_name: str, label: str) -> str:
 
 
 def list_keys(project_name: str) -> list[str]:
-    with session_scope(settings.resolved_database_url) as session:
+    with session_scope(_database()) as session:
         project = _project(session, project_name)
         return [
             f"{k.id}  {k.prefix}…  {k.name or '-'}  created {_when(k.created_at)}  last used {_when(k.last_used_at)}"
@@ -57,7 +83,7 @@ def _when(moment: datetime | None) -> str:
 
 
 def revoke_key(project_name: str, *, key_id: str | None, prefix: str | None) -> str:
-    with session_scope(settings.resolved_database_url) as session:
+    with session_scope(_database()) as session:
         project = _project(session, project_name)
         if key_id is not None:
             try:
@@ -82,7 +108,7 @@ def set_quota(project_name: str, *, storage_bytes: str | None, concurrent_jobs: 
             raise AdminError(f"{option} takes a non-negative integer or 'default', not {value!r}")
         return int(value)
 
-    with session_scope(settings.resolved_database_url) as session:
+    with session_scope(_database()) as session:
         project = _project(session, project_name)
         if storage_bytes is not None:
             project.max_storage_bytes = parse(storage_bytes, "--storage-bytes")
@@ -134,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             migrate()
     except AdminError as exc:
         print(f"quant-admin: {exc}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:  # the server went away, or a schema older than this code
+        print(f"quant-admin: database error: {_first_line(exc)}", file=sys.stderr)
         return 2
     return 0
 

@@ -11,7 +11,9 @@ the worker. Every member is refused, with its name in the message, when it could
 exhaust the machine: an absolute name, a `..` component, a backslash, a symlink, encryption, a
 duplicate name, more than `max_files` members, a declared size over `max_file_bytes`, a sum over
 `max_total_bytes`, or a compression ratio (declared size / compressed size) over `max_ratio`
-(JPEG and PNG are compressed already, so a high ratio means a zip bomb, not an image). The
+(JPEG and PNG are compressed already, so a high ratio means a zip bomb, not an image; an `.npz`
+takes the ratio over the whole archive instead, `ratio_over="archive"`, since one constant array
+in it legitimately compresses ~1000:1). The
 declared sizes are what the worker's reads are bounded by (`zipfile` stops at the declared size
 and checks the CRC), so a member that lies about its size fails there rather than expanding.
 
@@ -54,6 +56,7 @@ class ArchiveLimits:
     max_file_bytes: int
     max_total_bytes: int
     max_ratio: float
+    ratio_over: Literal["member", "archive"] = "member"
 
 
 def archive_limits(settings: Settings) -> ArchiveLimits:
@@ -160,6 +163,13 @@ def checked_members(
     members = archive.infolist()
     if len(members) > limits.max_files:
         raise error(f"the archive holds {len(members)} members; at most {limits.max_files} allowed")
+    if limits.ratio_over == "archive":
+        files = [m for m in members if not m.is_dir()]
+        ratio = sum(m.file_size for m in files) / max(sum(m.compress_size for m in files), 1)
+        if ratio > limits.max_ratio:
+            raise error(
+                f"the archive has a compression ratio of {ratio:.0f}:1 (at most {limits.max_ratio:.0f}:1): a zip bomb"
+            )
     seen: set[str] = set()
     total = 0
     for member in members:
@@ -182,7 +192,7 @@ def checked_members(
         if total > limits.max_total_bytes:
             raise error(f"the archive expands to more than {limits.max_total_bytes} bytes")
         ratio = member.file_size / max(member.compress_size, 1)
-        if ratio > limits.max_ratio:
+        if limits.ratio_over == "member" and ratio > limits.max_ratio:
             raise error(
                 f"member '{name}' has a compression ratio of {ratio:.0f}:1 (at most {limits.max_ratio:.0f}:1): "
                 "a zip bomb"

@@ -4,8 +4,11 @@ Every process (API, worker, migrations, CLI admin commands) imports `settings` f
 Names map to environment variables in upper case with the `QUANT_` prefix, except the two
 conventional ones, `DATABASE_URL` and `BROKER_URL`, which are read without a prefix too.
 
-With nothing set, the service runs embedded: SQLite under `./var`, Redis at 127.0.0.1:6379
-when it answers, otherwise kombu's filesystem transport under `./var/broker`.
+With nothing set, the service runs embedded: SQLite under `var/`, Redis at 127.0.0.1:6379
+when it answers, otherwise kombu's filesystem transport under `var/broker`. `var/` and `.env` are
+the checkout's (`HOME`), not the working directory's, and a relative `QUANT_VAR_DIR` or SQLite path
+is taken from there too: an admin command run from another directory must find the same database,
+not start an empty one beside it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MiB = 1024 * 1024
 
 
+def _home() -> Path:
+    """The checkout this package runs from; the working directory for an installed wheel (where a
+    deployment sets absolute paths, e.g. QUANT_VAR_DIR=/data)."""
+    checkout = Path(__file__).resolve().parent.parent
+    return checkout if (checkout / "pyproject.toml").is_file() else Path.cwd()
+
+
+HOME = _home()
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="QUANT_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="QUANT_", env_file=HOME / ".env", extra="ignore")
 
     environment: Literal["development", "test", "production"] = "development"
-    var_dir: Path = Path("var")
+    var_dir: Path = Field(default=Path("var"), validate_default=True)  # relative: from HOME
     database_url: str | None = Field(default=None, validation_alias=AliasChoices("DATABASE_URL", "QUANT_DATABASE_URL"))
     broker_url: str | None = Field(default=None, validation_alias=AliasChoices("BROKER_URL", "QUANT_BROKER_URL"))
     # Redis probed when broker_url is unset; the embedded filesystem broker otherwise.
@@ -34,6 +47,12 @@ class Settings(BaseSettings):
     max_model_bytes: int = 8192 * MiB  # beyond 2 GiB only as a zip with external data (jobs.model_archives)
     max_dataset_bytes: int = 1024 * MiB
     max_dataset_arrays: int = 64
+    # `.npz` datasets (jobs.npz): the arrays' size once decompressed, which is what a job's worker holds
+    # in memory (np.savez stores them uncompressed, so it is about the upload's size), and the archive's
+    # compression ratio, taken over all arrays together: one constant mask compresses ~1000:1 and is
+    # harmless, a gigabyte of zeros behind a megabyte upload is a zip bomb.
+    max_dataset_expanded_bytes: int = Field(default=1024 * MiB, ge=1)
+    max_dataset_ratio: float = Field(default=100.0, ge=1.0)
     min_opset: int = 7
     max_opset: int = 23
     # Image-zip datasets (jobs.archives): members, bytes per image and in all once expanded, the
@@ -128,6 +147,19 @@ class Settings(BaseSettings):
     # Empty by default: only public addresses are reachable.
     webhook_allowed_networks: list[str] = []
 
+    @field_validator("var_dir")
+    @classmethod
+    def _var_dir_from_home(cls, value: Path) -> Path:
+        return (HOME / value).resolve()
+
+    @field_validator("database_url")
+    @classmethod
+    def _sqlite_path_from_home(cls, value: str | None) -> str | None:
+        prefix = "sqlite:///"
+        if value is None or not value.startswith(prefix) or value == f"{prefix}:memory:":
+            return value
+        return prefix + str(HOME / value.removeprefix(prefix))  # an absolute path stays as it is
+
     @field_validator("heartbeat_timeout")
     @classmethod
     def _timeout_above_interval(cls, value: float, info) -> float:
@@ -193,15 +225,15 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        return f"sqlite:///{(self.var_dir / 'quant.db').resolve()}"
+        return f"sqlite:///{self.var_dir / 'quant.db'}"
 
     @property
     def artifact_root(self) -> Path:
-        return (self.var_dir / "storage").resolve()
+        return self.var_dir / "storage"
 
     @property
     def broker_dir(self) -> Path:
-        return (self.var_dir / "broker").resolve()
+        return self.var_dir / "broker"
 
     @property
     def visibility_timeout(self) -> int:

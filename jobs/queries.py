@@ -13,9 +13,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -38,6 +38,8 @@ from jobs.models import (
 from jobs.outbox import record_job_end
 from jobs.signing import generate_secret
 from jobs.timings import record_stage_end
+
+Stored = TypeVar("Stored", Model, Dataset)
 
 # Projects (their API keys: jobs.keys) ---------------------------------------------------------
 
@@ -97,6 +99,24 @@ def record_model_validation(
     re-sent validation's second run, or the reaper gave up on it (`jobs.revalidation`), or it is gone."""
     status = ModelStatus.ready if error is None else ModelStatus.invalid
     return _record_verdict(session=session, entity=Model, row_id=model_id, status=status, info=info, error=error)
+
+
+def find_reusable(*, session: Session, entity: type[Stored], project_id: uuid.UUID, sha256: str) -> Stored | None:
+    """The project's newest ready model (or dataset) whose upload had this SHA-256: what an upload of
+    the same bytes is answered with instead of a copy. Pending and invalid ones are not offered."""
+    query = select(entity).where(
+        entity.project_id == project_id, entity.sha256 == sha256, entity.status == ModelStatus.ready
+    )
+    return session.scalar(query.order_by(entity.created_at.desc()).limit(1))
+
+
+def largest_reusable(*, session: Session, entity: type[Stored], project_id: uuid.UUID) -> int:
+    """The size of the project's largest ready model (or dataset): no upload `find_reusable` answers
+    with a row is larger (its size is the upload's, or more once unpacked)."""
+    query = select(func.max(entity.size_bytes)).where(
+        entity.project_id == project_id, entity.status == ModelStatus.ready
+    )
+    return int(session.scalar(query) or 0)
 
 
 def delete_model(*, session: Session, model: Model) -> None:
@@ -301,6 +321,8 @@ def claim_job(
             add_event(session=session, job_id=job_id, kind="status", message="failed", data={"status": "failed"})
         session.commit()
         return None
+    # Taking over a running job: its last attempt's worker died without a word (kill -9, OOM); say so.
+    lost = (job.stage, job.claimed_by) if job.status == JobStatus.running else None
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, condition)
@@ -320,6 +342,16 @@ def claim_job(
         return None
     session.commit()
     session.refresh(job)
+    if lost is not None:
+        stage, lost_worker = lost
+        add_event(
+            session=session,
+            job_id=job_id,
+            kind="log",
+            message=lost_message(stage, job.attempts),
+            stage=stage,
+            data={"worker": lost_worker, "attempt": job.attempts},
+        )
     add_event(
         session=session,
         job_id=job_id,
@@ -415,6 +447,12 @@ def finish_job(
             data={"status": status.value, "error": error},
         )
     return done
+
+
+def lost_message(stage: str | None, attempt: int) -> str:
+    """What a job's events say when the worker running it died and attempt `attempt` takes over."""
+    where = f"during {stage}" if stage else "before its first stage"
+    return f"worker lost {where}; attempt {attempt}"
 
 
 def requeue_job(*, session: Session, job_id: uuid.UUID, reason: str) -> bool:

@@ -52,12 +52,15 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
     transport_options: dict[str, object] = {"visibility_timeout": settings.visibility_timeout}
     if url.startswith("filesystem"):
         folder = settings.broker_dir
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport_options = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # the exchange tables of remote control (worker pings, shutdown broadcasts): kombu's default is
+            # ./control, a folder in whatever directory the process was started from
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     app.conf.update(

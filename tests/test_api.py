@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import io
 import uuid
+import zipfile
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes
 
 PROBLEM = "application/problem+json"
 
@@ -105,7 +106,7 @@ def test_raw_body_upload_is_accepted(service: Service, tiny: dict) -> None:
     with service.client(tiny["key"]) as client:
         response = client.post(
             "/models",
-            params={"filename": "raw.onnx"},
+            params={"filename": "raw.onnx", "reuse": "false"},  # the project holds these bytes already
             content=tiny_conv_bytes(),
             headers={"Content-Type": "application/octet-stream"},
         )
@@ -176,6 +177,27 @@ def test_datasets_are_validated(service: Service) -> None:
         uneven = client.post("/datasets", files={"file": ("u.npz", npz_bytes(a=np.zeros((4, 2)), b=np.zeros((2, 4))))})
         assert uneven.status_code == 201 and uneven.json()["num_samples"] is None, uneven.text
         assert len(client.get("/datasets").json()["items"]) == 2
+    assert leftovers(service) == []
+
+
+def test_npz_headers_and_decompressed_size_are_checked_at_upload(service: Service, tmp_path: Path) -> None:
+    from tests.test_npz import npy_with_shape, write_zip
+
+    forged = write_zip(tmp_path / "f.npz", {"x.npy": npy_with_shape((1_000_000_000, 4), b"\0" * 64)}).read_bytes()
+    zeros = io.BytesIO()
+    np.save(zeros, np.zeros(200_000, np.float32))
+    bomb = write_zip(tmp_path / "b.npz", {"x.npy": zeros.getvalue()}, zipfile.ZIP_DEFLATED).read_bytes()
+    mixed = io.BytesIO()  # a constant mask beside real data: ~2:1 over the archive
+    rng = np.random.default_rng(0)
+    np.savez_compressed(mixed, x=rng.normal(size=(64, 512)).astype(np.float32), mask=np.ones((64, 512), np.int8))
+    with service.client() as client:
+        assert_problem(client.post("/datasets", files={"file": ("f.npz", forged)}), 422, "array 'x' declares shape")
+        assert_problem(client.post("/datasets", files={"file": ("b.npz", bomb)}), 422, "compression ratio")
+        ok = client.post("/datasets", files={"file": ("m.npz", mixed.getvalue())})
+        assert ok.status_code == 201, ok.text
+        # Counted against the quota as the worker will hold it: decompressed (two 128-byte .npy headers).
+        assert ok.json()["size_bytes"] == 64 * 512 * 5 + 2 * 128 > len(mixed.getvalue())
+        assert len(client.get("/datasets").json()["items"]) == 1
     assert leftovers(service) == []
 
 

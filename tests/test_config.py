@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from jobs.config import Settings
+from jobs.queue import make_celery
 
 
 def test_production_refuses_embedded_database_and_broker() -> None:
@@ -25,3 +26,18 @@ def test_heartbeat_timeout_must_cover_several_beats() -> None:
 def test_embedded_default_is_sqlite_under_var(tmp_path) -> None:
     settings = Settings(var_dir=tmp_path, database_url=None)
     assert settings.resolved_database_url == f"sqlite:///{tmp_path.resolve() / 'quant.db'}"
+
+
+def test_the_embedded_broker_keeps_every_file_under_its_folder(tmp_path, monkeypatch) -> None:
+    # Remote control (a worker ping, a shutdown broadcast) writes kombu's exchange tables; left to its
+    # default, the filesystem transport puts them in ./control of whatever directory the process started in.
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    settings = Settings(var_dir=tmp_path / "var", database_url=None, broker_url="filesystem://")
+    app = make_celery(settings, "filesystem://")
+    with app.connection_for_write() as connection:  # what a starting worker does: bind its control queue
+        node = app.control.mailbox(connection).Node("probe@host", channel=connection.channel())
+        node.listen().cancel()
+    assert list(elsewhere.iterdir()) == []
+    assert list((settings.broker_dir / "control").iterdir()), "the broadcast left no exchange table"

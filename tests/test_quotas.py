@@ -14,8 +14,8 @@ from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.queries import get_project_by_name
 from jobs.quotas import storage_use
+from samples.tiny import tiny_conv_bytes
 from tests.conftest import Service
-from tests.onnx_builders import tiny_conv_bytes
 from tests.test_api import _wait_terminal, assert_problem, leftovers, tiny_dataset
 
 FAST_RECIPE = {"deploy": {"cpu_latency": False, "tensorrt_engine": False}}
@@ -132,3 +132,31 @@ def test_concurrent_submissions_cannot_overshoot_the_jobs_quota(service: Service
         service.start_job_worker()
     with service.client(key) as client:
         assert {_wait_terminal(client, job["id"]) for job in accepted} == {"succeeded"}
+
+
+def test_a_reupload_is_answered_with_the_stored_row_and_charged_nothing(service: Service) -> None:
+    """The same bytes again: 200 with the model (dataset) the project holds, even with its quota full;
+    `?reuse=false` stores a copy, which the quota then refuses. No temp file is left either way."""
+    project = f"quota-{uuid.uuid4().hex[:8]}"
+    key = service.new_key(project)
+    model_bytes, dataset_bytes = tiny_conv_bytes(), tiny_dataset()
+    model, dataset = service.upload(key, model_bytes, dataset_bytes)
+    _set_quota(service, project, max_storage_bytes=len(model_bytes) + len(dataset_bytes))  # full
+    with service.client(key) as client:
+        again = client.post("/models", files={"file": ("renamed.onnx", model_bytes)})
+        assert (again.status_code, again.json()["id"], again.json()["filename"]) == (200, model["id"], "model.onnx")
+        data_again = client.post("/datasets", files={"file": ("d.npz", dataset_bytes)})
+        assert (data_again.status_code, data_again.json()["id"]) == (200, dataset["id"])
+        assert _storage_used(service, project) == len(model_bytes) + len(dataset_bytes)
+        assert len(client.get("/models").json()["items"]) == len(client.get("/datasets").json()["items"]) == 1
+
+        copy = client.post("/models", params={"reuse": "false"}, files={"file": ("m.onnx", model_bytes)})
+        assert assert_problem(copy, 413, "storage_bytes")["used"] == len(model_bytes) + len(dataset_bytes)
+        other_bytes = tiny_conv_bytes(input_name="pixel")  # as large, other bytes: streamed, then refused
+        assert len(other_bytes) == len(model_bytes)
+        assert_problem(client.post("/models", files={"file": ("o.onnx", other_bytes)}), 413, "storage_bytes")
+
+        _set_quota(service, project, max_storage_bytes=None)
+        copy = client.post("/models", params={"reuse": "false"}, files={"file": ("m.onnx", model_bytes)})
+        assert copy.status_code == 201 and copy.json()["id"] != model["id"], copy.text
+    assert leftovers(service) == []

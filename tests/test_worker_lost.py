@@ -7,7 +7,7 @@ from __future__ import annotations
 from jobs import queries
 from jobs.db import session_scope
 from jobs.models import JobStatus
-from tests.rows import placeholder_job
+from samples.rows import placeholder_job
 
 OWNER = "gpu@test:301"
 
@@ -34,3 +34,20 @@ def test_a_job_whose_worker_dies_every_time_fails_naming_the_stage(database: str
         job = queries.get_job_unscoped(session=session, job_id=job_id)
         assert job.status == JobStatus.failed
         assert job.error == "worker lost 3 times (the last attempt during stage 'evaluate'); giving up"
+
+
+def test_taking_over_a_lost_attempt_says_where_it_was_lost(database: str) -> None:
+    # kill -9 of the worker: the redelivered message's claim takes the running job over, and the
+    # events say why attempt 1 ended, before attempt 2 starts
+    with session_scope(database) as session:
+        project = queries.create_project(session=session, name="worker-lost-event")
+        (job_id,) = placeholder_job(session=session, project_id=project.id, recipe={})
+    _claim(database, job_id)
+    with session_scope(database) as session:
+        queries.set_progress(session=session, job_id=job_id, worker_id=OWNER, stage="calibrate", progress=0.3)
+    assert _claim(database, job_id, dead_owner=True).attempts == 2
+    with session_scope(database) as session:
+        events = [(e.kind, e.message) for e in queries.events_after(session=session, job_id=job_id, after_id=0)]
+    lost = events.index(("log", "worker lost during calibrate; attempt 2"))
+    assert events[lost + 1] == ("status", f"running (attempt 2) on {OWNER}")
+    assert [m for _, m in events].count("worker lost during calibrate; attempt 2") == 1

@@ -75,7 +75,8 @@ def requeue_orphans(app: Celery) -> None:
             elif queries.requeue_job(
                 session=session,
                 job_id=job.id,
-                reason=f"worker {job.claimed_by} stopped responding during stage '{job.stage}'; requeued",
+                reason=f"{queries.lost_message(job.stage, job.attempts + 1)} queued "
+                f"(worker {job.claimed_by} stopped responding)",
             ):
                 to_enqueue.append(job.id)
     for job_id in ended:  # the dead worker's checkpoint will never be resumed

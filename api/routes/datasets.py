@@ -12,7 +12,7 @@ from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import DatasetPublic, Page
-from api.uploads import UPLOAD_BODY, Upload, receive_upload, storage_quota
+from api.uploads import UPLOAD_BODY, ReuseQuery, Upload, receive_upload, storage_quota, stored_copy
 from api.verdicts import wait_for_verdict
 from jobs import queries, storage
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip, is_image_zip
@@ -20,7 +20,7 @@ from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.keys import KeyProject
 from jobs.models import Dataset, DatasetKind, DatasetStatus
-from jobs.npz import InvalidArchive, inspect_npz
+from jobs.npz import InvalidArchive, inspect_npz, npz_limits
 from jobs.queue import enqueue_dataset_validation
 from jobs.quotas import reserve_storage
 
@@ -32,11 +32,23 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
     status_code=201,
     response_model=DatasetPublic,
     openapi_extra=UPLOAD_BODY,
-    responses={202: {"model": DatasetPublic, "description": "Images stored; decoding still running (poll it)."}},
+    responses={
+        200: {
+            "model": DatasetPublic,
+            "description": "The project already held these bytes (same SHA-256): that dataset, "
+            "nothing stored and no quota charged (`?reuse=false` stores a copy).",
+        },
+        202: {"model": DatasetPublic, "description": "Images stored; decoding still running (poll it)."},
+    },
     summary="Upload a dataset",
 )
 async def upload_dataset(
-    request: Request, response: Response, settings: SettingsDep, project: ProjectDep, celery: CeleryDep
+    request: Request,
+    response: Response,
+    settings: SettingsDep,
+    project: ProjectDep,
+    celery: CeleryDep,
+    reuse: ReuseQuery = True,
 ) -> Dataset:
     """Either an `.npz` whose arrays are named after the model's inputs, samples along each input's
     batch axis (`batch_axis` in the model's info: usually the first; a constant input such as a scalar
@@ -47,14 +59,19 @@ async def upload_dataset(
     0, 1, ...), or with a top-level `labels.csv` of `file,label` rows, or unlabelled. Its listing is
     checked here (no absolute or `..` names, no symlinks, caps on members, size per image and in all,
     compression ratio); then a worker decodes every image, and a corrupt one is answered with 422
-    naming it. Jobs on image datasets need `recipe.preprocessing`."""
+    naming it. Jobs on image datasets need `recipe.preprocessing`. The same bytes uploaded again are
+    answered with the dataset that holds them (200; see `reuse`)."""
+    room = await storage_quota(settings, project, reusable=Dataset if reuse else None)
     upload = await receive_upload(
         request,
         directory=settings.artifact_root / ".uploads",
         limit=settings.max_dataset_bytes,
         fallback_name="data.npz",
-        quota=await storage_quota(settings, project),
+        quota=room,
     )
+    if (existing := await stored_copy(settings, project, upload, room, Dataset)) is not None:
+        response.status_code = 200
+        return existing
     try:
         dataset = await run_in_threadpool(_store, settings, project, upload)
     finally:
@@ -80,6 +97,7 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
     dataset_id = uuid.uuid4()
     project_id = project.id
     fields: dict = {"kind": DatasetKind.arrays}
+    stored_bytes = upload.size_bytes
     try:
         if upload.filename.lower().endswith(".zip") or is_image_zip(upload.path, max_files=settings.max_dataset_images):
             listing = inspect_image_zip(upload.path, limits=archive_limits(settings))
@@ -91,9 +109,11 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
                 "images": listing.summary(),
             }
         else:
-            arrays, num_samples = inspect_npz(upload.path, max_arrays=settings.max_dataset_arrays)
+            listing = inspect_npz(upload.path, limits=npz_limits(settings))
             relative = storage.dataset_path(project_id, dataset_id)
-            fields.update(arrays=arrays, num_samples=num_samples)
+            fields.update(arrays=listing.arrays, num_samples=listing.num_samples)
+            # A job's worker holds the arrays decompressed: a compressed .npz counts at that size.
+            stored_bytes = max(upload.size_bytes, listing.expanded_bytes)
     except (InvalidArchive, InvalidImageArchive) as exc:
         raise Problem(422, f"not a usable dataset: {exc}", slug="invalid-dataset") from exc
     target = storage.resolve(settings.artifact_root, relative)
@@ -101,14 +121,14 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
     upload.path.replace(target)
     try:
         with session_scope(settings.resolved_database_url) as session:
-            reserve_storage(session=session, project=project, settings=settings, size_bytes=upload.size_bytes)
+            reserve_storage(session=session, project=project, settings=settings, size_bytes=stored_bytes)
             return queries.create_dataset(
                 session=session,
                 project_id=project_id,
                 dataset_id=dataset_id,
                 filename=upload.filename,
                 sha256=upload.sha256,
-                size_bytes=upload.size_bytes,
+                size_bytes=stored_bytes,
                 path=relative,
                 **fields,
             )

@@ -8,10 +8,11 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from api.bodies import JsonBody
 from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
+from api.downloads import ArtifactResponse
 from api.events import stream_events
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
@@ -210,18 +211,18 @@ def list_artifacts(request: Request, session: SessionDep, project: ProjectDep, j
 
 @router.get(
     "/{job_id}/artifacts/{name}",
-    response_class=FileResponse,
+    response_class=ArtifactResponse,
     summary="Download one artifact (supports Range)",
     responses={200: {"content": {"application/octet-stream": {}}}, 206: {"description": "Partial content"}},
 )
 def download_artifact(
     session: SessionDep, project: ProjectDep, settings: SettingsDep, job_id: uuid.UUID, name: str
-) -> FileResponse:
+) -> ArtifactResponse:
     job = _job_or_404(session, project, job_id)
     artifact = queries.get_artifact(session=session, job_id=job.id, name=name)
     if artifact is None:
         raise Problem(404, f"job {job_id} has no artifact named '{name}'", slug="artifact-not-found")
-    return FileResponse(
+    return ArtifactResponse(
         storage.resolve(settings.artifact_root, artifact.path),
         media_type=artifact.media_type,
         filename=artifact.name,

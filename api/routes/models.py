@@ -11,7 +11,7 @@ from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.schemas import ModelPublic, Page
-from api.uploads import UPLOAD_BODY, Upload, receive_upload, storage_quota
+from api.uploads import UPLOAD_BODY, ReuseQuery, Upload, receive_upload, storage_quota, stored_copy
 from api.verdicts import wait_for_verdict
 from jobs import queries, storage
 from jobs.config import Settings
@@ -30,25 +30,42 @@ router = APIRouter(prefix="/models", tags=["models"])
     status_code=201,
     response_model=ModelPublic,
     openapi_extra=UPLOAD_BODY,
-    responses={202: {"model": ModelPublic, "description": "Stored; validation still running (poll the model)."}},
+    responses={
+        200: {
+            "model": ModelPublic,
+            "description": "The project already held these bytes (same SHA-256): that model, "
+            "nothing stored and no quota charged (`?reuse=false` stores a copy).",
+        },
+        202: {"model": ModelPublic, "description": "Stored; validation still running (poll the model)."},
+    },
     summary="Upload an ONNX model",
 )
 async def upload_model(
-    request: Request, response: Response, settings: SettingsDep, project: ProjectDep, celery: CeleryDep
+    request: Request,
+    response: Response,
+    settings: SettingsDep,
+    project: ProjectDep,
+    celery: CeleryDep,
+    reuse: ReuseQuery = True,
 ) -> Model:
     """Streams the file to disk (size cap, SHA-256 on the fly), then a worker validates it: protobuf
     parse, `onnx.checker`, opset range, external data confined to the upload. An invalid file is
     removed and answered with 422 naming the reason. The file is an ONNX model, or a zip archive of one
-    with the external data files it references (`jobs.model_archives`: its listing is checked here,
-    its unpacked size counts against the quota, and the worker unpacks it before validating)."""
+    with the external data files it references (its listing is checked here,
+    its unpacked size counts against the quota, and the worker unpacks it before validating). The same
+    bytes uploaded again are answered with the model that holds them (200; see `reuse`)."""
     root = settings.artifact_root
+    room = await storage_quota(settings, project, reusable=Model if reuse else None)
     upload = await receive_upload(
         request,
         directory=root / ".uploads",
         limit=settings.max_model_bytes,
         fallback_name="model.onnx",
-        quota=await storage_quota(settings, project),
+        quota=room,
     )
+    if (existing := await stored_copy(settings, project, upload, room, Model)) is not None:
+        response.status_code = 200
+        return existing
     model_id = uuid.uuid4()
     relative = storage.model_path(project.id, model_id)
     try:

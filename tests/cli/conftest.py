@@ -50,7 +50,13 @@ REPORT = {
             "kernels": {"QLinearConv": 3},
         },
     },
-    "layers": [{"tensor": "conv1_out", "sqnr_db": 40.1}, {"tensor": "fc_out", "sqnr_db": 22.5}],
+    "parity": {"agree": True, "reason": "the deployed model (3 integer kernels) agrees with exact Q/DQ"},
+    "analysis": {
+        "layers": [
+            {"rank": 1, "node": "fc", "op_type": "Gemm", "sqnr_db": 22.5, "cosine": 0.998, "analyzed": True},
+            {"rank": 2, "node": "conv1", "op_type": "Conv", "sqnr_db": 40.1, "cosine": 0.9999, "analyzed": True},
+        ]
+    },
     "stage_seconds": {"calibrate": 0.05, "export": 0.01},
     "engine": {"status": "skipped", "reason": "no CUDA device"},
     "warnings": ["block /layer4 left at round-to-nearest"],
@@ -115,6 +121,8 @@ class FakeApi:
 
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # SHA-256 -> a ready model's or dataset's body: the same bytes uploaded again are answered with it (200).
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # job id -> (events sent before the first connection is cut, "raise" = reset mid-body | "close" = clean end)
     drops: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -164,11 +172,14 @@ def build_app(state: FakeApi) -> Starlette:
             "data": data,
         }
         state.uploads.append(record)
+        if record["sha256"] in state.held and request.query_params.get("reuse") != "false":
+            return JSONResponse(_public(state.held[record["sha256"]]), 200)
         item_id = f"{record['collection'][0]}-{len(state.uploads)}"
         common = {"id": item_id, "filename": file.filename, "sha256": record["sha256"], "size_bytes": len(data)}
         if record["collection"] == "datasets":
             arrays = [{"name": "input", "dtype": "float32", "shape": [8, 3, 4, 4]}]
-            return JSONResponse({**common, "arrays": arrays, "num_samples": 8, "created_at": CREATED}, 201)
+            state.held[record["sha256"]] = {**common, "arrays": arrays, "num_samples": 8, "created_at": CREATED}
+            return JSONResponse(state.held[record["sha256"]], 201)
         if "bad" in (file.filename or ""):
             state.models[item_id] = {**common, "status": "invalid", "error": "not an ONNX protobuf", "info": None}
             return JSONResponse(state.models[item_id], 201)
@@ -184,6 +195,7 @@ def build_app(state: FakeApi) -> Starlette:
         if model["status"] == "pending" and model["_polls"] > state.pending_polls:
             model["status"] = "ready"
             model["info"] = {"opset": 17, "inputs": [{"name": "input", "shape": ["N", 3, 4, 4]}]}
+            state.held[model["sha256"]] = model
         return JSONResponse(_public(model))
 
     async def list_collection(request: Request) -> Response:

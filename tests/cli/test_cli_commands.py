@@ -77,6 +77,21 @@ def test_datasets_upload_and_missing_dataset_problem(api, tmp_path: Path, capsys
     assert err.splitlines()[:2] == ["error: Not Found (HTTP 404)", "  dataset nope does not exist"]
 
 
+def test_uploading_the_same_bytes_again_says_it_reused_them(api, model_file: Path, tmp_path: Path, capsys) -> None:
+    code, out, err = run(capsys, "models", "upload", str(model_file))
+    first = json.loads(out)
+    assert code == 0 and "reused" not in err
+    code, out, err = run(capsys, "models", "upload", str(model_file))
+    assert (code, json.loads(out)["id"]) == (0, first["id"])
+    assert f"reused model {first['id']}: the project already holds net.onnx (same SHA-256)" in err
+    assert "waiting for validation" not in err
+    data = tmp_path / "calib.npz"
+    data.write_bytes(b"PK fake npz")
+    run(capsys, "datasets", "upload", str(data))
+    code, out, err = run(capsys, "datasets", "upload", str(data))
+    assert code == 0 and f"reused dataset {json.loads(out)['id']}" in err
+
+
 def test_jobs_list_follows_cursor_pagination_with_all(api, capsys) -> None:
     api.seed_jobs(5)
     code, out, _ = run(capsys, "jobs", "list", "--limit", "2", "--all", "--json")
