@@ -49,7 +49,7 @@ from quantcore.prepare.preparation import PreparedModel
 
 MODEL_FILE = "model.qdq.onnx"
 TQC_FILE = "tqc.json"
-TQC_FORMAT = "quantcore.numerics.tqc/2"
+TQC_FORMAT = "quantcore.tqc/2"
 INT32_LIMIT = 2**31 - 1
 FLOAT8_TORCH = {
     onnx.TensorProto.FLOAT8E4M3FN: torch.float8_e4m3fn,

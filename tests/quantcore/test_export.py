@@ -97,7 +97,7 @@ def test_quantized_tensor_that_is_a_graph_output_stays_float(tmp_path) -> None:
 def test_tqc_table(residual_export) -> None:
     _, annotation, exported, _ = residual_export
     table = json.loads(exported.tqc_path.read_text())
-    assert table["format"] == "quantcore.numerics.tqc/2" and table["platform"] == "tensorrt"
+    assert table["format"] == "quantcore.tqc/2" and table["platform"] == "tensorrt"
     assert set(table["tensors"]) == set(annotation.configs)
     weight = table["tensors"]["conv2.w"]
     assert weight["kind"] == "weight" and weight["state"] == "baked" and weight["axis"] == 0
