@@ -38,7 +38,7 @@ def refusal(address: IPAddress, allowed: Sequence[IPNetwork]) -> str | None:
     # Most specific first: 0.0.0.0 and 169.254.0.0/16 also count as "private" to the ipaddress module.
     for kind in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
         if getattr(address, f"is_{kind}"):
-            return f"a {kind.replace('_', '-')} address"
+            return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind.replace('_', '-')} address"
     if not address.is_global:
         return "not a public address"
     return None

@@ -1,5 +1,5 @@
 // Renders a job's report JSON (schema: the `Report` model of the OpenAPI document). Known sections
-// get purpose-built views (summary, accuracy target, outputs, layers ranked by harm, latency); anything
+// get purpose-built views (summary, accuracy target, outputs, layers ranked by harm, CPU latency); anything
 // else, such as sections a newer engine adds, falls through to a generic, readable rendering: nothing
 // in the report is ever hidden from the user.
 
@@ -11,15 +11,15 @@ type Analysis = Schemas["Analysis"];
 type LayerHarm = Schemas["LayerHarm"];
 type Target = Schemas["TargetOutcome"];
 type Parity = Schemas["Parity"];
+type CpuLatency = Schemas["CpuLatency"];
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Obj = { [key: string]: Json };
 
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 
-const LATENCY = /latency|_ms$|throughput/i; // shown together in the latency table
-const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity"]);
-const HANDLED_EVAL = new Set(["model", "num_samples", "top1_output"]);
+const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity", "latency"]);
+const HANDLED_EVAL = new Set(["model", "num_samples", "top1_output", "latency_ms_per_sample"]);
 
 /** Render into `section`; returns a cleanup that destroys the charts. */
 export function renderReport(section: HTMLElement, report: Obj): () => void {
@@ -44,12 +44,10 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     destroyers.push(view.destroy);
   }
 
-  const latencies = collect(evaluation, (key) => LATENCY.test(key));
-  if (latencies.length) {
-    section.append(
-      h("h3", {}, "Latency"),
-      table(null, ["Measurement", "Value"], latencies.map(([path, v]) => [path, num(v, 3)]), { class: "data compact", id: "latency-table" }),
-    );
+  const latency = isObj(report.latency) ? report.latency : {};
+  section.append(latencyView(isObj(latency.cpu) ? (latency.cpu as unknown as CpuLatency) : null, evaluation.latency_ms_per_sample));
+  for (const [key, value] of Object.entries(latency)) {
+    if (key !== "cpu") section.append(h("details", { class: "generic" }, h("summary", {}, `Latency: ${label(key)}`), generic(value)));
   }
 
   if (isObj(report.stage_seconds)) {
@@ -63,7 +61,7 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
   // Evaluation keys and top-level sections no view above knows: shown generically.
   const variantKeys = new Set(variants.map(([k]) => k));
   for (const [key, value] of Object.entries(evaluation)) {
-    if (HANDLED_EVAL.has(key) || variantKeys.has(key) || (LATENCY.test(key) && latencies.length)) continue;
+    if (HANDLED_EVAL.has(key) || variantKeys.has(key)) continue;
     section.append(h("h3", {}, label(key)), generic(value));
   }
   for (const [key, value] of Object.entries(report)) {
@@ -121,7 +119,7 @@ function outputMetrics(variants: [string, Obj][]): HTMLElement {
   );
   const variantExtras = variants.flatMap(([variant, v]) =>
     Object.entries(v)
-      .filter(([k, value]) => !["outputs", "top1", "task_metrics"].includes(k) && !(typeof value === "number" && LATENCY.test(k)))
+      .filter(([k]) => !["outputs", "top1", "task_metrics"].includes(k))
       .map(([k, value]) => h("details", { class: "generic" }, h("summary", {}, `${label(variant)}: ${label(k)}`), generic(value))),
   );
   return h(
@@ -133,7 +131,7 @@ function outputMetrics(variants: [string, Obj][]): HTMLElement {
       { class: "hint" },
       "“qdq exact” runs the exported model with exact QDQ arithmetic; “qdq deployed” with the runtime's integer kernels. The two can differ.",
     ),
-    scroll("Output metrics", table(null, ["Measured as", "Output", ...keys.map(label)], rows.map(([variant, output, m]) => [label(variant), h("code", {}, output), ...keys.map((k) => num(m[k]))]), { class: "data", id: "output-metrics" })),
+    scroll("Output metrics", table(null, ["Measured as", "Output", ...keys.map(label)], rows.map(([variant, output, m]) => [label(variant), h("code", {}, output), ...keys.map((k) => num(m[k]))]), { class: "data fit", id: "output-metrics" })),
     extra,
     variantExtras,
   );
@@ -160,6 +158,52 @@ function parityView(parity: Parity, config: Obj): HTMLElement {
         )
       : null,
   );
+}
+
+// ---- latency: the CPU benchmark (latency.cpu), FP32 against quantized per batch size ----
+
+function latencyView(cpu: CpuLatency | null, perSample: Json | undefined): HTMLElement {
+  const section = h("section", { "aria-labelledby": "latency-title", id: "latency" }, h("h3", { id: "latency-title" }, "Latency"));
+  if (!cpu) {
+    section.append(h("p", { id: "latency-table" }, "Not measured: the recipe turned the CPU latency benchmark off (deploy.cpu_latency)."));
+  } else {
+    const rows = cpu.batch_sizes.map((batch) => {
+      const fp32 = cpu.fp32[`batch_${batch}`];
+      const quantized = cpu.quantized[`batch_${batch}`];
+      const speedup = cpu.speedup_p50[`batch_${batch}`];
+      return [
+        String(batch),
+        num(fp32?.p50_ms, 3),
+        num(quantized?.p50_ms, 3),
+        typeof speedup === "number" ? h("strong", { class: speedup < 1 ? "slower" : "" }, `${speedup.toFixed(2)}×`) : "—",
+        num(quantized?.p90_ms, 3),
+        num(quantized?.p99_ms, 3),
+        `${samplesPerSecond(fp32)} → ${samplesPerSecond(quantized)}`,
+      ];
+    });
+    section.append(
+      h("p", { class: "hint" }, `${cpu.provider} (ONNX Runtime ${cpu.onnxruntime}) on ${cpu.device} · threads: ${cpu.threads ?? "default"} · warm-up runs: ${cpu.warmup} · timed runs: up to ${cpu.runs}.`),
+      scroll(
+        "CPU latency",
+        table(null, ["Batch", "FP32 p50 ms", "Quantized p50 ms", "Speed-up (p50)", "Quantized p90 ms", "Quantized p99 ms", "Samples/s FP32 → quantized"], rows, {
+          class: "data compact",
+          id: "latency-table",
+        }),
+      ),
+      cpu.notes.length ? h("ul", { class: "hint", id: "latency-notes" }, cpu.notes.map((note) => h("li", {}, note))) : "",
+    );
+  }
+  if (isObj(perSample)) {
+    // The evaluation's wall time over all samples (simulated modes included) is no benchmark: said so.
+    const times = Object.entries(perSample).map(([mode, ms]) => `${label(mode)} ${num(ms, 3)} ms`);
+    section.append(h("p", { class: "hint" }, `Evaluation time per sample (not a benchmark): ${times.join(", ")}.`));
+  }
+  return section;
+}
+
+function samplesPerSecond(stats: Schemas["LatencyStats"] | undefined): string {
+  const rate = stats?.throughput_samples_per_s;
+  return typeof rate === "number" ? num(Math.round(rate)) : "—";
 }
 
 // ---- accuracy target: the verdict and every step ----
@@ -266,19 +310,6 @@ function analysisView(analysis: Analysis): { el: HTMLElement; destroy: () => voi
 /** A horizontally scrollable wrapper that keyboard users can focus (and screen readers name). */
 function scroll(name: string, content: HTMLElement): HTMLElement {
   return h("div", { class: "scroll", tabindex: 0, role: "region", "aria-label": name }, content);
-}
-
-function collect(value: Json, match: (key: string) => boolean, path = ""): [string, number][] {
-  if (!isObj(value)) return [];
-  return Object.entries(value).flatMap(([key, child]) => {
-    const here = path ? `${path} › ${label(key)}` : label(key);
-    if (typeof child === "number" && match(key)) return [[here, child] as [string, number]];
-    if (match(key) && isObj(child)) {
-      // e.g. latency_ms_per_sample: {fp32: 0.013, qdq_exact: 0.033, qdq_deployed: 0.029}
-      return collect(child, () => true, here);
-    }
-    return collect(child, match, here);
-  });
 }
 
 export function generic(value: Json, depth = 0): HTMLElement {

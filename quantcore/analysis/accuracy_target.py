@@ -43,6 +43,7 @@ from quantcore.export.qdq import ExportResult, export
 from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.runtime.batching import Batches
+from quantcore.wording import counted
 
 STAGE = "target"
 VERDICT_NAMES = 10  # float layers named in the verdict (all of them are in the report)
@@ -236,7 +237,7 @@ def reach_target(
     kept_step = next(s["step"] for s in steps if tuple(s["float_layers"]) == kept.float_layers)
     value = "undefined" if kept.value is None else f"{kept.value:.6g}"
     named = ", ".join(kept.float_layers[:VERDICT_NAMES]) + (", ..." if len(kept.float_layers) > VERDICT_NAMES else "")
-    layers = f"{len(kept.float_layers)} layer(s) in float" + (f" ({named})" if kept.float_layers else "")
+    layers = f"{counted(len(kept.float_layers), 'layer')} in float" + (f" ({named})" if kept.float_layers else "")
     if met:
         verdict = f"target {target.statement()} met: {target.metric} = {value} with {layers}"
     else:

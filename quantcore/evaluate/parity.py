@@ -62,6 +62,7 @@ from quantcore.config import QuantizeConfig
 from quantcore.errors import QuantcoreError
 from quantcore.runtime.cpu_features import this_cpu_saturates_u8s8
 from quantcore.runtime.session import open_session
+from quantcore.wording import counted
 
 MIN_SQNR_DB = 30.0
 QUANTIZATION_MARGIN_DB = 6.0
@@ -131,7 +132,7 @@ def check_parity(evaluation: dict[str, Any]) -> ParityVerdict:
     if problems:
         return ParityVerdict(False, worst, gap, "; ".join(problems))
     kernels = deployed.get("integer_kernels")
-    what = "the deployed model" if kernels is None else f"the deployed model ({kernels} integer kernels)"
+    what = "the deployed model" if kernels is None else f"the deployed model ({counted(kernels, 'integer kernel')})"
     if apart:
         return ParityVerdict(
             True,

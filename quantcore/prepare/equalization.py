@@ -40,6 +40,7 @@ from onnx import numpy_helper
 
 from quantcore.graph.index import GraphIndex
 from quantcore.prepare.preparation import PreparedModel
+from quantcore.wording import counted
 
 HOMOGENEOUS_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu"})  # f(x / s) = f(x) / s for s > 0
 LAYERS = frozenset({"Conv", "Gemm"})
@@ -66,7 +67,7 @@ class Equalization:
     def statement(self) -> str:
         if not self.pairs:
             return "equalization: no layer pair to equalize"
-        return f"equalized {len(self.pairs)} layer pair(s) in {self.rounds} sweep(s)"
+        return f"equalized {counted(len(self.pairs), 'layer pair')} in {counted(self.rounds, 'sweep')}"
 
 
 class _Layer:

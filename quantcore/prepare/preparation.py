@@ -71,6 +71,7 @@ from quantcore.prepare.shapes import check_outputs, empty_outputs, infer_shapes,
 from quantcore.prepare.validate import check_external_data
 from quantcore.runtime.batching import describe
 from quantcore.runtime.session import RUNTIME_ERRORS, open_session, runtime_message
+from quantcore.wording import counted
 
 MAX_FOLD_ROUNDS = 8  # shape inference / constant folding / If inlining rounds (nested Ifs need several)
 QUANTIZED_OPS = frozenset(
@@ -194,7 +195,7 @@ def _inline_functions(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         inlined = onnx.inliner.inline_local_functions(proto, convert_version=True)
     except Exception as error:  # the C++ inliner's errors have no common type
         return proto, f"model-local functions ({listed}) could not be inlined, their nodes stay float: {error}"
-    return inlined, f"{len(names)} model-local function(s) inlined so that their nodes can be quantized: {listed}"
+    return inlined, f"{counted(len(names), 'model-local function')} inlined so that their nodes can be quantized: {listed}"
 
 
 def _check_runs_as_given(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> None:

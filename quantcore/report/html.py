@@ -2,8 +2,9 @@
 assets (styles inline, the per-layer chart an inline SVG), every value from the report escaped.
 
 Sections: summary (platform, precision, top-1, sizes), the accuracy target's verdict and every step,
-output metrics per measured mode, the layers ranked by harm (chart of the layer-wise SQNR of the
-``CHART_LAYERS`` most harmful, then the full table), the tensors' range statistics, warnings.
+output metrics per measured mode, the CPU latency benchmark, the layers ranked by harm (chart of the
+layer-wise SQNR of the ``CHART_LAYERS`` most harmful, then the full table), the tensors' range
+statistics, warnings. Wide tables fit a 1366 px window: their headers are words that wrap.
 ``render_html(report)`` takes the JSON-ready dict ``quantize`` writes as report.json.
 """
 
@@ -23,8 +24,20 @@ table{border-collapse:collapse;margin:.5rem 0;font-size:13px}
 th,td{border:1px solid #d1d5db;padding:2px 8px;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f4f6}
 .ok{color:#047857;font-weight:600}.fail{color:#be123c;font-weight:600}code{font-size:12px}
-.note{color:#4b5563}
+.note{color:#4b5563}table.fit{width:100%}table.fit code{overflow-wrap:anywhere}
 """
+# evaluation.<mode>.outputs[name] metric → column header
+OUTPUT_COLUMNS = {
+    "sqnr_db": "SQNR (dB)",
+    "cosine": "cosine",
+    "max_abs_error": "max abs error",
+    "mean_abs_error": "mean abs error",
+    "relative_error_p50": "relative error p50",
+    "relative_error_p90": "relative error p90",
+    "relative_error_p99": "relative error p99",
+    "argmax_agreement": "argmax agreement",
+    "exact_match": "exact match",
+}
 
 
 def _e(value: Any) -> str:
@@ -43,7 +56,9 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, code_columns: Iterable[int] = ()) -> str:
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], *, code_columns: Iterable[int] = (), fit: bool = False
+) -> str:
     code = set(code_columns)
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = []
@@ -57,7 +72,8 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, code_column
                 numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
                 cells.append(f'<td class="n">{text}</td>' if numeric else f"<td>{text}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    table = '<table class="fit">' if fit else "<table>"
+    return f"{table}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def layer_chart(layers: Sequence[Mapping[str, Any]]) -> str:
@@ -164,22 +180,57 @@ def _target(target: Mapping[str, Any] | None) -> str:
 
 
 def _outputs(evaluation: Mapping[str, Any]) -> str:
-    keys = (
-        "sqnr_db",
-        "cosine",
-        "max_abs_error",
-        "mean_abs_error",
-        "relative_error_p50",
-        "relative_error_p90",
-        "relative_error_p99",
-        "argmax_agreement",
-        "exact_match",
-    )
     rows = []
     for mode in ("qdq_exact", "qdq_deployed"):
         for output, metrics in ((evaluation.get(mode) or {}).get("outputs") or {}).items():
-            rows.append([mode, output, *(metrics.get(k) for k in keys)])
-    return "<h2>Outputs: quantized vs FP32</h2>" + _table(["measured as", "output", *keys], rows, code_columns=[1])
+            rows.append([mode, output, *(metrics.get(k) for k in OUTPUT_COLUMNS)])
+    headers = ["measured as", "output", *OUTPUT_COLUMNS.values()]
+    return "<h2>Outputs: quantized vs FP32</h2>" + _table(headers, rows, code_columns=[1], fit=True)
+
+
+def _rounded(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _latency(latency: Mapping[str, Any] | None) -> str:
+    """The CPU benchmark (``latency.cpu``): FP32 against quantized, per batch size."""
+    cpu = (latency or {}).get("cpu")
+    if not cpu:
+        return '<h2>Latency</h2><p class="note">Not measured: the run turned the CPU latency benchmark off.</p>'
+    rows = []
+    for batch in cpu.get("batch_sizes", []):
+        fp32, quantized = cpu["fp32"].get(f"batch_{batch}", {}), cpu["quantized"].get(f"batch_{batch}", {})
+        speedup = cpu["speedup_p50"].get(f"batch_{batch}")
+        rows.append(
+            [
+                batch,
+                fp32.get("p50_ms"),
+                quantized.get("p50_ms"),
+                f"{speedup:.2f}\u00d7" if speedup is not None else None,
+                quantized.get("p90_ms"),
+                quantized.get("p99_ms"),
+                *(_rounded(stats.get("throughput_samples_per_s")) for stats in (fp32, quantized)),
+            ]
+        )
+    headers = [
+        "batch",
+        "FP32 p50 ms",
+        "quantized p50 ms",
+        "speed-up (p50)",
+        "quantized p90 ms",
+        "quantized p99 ms",
+        "FP32 samples/s",
+        "quantized samples/s",
+    ]
+    setup = (
+        f"{cpu.get('provider')} (ONNX Runtime {cpu.get('onnxruntime')}) on {cpu.get('device')} · "
+        f"threads: {cpu.get('threads') or 'default'} · warm-up runs: {cpu.get('warmup')} · "
+        f"timed runs: up to {cpu.get('runs')}."
+    )
+    notes = "".join(f"<li>{_e(note)}</li>" for note in cpu.get("notes") or [])
+    return f'<h2>Latency</h2><p class="note">{_e(setup)}</p>{_table(headers, rows)}' + (
+        f'<ul class="note">{notes}</ul>' if notes else ""
+    )
 
 
 def _analysis(analysis: Mapping[str, Any] | None) -> str:
@@ -247,6 +298,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<style>{STYLE}</style></head><body><h1>{_e(title)}</h1>"
         f"{_summary(report)}{_deployment(report)}{_target(report.get('target'))}"
         f"{_outputs(report.get('evaluation') or {})}"
+        f"{_latency(report.get('latency'))}"
         f"{_analysis(report.get('analysis'))}"
         + (f"<h2>Warnings</h2><ul>{warning_list}</ul>" if warnings else "")
         + f'<p class="note">Report format {_e(report.get("format"))}.</p></body></html>\n'

@@ -1,76 +1,183 @@
-"""The report summary (defensive about the report's layout) and recipe overrides, without a server."""
+"""The report summary (`cli.report_text`) on real reports written by quantcore, and recipe overrides,
+without a server."""
 
 from __future__ import annotations
 
+import copy
 import json
+import re
+import shlex
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from cli.quantctl import main
 from cli.recipe import RecipeError, apply_override, build_recipe
 from cli.report_text import render_report
+from jobs.recipe import Recipe
+from quantcore import AccuracyTarget, QuantizeConfig, quantize
+from tests.quantcore.models import planted_outlier, save
 
 
-def test_report_by_mode_then_output(api) -> None:
-    text = render_report(api.report)
-    assert text.startswith("platform: tensorrt  precision: int8  observer: minmax\nevaluated on 359 held-out samples")
-    table = text.split("per-output error, quantized vs FP32\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [line.split() for line in table] == [
-        ["mode", "output", "SQNR", "dB", "cosine", "argmax", "agree"],
-        ["exact", "QDQ", "logits", "31.2", "0.9996", "0.99"],
-        ["deployed", "logits", "29.8", "0.9993", "0.98"],
-    ]
-    assert "top-1 on logits: FP32 0.76, exact QDQ 0.755, deployed 0.75" in text
-    assert "per-layer analysis: 2 entries" in text
-    assert text.index("fc_out") < text.index("conv1_out")  # lowest SQNR first
-    assert "sizes:\n  fp32_bytes: 3.81 MiB\n  qdq_bytes: 1.05 MiB" in text
-    assert "time per stage:\n  calibrate: 0.05 s\n  export: 0.01 s" in text
-    assert "batch_size" not in text  # a setting, not a size
-    assert "engine: skipped (no CUDA device)" in text
-    assert "block /layer4 left at round-to-nearest" in text
+def two_classes() -> Any:
+    """input (N, 16) → Gemm → logits (N, 2)."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.5, (2, 16)).astype(np.float32), "fc.w")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "fc.w"], ["logits"], name="fc", transB=1)],
+        "two_classes",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 2])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
 
 
-def test_a_figure_the_report_states_twice_is_shown_once() -> None:
-    # the worker's layout: top-1 at the mode's top level and again among its task metrics
-    report = {
-        "evaluation": {
-            "top1_output": "logits",
-            "fp32": {"top1": 0.9, "task_metrics": {"top1": 0.9, "top5": 1.0}},
-            "qdq_exact": {"top1": 0.85, "task_metrics": {"top1": 0.85, "top5": 0.99}},
-        }
-    }
+def run_quantcore(tmp: Path, model: Any, shape: tuple[int, ...], config: QuantizeConfig, labels: bool) -> dict:
+    """A real report: 96 calibration samples (the clip search needs 64) and 32 evaluation ones, labelled
+    with FP32's own argmax when `labels`."""
+    path = save(model, tmp / "model.onnx")
+    data = np.random.default_rng(1).normal(size=(128, *shape)).astype(np.float32)
+    evaluation = {"input": data[96:]}
+    truth = None
+    if labels:
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        truth = session.run(None, evaluation)[0].argmax(1)
+    return quantize(path, {"input": data[:96]}, evaluation, config, tmp / "out", labels=truth).report
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, dict]:
+    """target: planted_outlier with labels and a cosine target (analysis, clip search, target steps);
+    plain: the same model without target nor labels (conv3 ruins its accuracy); binary: 2 classes."""
+    made = {}
+    for name, model, shape, config, labels in [
+        ("target", planted_outlier(), (3, 8, 8), QuantizeConfig(target=AccuracyTarget("cosine", 0.999)), True),
+        ("plain", planted_outlier(), (3, 8, 8), QuantizeConfig(), False),
+        ("binary", two_classes(), (16,), QuantizeConfig(cpu_latency=False), True),
+    ]:
+        made[name] = run_quantcore(tmp_path_factory.mktemp(name), model, shape, config, labels)
+    return made
+
+
+def section(text: str, title: str) -> list[str]:
+    """The lines of the blank-line-separated section starting with `title`."""
+    return next(block for block in text.split("\n\n") if block.startswith(title)).splitlines()
+
+
+def test_layers_are_named_and_listed_in_the_reports_rank_order(reports) -> None:
+    report = reports["target"]
+    lines = section(render_report(report), "layers ranked by harm")
+    ranked = sorted(report["analysis"]["layers"], key=lambda layer: layer["rank"])
+    assert [line.split()[:2] for line in lines[2:]] == [[str(layer["rank"]), layer["node"]] for layer in ranked]
+    assert lines[2].split()[1] == "conv3"  # the planted bad layer
+    # the order is the report's rank, not one of the summary's making
+    flipped = copy.deepcopy(report)
+    for layer in flipped["analysis"]["layers"]:
+        layer["rank"] = len(ranked) + 1 - layer["rank"]
+    lines = section(render_report(flipped), "layers ranked by harm")
+    assert [line.split()[1] for line in lines[2:]] == [layer["node"] for layer in reversed(ranked)]
+
+
+def test_only_model_outputs_are_in_the_per_output_table(reports) -> None:
+    report = reports["target"]
     text = render_report(report)
-    assert "top-1 on logits: FP32 0.9, exact QDQ 0.85\n" in text
-    assert text.endswith("top-5 on logits: FP32 1, exact QDQ 0.99")
+    rows = [re.split(r"\s{2,}", line)[:2] for line in section(text, "per-output error")[2:]]
+    assert rows == [["exact QDQ", "logits"], ["deployed", "logits"]]
+    assert "candidates" not in text and "deployed_vs_exact" not in text and "target/steps" not in text
+    fp32, exact, deployed = (report["evaluation"][mode]["top1"] for mode in ("fp32", "qdq_exact", "qdq_deployed"))
+    assert f"top-1 on logits: FP32 {fp32:.4g}, exact QDQ {exact:.4g}, deployed {deployed:.4g}" in text
 
 
-def test_report_by_output_then_mode() -> None:
-    report = {
-        "outputs": {
-            "logits": {"exact_qdq": {"sqnr_db": 30.0, "cosine": 0.999}, "deployed": {"sqnr_db": 12.0}},
-            "boxes": {"exact_qdq": {"max_abs_error": 0.25}},
-        },
-        "latency": {"fp32_ms": 4.0, "quantized_ms": 1.5},
-        "recipe": {"calibration": {"batch_size": 16}},
-    }
+def test_verdicts_clip_search_and_target_steps_are_shown(reports) -> None:
+    report = reports["target"]
     text = render_report(report)
-    assert "deployed   logits  12" in text
-    assert text.index("exact QDQ  boxes") < text.index("deployed   logits")
-    assert "exact QDQ  boxes" in text and "0.25" in text
-    assert "latency:\n  fp32_ms: 4 ms\n  quantized_ms: 1.5 ms" in text
-    assert "batch_size" not in text  # a setting, not a size
+    assert f"deployment: {report['parity']['reason']}" in text
+    assert f"accuracy target: {report['target']['verdict']}" in text
+    search = report["calibration"]["percentile_search"]
+    clip = section(text, "clip search")
+    assert clip[0] == f"clip search on {search['samples']} samples kept p{search['chosen']:g}"
+    assert "p99.999" in clip[1] and "mse" in clip[1]  # every candidate by its own name
+    steps = section(text, "accuracy target steps")[2:]
+    assert [line.split()[:2] for line in steps] == [["0", "none"], ["1", "conv3"]]
+    assert "much less accurate" not in text  # the target was met
+
+
+def test_without_labels_top1_says_so_and_two_classes_have_no_top5(reports) -> None:
+    text = render_report(reports["plain"])
+    assert "top-1: not measured (the evaluation data has no labels)" in text
+    assert "FP32 -" not in text
+    binary = render_report(reports["binary"])
+    assert re.search(r"^top-1 on logits: FP32 1, exact QDQ [\d.]+, deployed [\d.]+$", binary, re.MULTILINE)
+    assert "top-5" not in binary  # undefined with 2 classes (null in the report)
+
+
+def suggested_recipes(text: str) -> list[dict]:
+    """Each 'what to try' line's --set options, applied as quantctl applies them."""
+    lines = text.split("what to try", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    recipes = []
+    for line in lines:
+        words = shlex.split(line.split(": ", 1)[1])
+        recipes.append(build_recipe(None, [words[i + 1] for i, word in enumerate(words) if word == "--set"]))
+    return recipes
+
+
+def test_a_much_less_accurate_model_gets_recipe_changes_the_service_accepts(reports) -> None:
+    report = reports["plain"]
+    text = render_report(report)
+    cosine = report["evaluation"]["qdq_exact"]["outputs"]["logits"]["cosine"]
+    assert cosine < 0.99  # conv3 alone ruins it
+    assert f"much less accurate than FP32: cosine {cosine:.4g} on logits (exact QDQ; below 0.99), SQNR " in text
+    recipes = suggested_recipes(text)
+    for recipe in recipes:
+        Recipe.model_validate(recipe)  # the API accepts every suggestion
+    assert {"exclude": {"node_patterns": ["conv3"]}} in recipes  # the worst-ranked layer, by name
+    assert {"target": {"metric": "cosine", "threshold": 0.99}} in recipes  # no labels: not top1_drop
+    assert {"calibration": {"observer": "mse"}} in recipes
+    assert {"reconstruction": {"method": "qdrop"}} in recipes
+
+
+def test_a_slower_model_is_told_so_with_another_platform(reports) -> None:
+    report = copy.deepcopy(reports["target"])
+    # the measured speed-up varies with the machine's load: the figures are pinned
+    report["latency"]["cpu"]["speedup_p50"] = {"batch_1": 0.55, "batch_32": 1.2}
+    text = render_report(report)
+    assert "slower than FP32 on the CPU: 0.55x at batch 1 (p50 speed-up)" in text
+    assert "much less accurate" not in text
+    recipes = suggested_recipes(text)
+    assert {"platform": "onnxruntime"} in recipes
+    for recipe in recipes:
+        Recipe.model_validate(recipe)
+    report["latency"]["cpu"]["speedup_p50"] = {"batch_1": 1.5, "batch_32": 2.0}
+    assert "attention" not in render_report(report)
+
+
+def test_cpu_benchmark_sizes_and_stage_times(reports) -> None:
+    report = reports["plain"]
+    text = render_report(report)
+    rows = [line.split()[:2] for line in section(text, "CPU latency")[2:6]]
+    assert rows == [["fp32", "1"], ["fp32", "32"], ["quantized", "1"], ["quantized", "32"]]
+    assert "speed-up of the quantized model at p50: batch 1: " in text
+    assert re.search(r"^model size: FP32 [\d.]+ KiB, QDQ [\d.]+ KiB \(\d+% of FP32\)$", text, re.MULTILINE)
+    assert section(text, "time per stage: prepare ")
+    assert "CPU latency" not in render_report(reports["binary"])  # not measured there
 
 
 @pytest.mark.parametrize(
     "report",
     [
         {},
-        {"outputs": {}},
-        {"outputs": None, "evaluation": "pending"},
-        {"evaluation": {"exact_qdq": {"outputs": {"y": {"sqnr_db": None, "cosine": "n/a"}}}}},
-        {"layers": [1, None, {"tensor": "t"}], "warnings": "not a list", "engine": 3},
-        {"outputs": [{"name": "y", "sqnr_db": 5}], "size": {"fp32": "big"}, "top1": True},
+        {"evaluation": {}},
+        {"evaluation": "pending", "analysis": [], "target": {"steps": "x"}},
+        {"evaluation": {"qdq_exact": {"outputs": {"y": {"sqnr_db": None, "cosine": "n/a"}}}}},
+        {"analysis": {"layers": [1, None, {"node": "n", "rank": "first"}]}, "warnings": "not a list", "engine": 3},
+        {"calibration": {"percentile_search": {"candidates": [None, {"percentile": "x"}]}}, "latency": {"cpu": []}},
+        {"evaluation": {"fp32": {"top1": True}, "model": {"fp32_bytes": 0, "qdq_bytes": 0}}, "parity": {"reason": 3}},
         [],
         None,
     ],
@@ -82,7 +189,8 @@ def test_report_never_crashes_on_odd_shapes(report) -> None:
 def test_report_command_prints_summary_or_raw_json(api, capsys) -> None:
     api.add_job("job-1", "succeeded")
     assert main(["jobs", "report", "job-1"]) == 0
-    assert "per-output error" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "per-output error" in out and "deployment: the deployed model" in out
     assert main(["jobs", "report", "job-1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == api.report
 
@@ -119,28 +227,3 @@ def test_recipe_file_must_be_a_json_object(tmp_path: Path) -> None:
         build_recipe(path, [])
     with pytest.raises(RecipeError, match="cannot read"):
         build_recipe(tmp_path / "missing.json", [])
-
-
-def test_cpu_latency_is_a_table_and_engine_settings_are_not_sizes() -> None:
-    summary = {"p50_ms": 0.5, "p90_ms": 0.7, "p99_ms": 1.5, "throughput_samples_per_s": 2000.0}
-    report = {
-        "evaluation": {"model": {"fp32_bytes": 4096, "qdq_bytes": 1024}},
-        "latency": {
-            "cpu": {
-                "provider": "CPUExecutionProvider",
-                "fp32": {"batch_1": summary},
-                "quantized": {"batch_1": {**summary, "p50_ms": 0.25}},
-                "speedup_p50": {"batch_1": 2.0},
-                "notes": [],
-            }
-        },
-        "stage_seconds": {"calibrate": 1.5, "latency": 0.25},
-        "engine": {"status": "skipped", "reason": "no CUDA", "metadata": {"flags": {"workspace_bytes": 1 << 32}}},
-    }
-    text = render_report(report)
-    rows = [line.split() for line in text.splitlines()]
-    assert ["fp32", "1", "0.5", "0.7", "1.5", "2000"] in rows
-    assert ["quantized", "1", "0.25", "0.7", "1.5", "2000"] in rows
-    assert "batch 1: 2.00x" in text
-    assert "latency: 0.25 s" in text  # the stage keeps its name in the time-per-stage list
-    assert "workspace" not in text and "engine: skipped (no CUDA)" in text

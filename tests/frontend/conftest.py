@@ -99,6 +99,20 @@ def audit(page, name: str) -> None:
     assert bad == [], f"accessibility violations on {name}: {bad}"
 
 
+def overflow(page, selector: str) -> dict:
+    """How far the element reaches past the box it sits in, and the page past the window (px, 0: it fits)."""
+    return page.evaluate(
+        """(selector) => {
+            const el = document.querySelector(selector);
+            return {
+                element: Math.max(0, Math.ceil(el.getBoundingClientRect().width) - el.parentElement.clientWidth),
+                page: Math.max(0, document.documentElement.scrollWidth - window.innerWidth),
+            };
+        }""",
+        selector,
+    )
+
+
 def sign_in(page, base_url: str, key: str, path: str = "/jobs") -> None:
     page.goto(f"{base_url}{path}")
     page.wait_for_url("**/signin**")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from samples.tiny import stateful_data, stateful_model
 from tests.conftest import Service
 from tests.frontend.conftest import audit, screenshot, sign_in
-from tests.onnx_builders import stateful_data, stateful_model
 from tests.test_api import npz_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("service", ["sqlite"], indirect=True)]

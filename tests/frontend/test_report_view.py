@@ -18,7 +18,7 @@ from jobs.report_schema import Report
 from quantcore import QuantizeConfig, quantize
 from quantcore.config import AccuracyTarget
 from tests.conftest import Service
-from tests.frontend.conftest import audit, screenshot, sign_in
+from tests.frontend.conftest import audit, overflow, screenshot, sign_in
 from tests.quantcore.models import planted_outlier, save
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("service", ["sqlite"], indirect=True)]
@@ -40,6 +40,7 @@ JOB = {
     "started_at": NOW,
     "finished_at": NOW,
 }
+MODEL_FILE = "planted-outlier.onnx"
 # The chart's text alternative lists the layers worst first: the planted layer conv3 leads.
 RANKED = re.compile(r"lowest first\): conv3 \d+\.\d+, ")
 
@@ -85,6 +86,13 @@ def serve_job(page, job: dict, report: dict) -> None:
             route.fulfill(json=job)
 
     page.route(f"**/api/v1/jobs/{JOB_ID}**", fulfil)
+    serve_model(page, job)
+
+
+def serve_model(page, job: dict) -> None:
+    """The job's model, which the job page names."""
+    model = {"id": job["model_id"], "filename": MODEL_FILE, "status": "ready", "sha256": "0" * 64, "size_bytes": 1}
+    page.route(f"**/api/v1/models/{job['model_id']}", lambda route: route.fulfill(json=model))
 
 
 def test_report_view_ranks_layers_and_shows_the_target(page, service: Service, tmp_path):
@@ -112,6 +120,25 @@ def test_report_view_ranks_layers_and_shows_the_target(page, service: Service, t
     expect(page.locator("#run-as")).to_have_count(0)  # nothing to change in how it runs
     screenshot(page, "report-with-layers")
     audit(page, "report-with-layers")
+
+
+def test_job_page_shows_the_cpu_benchmark_names_the_model_and_fits_1366_px(page, service: Service, tmp_path):
+    report = real_report(tmp_path, AccuracyTarget("cosine", 0.999))
+    serve_job(page, JOB, report)
+    sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
+    expect(page.locator("dl.facts").first).to_contain_text(f"Model{MODEL_FILE}")
+    cpu = report["latency"]["cpu"]
+    rows = page.locator("#latency table tbody tr")
+    expect(rows).to_have_count(len(cpu["batch_sizes"]))
+    for row, batch in zip(rows.all(), cpu["batch_sizes"], strict=True):
+        speedup = cpu["speedup_p50"][f"batch_{batch}"]
+        expect(row.locator("td").first).to_have_text(str(batch))
+        expect(row).to_contain_text(f"{speedup:.2f}\u00d7")
+    expect(page.locator("#latency")).to_contain_text("Evaluation time per sample (not a benchmark)")
+    expect(page.locator("#report details.generic summary", has_text="Latency")).to_have_count(0)
+    screenshot(page, "job-page-1366")
+    assert page.viewport_size["width"] == 1366
+    assert overflow(page, "#output-metrics") == {"element": 0, "page": 0}
 
 
 def test_unmet_target_is_shown_as_a_failure_with_its_report(page, service: Service, tmp_path):
@@ -178,6 +205,7 @@ def test_event_stream_resumes_with_last_event_id_after_a_drop(page, service: Ser
             route.fulfill(json=running if len(seen) < 2 else {**running, "status": "canceled"})
 
     page.route(f"**/api/v1/jobs/{JOB_ID}**", fulfil)
+    serve_model(page, running)
     key = service.new_key()
     sign_in(page, service.url, key, f"/jobs/{JOB_ID}")
     expect(page.locator("#job-status")).to_have_text("canceled")

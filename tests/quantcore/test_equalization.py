@@ -195,7 +195,7 @@ def test_quantize_reports_both_options(tmp_path) -> None:
         tmp_path / "out",
         progress=lambda stage, fraction, message: messages.__setitem__(stage, message),
     )
-    assert "equalized 2 layer pair(s)" in messages["prepare"]
+    assert "equalized 2 layer pairs" in messages["prepare"]
     assert "bias correction: 3 layers corrected" in messages["calibrate"]
     assert result.report["config"]["equalization"] is True
     assert result.report["config"]["bias_correction"] is True

@@ -215,6 +215,7 @@ def test_parity_verdicts() -> None:
     assert check_parity(_evaluation(0.99, 0.99, None)).agree  # bit-identical outputs
     # the reason counts the integer kernels where the evaluation did (a 4-bit model on a CPU has none)
     assert "(0 integer kernels) agrees" in check_parity(_evaluation(0.99, 0.99, None, integer_kernels=0)).reason
+    assert "(1 integer kernel) agrees" in check_parity(_evaluation(0.99, 0.99, None, integer_kernels=1)).reason
     assert check_parity(_evaluation(0.99, 0.99, None)).reason.startswith("the deployed model agrees")
     assert check_parity(_evaluation(0.99, 0.99, 45.0)).agree
     low = check_parity(_evaluation(0.99, 0.99, 20.0))
@@ -278,7 +279,7 @@ def test_pipeline_remedies_a_disagreement_with_7_bit_weights(digits_sample, tmp_
     table = json.loads(result.tqc_path.read_text())
     assert all(e["bits"] == 7 for e in table["tensors"].values() if e["kind"] == "weight")
     stages = [stage for stage, _, _ in progress]
-    ran = [s for s in quantcore.STAGES if s not in ("engine", "target", "clip")]  # minmax: no percentile to choose
+    ran = [s for s in quantcore.STAGES if s not in ("auto", "engine", "target", "clip")]  # minmax: no percentile
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == ran
 
 

@@ -117,6 +117,12 @@ export function upload<P extends "/api/v1/models" | "/api/v1/datasets">(
   });
 }
 
+/** A model's uploaded file name, for pages that hold only its id; null when it cannot be read. */
+export async function modelName(modelId: string): Promise<string | null> {
+  const result = await api.GET("/api/v1/models/{model_id}", { params: { path: { model_id: modelId } } });
+  return result.data ? result.data.filename : null;
+}
+
 export function message(error: unknown): string {
   if (error instanceof ApiError) return error.message;
   if (error instanceof Error) return error.message;

@@ -1,6 +1,7 @@
 import { api, message, unwrap, type Schemas } from "../api/client";
 import { chart, PALETTE } from "../charts";
 import { bytes, h, notice, num, percent, shortId, statusBadge, table, when } from "../dom";
+import { recipeText, type RecipeChoices } from "../recipetext";
 import { download } from "./job";
 
 type Comparison = Schemas["ModelComparison"];
@@ -69,7 +70,7 @@ function comparisonTable(rows: Row[], fp32Bytes: number): HTMLTableElement {
     rows.map((r) => [
       h("a", { href: `/jobs/${r.job_id}` }, h("code", {}, shortId(r.job_id))),
       r.error ? h("span", { title: r.error }, statusBadge(r.status)) : statusBadge(r.status),
-      h("code", { class: "recipe-summary" }, recipeText(r.recipe)),
+      h("code", { class: "recipe-summary" }, recipeText(choices(r.recipe))),
       pair(percent(r.metrics?.top1_fp32), percent(r.metrics?.top1_quantized)),
       num(r.metrics?.top1_drop, 2),
       num(r.metrics?.sqnr_db_min, 2),
@@ -85,7 +86,7 @@ function comparisonTable(rows: Row[], fp32Bytes: number): HTMLTableElement {
       ),
       when(r.created_at),
     ]),
-    { class: "data", id: "compare-table" },
+    { class: "data fit", id: "compare-table" },
   );
 }
 
@@ -93,17 +94,12 @@ function pair(before: string, after: string): string {
   return before === "—" && after === "—" ? "—" : `${before} → ${after}`;
 }
 
-function recipeText(recipe: Recipe): string {
-  const parts: unknown[] = [
-    recipe.platform,
-    recipe.precision,
-    recipe.observer,
-    recipe.percentile,
-    recipe.calibration_samples ? `n=${recipe.calibration_samples}` : null,
-    recipe.reconstruction ? `recon=${String(recipe.reconstruction.method ?? "on")}` : null,
-    recipe.target ? `target=${JSON.stringify(recipe.target)}` : null,
-  ];
-  return parts.filter((p) => p !== null && p !== undefined && p !== "").join(" ");
+function choices(recipe: Recipe): RecipeChoices {
+  return {
+    ...recipe,
+    samples: recipe.calibration_samples,
+    reconstruction: recipe.reconstruction ? (recipe.reconstruction.method ?? "on") : null,
+  };
 }
 
 /** A scatter of accuracy (top-1, or min SQNR without labels) against quantized size or latency. */
@@ -128,7 +124,7 @@ function drawPlot(section: HTMLElement, rows: Row[]): () => void {
         type: "scatter",
         data: {
           datasets: plotted.map((r, i) => ({
-            label: `${shortId(r.job_id)} ${recipeText(r.recipe)}`,
+            label: `${shortId(r.job_id)} ${recipeText(choices(r.recipe))}`,
             data: [points[i]],
             backgroundColor: PALETTE[i % PALETTE.length],
             pointRadius: 6,

@@ -1,4 +1,4 @@
-import { api, authedFetch, message, TERMINAL, unwrap, type Artifact, type Job } from "../api/client";
+import { api, authedFetch, message, modelName, TERMINAL, unwrap, type Artifact, type Job } from "../api/client";
 import { bytes, h, notice, progressBar, setProgress, shortId, statusBadge, table, when } from "../dom";
 import { renderReport } from "../report";
 import { followEvents, type JobEvent } from "../sse";
@@ -19,7 +19,8 @@ export async function renderJob(main: HTMLElement, params: Record<string, string
   const stage = h("span", { id: "job-stage" }, job.stage ?? "—");
   const bar = progressBar(job.progress, "Job progress");
   const pct = h("span", {}, `${Math.round(job.progress * 100)} %`);
-  let facts = jobFacts(job);
+  const model = (await modelName(job.model_id)) ?? shortId(job.model_id);
+  let facts = jobFacts(job, model);
   const errorBox = h("div", {});
   const cancel = h("button", { type: "button", class: "danger", id: "cancel-job" }, "Cancel job");
   const connection = h("span", { class: "muted", id: "stream-state" });
@@ -87,7 +88,7 @@ export async function renderJob(main: HTMLElement, params: Record<string, string
       return;
     }
     status.replaceChildren(statusBadge(job.status));
-    const fresh = jobFacts(job);
+    const fresh = jobFacts(job, model);
     facts.replaceWith(fresh);
     facts = fresh;
     errorBox.replaceChildren(job.error ? notice(job.error) : "");
@@ -161,12 +162,12 @@ export async function download(artifact: Artifact): Promise<void> {
   setTimeout(() => URL.revokeObjectURL(url), 60_000);
 }
 
-function jobFacts(job: Job): HTMLElement {
+function jobFacts(job: Job, model: string): HTMLElement {
   return h(
     "dl",
     { class: "facts" },
     fact("Job id", h("code", {}, job.id)),
-    fact("Model", h("a", { href: `/models/${job.model_id}` }, shortId(job.model_id))),
+    fact("Model", h("a", { href: `/models/${job.model_id}` }, model)),
     fact("Dataset", h("code", {}, shortId(job.dataset_id))),
     fact("Created", when(job.created_at)),
     fact("Started", when(job.started_at)),

@@ -1,5 +1,6 @@
-import { api, message, TERMINAL, unwrap, type Job, type JobStatus, type Model } from "../api/client";
+import { api, message, modelName, TERMINAL, unwrap, type Job, type JobStatus } from "../api/client";
 import { h, notice, progressBar, shortId, statusBadge, table, when } from "../dom";
+import { recipeText } from "../recipetext";
 import { navigate } from "../router";
 
 const STATUSES: JobStatus[] = ["queued", "running", "canceling", "succeeded", "failed", "canceled"];
@@ -59,8 +60,7 @@ async function nameModels(jobs: Job[], names: Map<string, string>): Promise<void
   const missing = [...new Set(jobs.map((j) => j.model_id))].filter((id) => !names.has(id));
   await Promise.all(
     missing.map(async (id) => {
-      const result = await api.GET("/api/v1/models/{model_id}", { params: { path: { model_id: id } } });
-      names.set(id, result.data ? (result.data as Model).filename : shortId(id));
+      names.set(id, (await modelName(id)) ?? shortId(id));
     }),
   );
 }
@@ -69,10 +69,18 @@ function jobTable(jobs: Job[], models: Map<string, string>): HTMLElement {
   if (!jobs.length) return h("p", {}, "No jobs match.");
   return table(
     null,
-    ["Job", "Model", "Status", "Stage", "Progress", "Created", "Finished"],
+    ["Job", "Model", "Platform", "Recipe", "Status", "Stage", "Progress", "Created", "Finished"],
     jobs.map((job) => [
       h("a", { href: `/jobs/${job.id}` }, h("code", {}, shortId(job.id))),
       h("a", { href: `/models/${job.model_id}` }, models.get(job.model_id) ?? shortId(job.model_id)),
+      String(job.recipe.platform ?? "—"),
+      recipeText({
+        precision: job.recipe.precision,
+        observer: section(job.recipe, "calibration").observer,
+        percentile: section(job.recipe, "calibration").percentile,
+        reconstruction: section(job.recipe, "reconstruction").method,
+        target: section(job.recipe, "target"),
+      }),
       statusBadge(job.status),
       job.stage ?? "—",
       h("div", { class: "cell-progress" }, progressBar(job.progress, `Progress of job ${shortId(job.id)}`), `${Math.round(job.progress * 100)} %`),
@@ -81,6 +89,11 @@ function jobTable(jobs: Job[], models: Map<string, string>): HTMLElement {
     ]),
     { class: "data", id: "jobs-table" },
   );
+}
+
+function section(recipe: Job["recipe"], key: string): { [key: string]: unknown } {
+  const value = recipe[key];
+  return typeof value === "object" && value !== null ? (value as { [key: string]: unknown }) : {};
 }
 
 function pager(status: string, cursor: string | null, trail: string[], next: string | null | undefined): HTMLElement {
