@@ -195,7 +195,8 @@ def _inline_functions(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         inlined = onnx.inliner.inline_local_functions(proto, convert_version=True)
     except Exception as error:  # the C++ inliner's errors have no common type
         return proto, f"model-local functions ({listed}) could not be inlined, their nodes stay float: {error}"
-    return inlined, f"{counted(len(names), 'model-local function')} inlined so that their nodes can be quantized: {listed}"
+    functions = counted(len(names), "model-local function")
+    return inlined, f"{functions} inlined so that their nodes can be quantized: {listed}"
 
 
 def _check_runs_as_given(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> None:
