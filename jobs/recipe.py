@@ -8,9 +8,12 @@ depend on each other are checked on the later field, so the error names it too:
     precision       tensorrt, onnxruntime(-dynamic): int8 (= w8a8);  tensorrt-fp8: fp8 only;
                     academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8)
     overrides.bits  not with fp8 (FP8 has one width)
+    deploy.cpu_objective  latency only with platform onnxruntime (its default there; accuracy elsewhere)
     reduce_range    on/off only with the onnxruntime platforms (7-bit weights, or full int8 ones stored
                     as uint8, for CPUs without VNNI)
     target.threshold  in [-1, 1] with metric cosine
+    strategy        fixed | auto (auto: not with a target; its objective is a target of its own)
+    auto.candidates names from AUTO_CANDIDATES
 
 The worker translates a `Recipe` into quantcore's own dataclasses in exactly one function
 (`worker.translate.to_quantize_config`).
@@ -142,6 +145,28 @@ class DeploySpec(_Spec):
         description="Build a TensorRT engine from the QDQ model (tensorrt platforms only). On a worker without "
         "CUDA and TensorRT the stage ends 'skipped' with the reason in the report.",
     )
+    cpu_objective: Literal["latency", "accuracy", "size"] | None = Field(
+        None,
+        title="CPU objective",
+        description="Platform onnxruntime: latency = quantized regions that run slower than float on the worker's "
+        "CPU (timed at batch_sizes with cpu_threads) are kept float, so the model is never slower than FP32; "
+        "accuracy = every region the rules quantize stays quantized, no timing; size = the same, for the smallest "
+        "model. Left out: latency on platform onnxruntime, accuracy elsewhere (latency needs onnxruntime).",
+    )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        title="CPU threads",
+        description="ONNX Runtime intra-op threads for the placement and the CPU latency measurements; null: all "
+        "the worker's cores.",
+    )
+    batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 32],
+        min_length=1,
+        max_length=8,
+        description="Batch sizes the placement and the CPU latency are measured at.",
+    )
 
 
 class AnalysisSpec(_Spec):
@@ -191,6 +216,51 @@ class TargetSpec(_Spec):
         if info.data.get("metric") == "cosine" and not -1.0 <= value <= 1.0:
             raise ValueError("a cosine threshold must be in [-1, 1]")
         return value
+
+
+# The candidates strategy auto may try, cheapest first (quantcore.config.AUTO_CANDIDATES; a test pins the two).
+AutoCandidate = Literal[
+    "as_given", "minmax", "mse", "kl", "floating", "equalization", "bias_correction", "smoothquant", "adaround"
+]
+
+
+class ObjectiveSpec(TargetSpec):
+    metric: Literal["top1_drop", "cosine", "sqnr"] = Field(
+        "cosine",
+        description="top1_drop: FP32 minus quantized top-1 in percentage points (needs labels; scored against the "
+        "FP32 model's own predictions while searching), met when <= threshold; cosine / sqnr: the worst float "
+        "output's cosine / SQNR (dB) to FP32, met when >= threshold.",
+    )
+    threshold: float = Field(0.99, ge=-100.0, le=300.0, description="The bound the metric must meet.")
+    max_float_layers: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="When no candidate meets the objective: at most this many layers may be kept in float.",
+    )
+
+
+class AutoSpec(_Spec):
+    budget_seconds: float = Field(
+        900.0,
+        ge=10.0,
+        le=86_400.0,
+        description="Seconds the search may spend on its candidates (the first, the recipe as given, always runs "
+        "whole; the final run with the chosen settings comes on top).",
+    )
+    objective: ObjectiveSpec = Field(
+        default_factory=ObjectiveSpec,
+        description="What a candidate must reach on the selection split (the last 25 % of the calibration "
+        "samples, which the candidates do not calibrate on). When none does, the best keeps its most harmful "
+        "layers in float until it does.",
+    )
+    candidates: list[AutoCandidate] | None = Field(
+        None,
+        min_length=1,
+        description="Candidates to try, cheapest first whatever the order given (null: all that apply to the "
+        "platform): as_given, the activation observers minmax, mse, kl (floating on tensorrt-fp8), "
+        "equalization, bias_correction, smoothquant, adaround.",
+    )
 
 
 class ReconstructionSpec(_Spec):
@@ -248,7 +318,7 @@ class Recipe(_Spec):
         "without VNNI do not saturate; off = full int8 weights, stored as uint8 on such a CPU (exact u8u8 kernels, "
         "slower); auto = on for a worker CPU without VNNI, off otherwise.",
     )
-    deploy: DeploySpec = Field(default_factory=DeploySpec)
+    deploy: DeploySpec = Field(default_factory=DeploySpec, validate_default=True)  # cpu_objective's default: platform's
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
     target: TargetSpec | None = Field(
         None,
@@ -269,6 +339,20 @@ class Recipe(_Spec):
         description="After calibration, each quantized Conv/Gemm with a bias has the mean output shift caused by "
         "quantizing its weights (measured on the calibration data) subtracted from its bias. Not with a target.",
     )
+    smoothquant: bool = Field(
+        False,
+        description="SmoothQuant before quantizing: where a MatMul/Gemm input has outlier channels (as transformer "
+        "activations do), each channel is divided by a factor its weight rows are multiplied by, so the per-tensor "
+        "activation scale is not spent on a few channels; the FP32 model computes the same function. The migration "
+        "strength alpha is chosen on the calibration data; the report's prepare stage states it.",
+    )
+    strategy: Literal["fixed", "auto"] = Field(
+        "fixed",
+        description="fixed: quantize with this recipe. auto: try variations of it (observers, equalization, "
+        "bias correction, SmoothQuant, AdaRound) within auto.budget_seconds, score each on calibration samples "
+        "held out from their calibration, and keep the best; the report's auto section lists every candidate.",
+    )
+    auto: AutoSpec = Field(default_factory=AutoSpec, description="With strategy auto: budget, objective, candidates.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
     preprocessing: PreprocessingSpec | None = Field(
         None,
@@ -276,6 +360,16 @@ class Recipe(_Spec):
         "resized, centre-cropped, channels ordered, normalized as (pixel · scale - mean) / std, laid out as NCHW or "
         "NHWC, cast to the input's dtype. Needs center_crop or a two-value resize, so the output size is known.",
     )
+
+    @field_validator("strategy")
+    @classmethod
+    def _auto_without_target(cls, value: str, info: ValidationInfo) -> str:
+        if value == "auto" and info.data.get("target") is not None:
+            raise ValueError(
+                "strategy auto cannot be combined with a target: set auto.objective instead (when no candidate "
+                "meets it, auto keeps the most harmful layers in float as a target does)"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -325,6 +419,17 @@ class Recipe(_Spec):
             raise ValueError(
                 f"reduce_range applies to the platforms {', '.join(ONNXRUNTIME_PLATFORMS)} only, not {platform}"
             )
+        return value
+
+    @field_validator("deploy")
+    @classmethod
+    def _cpu_objective_fits_platform(cls, value: DeploySpec, info: ValidationInfo) -> DeploySpec:
+        """A left-out cpu_objective becomes the platform's (latency on onnxruntime); latency elsewhere is refused."""
+        platform = info.data.get("platform")
+        if value.cpu_objective is None:
+            return value.model_copy(update={"cpu_objective": "latency" if platform == "onnxruntime" else "accuracy"})
+        if value.cpu_objective == "latency" and platform is not None and platform != "onnxruntime":
+            raise ValueError(f"cpu_objective latency needs platform onnxruntime, not {platform}")
         return value
 
     @field_validator("reconstruction")

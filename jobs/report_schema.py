@@ -42,6 +42,12 @@ class TargetConfig(_Section):
     max_float_layers: int | None
 
 
+class AutoConfig(_Section):
+    budget_seconds: float
+    objective: TargetConfig
+    candidates: list[str] | None = Field(description="The candidates asked for; null: all that apply.")
+
+
 class ReconstructionConfig(_Section):
     method: Literal["adaround", "brecq", "qdrop"]
     iters: int = Field(description="Optimizer steps per block.")
@@ -90,6 +96,24 @@ class RunConfig(_Section):
     bias_correction: bool = Field(
         False, description="Whether the quantized layers' biases were corrected for their weights' mean shift."
     )
+    smoothquant: bool = Field(
+        False,
+        description="Whether SmoothQuant was asked for: MatMul/Gemm inputs' outlier channels moved into their "
+        "weights (the prepare stage's message gives the layers smoothed and the alpha kept).",
+    )
+    strategy: Literal["fixed", "auto"] = Field(
+        "fixed",
+        description="fixed for the files written, also after an auto search: this config, run again, gives them "
+        "(the search itself is the report's auto section).",
+    )
+    auto: AutoConfig | None = Field(None, description="The auto search's settings (read with strategy auto only).")
+    cpu_objective: Literal["accuracy", "latency", "size"] = Field(
+        "accuracy",
+        title="CPU objective",
+        description="latency: the place stage kept in float the regions that ran slower quantized (see placement).",
+    )
+    cpu_threads: int | None = Field(None, title="CPU threads", description="null: every core of the worker.")
+    cpu_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], title="CPU batch sizes")
 
 
 # ---- prepare, annotate, calibrate ----
@@ -131,6 +155,7 @@ class AnnotationSummary(_Section):
     decisions: list[NodeDecision]
     notes: list[str]
     warnings: list[str]
+    auto: AutoSearch | None = Field(None, description="Null for strategy fixed.")
     dataset: DatasetSplit | None = Field(
         None, description="The seeded calibration/evaluation split (recorded by the service, not by quantcore)."
     )
@@ -319,6 +344,60 @@ class TargetOutcome(TargetConfig):
     steps: list[TargetStep]
 
 
+# ---- auto (quantcore.auto) ----
+
+
+class AutoObjective(TargetConfig):
+    statement: str
+
+
+class AutoSelection(_Section):
+    calibration_samples: int = Field(description="Calibration samples each candidate calibrated on.")
+    selection_samples: int = Field(description="The last calibration samples, held out and scored on.")
+    fraction: float
+
+
+class AutoCandidateResult(_Section):
+    name: str
+    change: str = Field(description="What the candidate changed in the recipe, in words.")
+    value: float | None = Field(description="The objective's metric on the selection split; null: undefined or failed.")
+    met: bool
+    qdq_bytes: int | None
+    latency_p50_ms: float | None = Field(
+        description="The deployed model's CPU EP latency at batch 1 (p50, ms); null: not measured."
+    )
+    seconds: float
+    error: str | None = Field(description="Why the candidate produced no model (it was skipped); null: it did.")
+    pareto: bool = Field(description="On the accuracy/size Pareto front of the candidates that produced a model.")
+
+
+class AutoFallback(_Section):
+    from_: str = Field(alias="from", description="The best candidate the accuracy-target method started from.")
+    dropped: list[str] = Field(description="What the target method cannot be combined with, dropped from it.")
+    float_layers: list[str] = Field(description="Layers kept in float (added to config.exclude_node_patterns).")
+    value: float | None
+    met: bool
+    verdict: str | None
+    seconds: float
+    error: str | None
+
+
+class AutoSearch(_Section):
+    """The search of strategy auto: every candidate tried on the selection split, the one chosen and why."""
+
+    objective: AutoObjective
+    measured_on: str
+    selection: AutoSelection
+    budget_seconds: float
+    candidates: list[AutoCandidateResult]
+    stopped: str | None = Field(description="Why the search stopped before its last candidate (the budget); null.")
+    chosen: str
+    fallback: AutoFallback | None = Field(description="Null when a candidate met the objective (or no time was left).")
+    met: bool = Field(description="Whether the objective was met on the selection split.")
+    reason: str = Field(description="The choice in one sentence.")
+    seconds: float
+
+
 # ---- reconstruction ----
 
 
@@ -400,6 +479,57 @@ class CpuLatency(_Section):
     notes: list[str]
 
 
+class PlacementTiming(_Section):
+    p25_ms: float
+    p50_ms: float = Field(description="The median of the interleaved runs.")
+    p75_ms: float = Field(description="p25 to p75 is the spread a decision must exceed.")
+    runs: int
+
+
+class PlacementPair(_Section):
+    quantized: PlacementTiming | None = Field(description="The model with the region quantized; null: refused.")
+    float: PlacementTiming | None = Field(description="The same model with the region's nodes float; null: refused.")
+
+
+class PlacementRegion(_Section):
+    round: int
+    nodes: list[str] = Field(description="The region's quantized nodes, joined by quantized tensors.")
+    op_types: dict[str, int]
+    timings: dict[str, PlacementPair] = Field(description="Per batch size (batch_1, ...).")
+    cached: bool = Field(description="Timings read from the worker's timing cache instead of measured.")
+    kept: Literal["quantized", "float"]
+    reason: str
+
+
+class PlacementFinal(_Section):
+    fp32: PlacementTiming | None = Field(None, title="FP32", description="The prepared model, nothing quantized.")
+    quantized: PlacementTiming | None = Field(None, description="Every region quantized (accuracy's model).")
+    placed: PlacementTiming | None = Field(None, description="The model with the regions slower quantized in float.")
+    speedup_p50: float | None = Field(description="FP32 p50 / the kept model's p50.")
+
+
+class Placement(_Section):
+    objective: Literal["latency"]
+    threads: int = Field(description="ONNX Runtime intra-op threads of every measurement.")
+    batch_sizes: list[int]
+    cpu: str = Field(title="CPU", description="The CPU model the timings are of.")
+    onnxruntime: str
+    rounds: int
+    stopped: str = Field(description="Why the search stopped: no region changed, the round limit, the time budget.")
+    regions: list[PlacementRegion] = Field(description="Every region measured, round by round.")
+    kept: Literal["quantized", "placed", "fp32"] = Field(
+        description="The model kept: quantized (every region), placed, or fp32 (every region float): the most "
+        "quantized one that no less quantized one is clearly faster than."
+    )
+    float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
+    final: dict[str, PlacementFinal] = Field(description="FP32, all quantized and placed timed together, per batch.")
+    final_cached: bool
+    measurements: int = Field(description="Timer calls made (0 on a cached rerun).")
+    cached_measurements: int
+    measured_seconds: float
+    statement: str
+
+
 class Latency(_Section):
     cpu: CpuLatency | None = Field(title="CPU latency")
 
@@ -441,6 +571,8 @@ class Report(_Section):
         default_factory=list, description="Stages reused from an earlier attempt's checkpoint instead of run."
     )
     warnings: list[str]
+    auto: AutoSearch | None = Field(None, description="Null for strategy fixed.")
+    placement: Placement | None = Field(None, description="Null unless deploy.cpu_objective is latency.")
     dataset: DatasetSplit | None = Field(
         None, description="The seeded calibration/evaluation split (recorded by the service, not by quantcore)."
     )

@@ -22,7 +22,9 @@ or compose the stages::
 
 Where the error comes from: ``analyze(prepared, calibrated, evaluation, config)`` ranks the layers by
 harm (``AnalysisOptions`` bounds it); ``QuantizeConfig(target=AccuracyTarget("cosine", 0.999))`` keeps
-the most harmful layers in float until the target is met; ``render_html(report)`` is the report as a
+the most harmful layers in float until the target is met; ``QuantizeConfig(strategy="auto")`` with
+``quantize_auto`` (same arguments as ``quantize``) tries variations of the config and keeps the best
+(``AutoOptions``: budget, objective, candidates); ``render_html(report)`` is the report as a
 standalone page.
 
 Deployment: ``build_engine`` (TensorRT, GPU workers; ``skipped`` with the reason elsewhere),
@@ -33,8 +35,16 @@ Upload validation: ``inspect_model(path, min_opset=..., max_opset=...)``. Errors
 from quantcore.analysis.ranking import analyze
 from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.annotate.platforms import PLATFORMS, Platform
+from quantcore.auto import quantize_auto
 from quantcore.calibrate.calibration import calibrate
-from quantcore.config import AccuracyTarget, AnalysisOptions, NodeOverride, QuantizeConfig, ReconstructionConfig
+from quantcore.config import (
+    AccuracyTarget,
+    AnalysisOptions,
+    AutoOptions,
+    NodeOverride,
+    QuantizeConfig,
+    ReconstructionConfig,
+)
 from quantcore.errors import (
     Canceled,
     InvalidDataError,
@@ -62,6 +72,7 @@ __all__ = [
     "AccuracyTarget",
     "AnalysisOptions",
     "Annotation",
+    "AutoOptions",
     "Canceled",
     "ExportResult",
     "InvalidDataError",
@@ -94,6 +105,7 @@ __all__ = [
     "inspect_model",
     "prepare",
     "quantize",
+    "quantize_auto",
     "reconstruct",
     "render_html",
     "storage_type",

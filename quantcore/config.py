@@ -40,6 +40,28 @@ DEVICES = ("cpu", "cuda")
 CLIPS = ("percentile", "mse")  # where a percentile-observed tensor is clipped (QuantizeConfig.clip)
 RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
 MAX_RECONSTRUCTION_ITERS = 100_000
+# fixed: the run quantizes with the config as given (``quantcore.quantize``); auto: a search tries variations
+# of it and keeps the best (``quantcore.auto.quantize_auto``, settings ``AutoOptions``).
+STRATEGIES = ("fixed", "auto")
+# The candidates the auto search may try, cheapest first: the names of ``quantcore.auto.candidates.CANDIDATES``,
+# which sit above config (they build configs); a test pins the two together.
+AUTO_CANDIDATES = (
+    "as_given",
+    "minmax",
+    "mse",
+    "kl",
+    "floating",
+    "equalization",
+    "bias_correction",
+    "smoothquant",
+    "adaround",
+)
+AUTO_BUDGET_SECONDS = (10.0, 86_400.0)
+# What the onnxruntime platform's deployment favours (``QuantizeConfig.cpu_objective``): latency places
+# quantized regions by measured speed (``quantcore.analysis.placement``); accuracy and size keep every
+# region the rules quantize (no placement: the export is that of a run without the option).
+CPU_OBJECTIVES = ("accuracy", "latency", "size")
+MAX_CPU_BATCH = 4096
 
 
 def default_precision(platform: PlatformName) -> str:
@@ -152,6 +174,43 @@ class AccuracyTarget:
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "threshold": self.threshold, "max_float_layers": self.max_float_layers}
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """What ``strategy="auto"`` may try and spend (``quantcore.auto``).
+
+    budget_seconds: wall-clock seconds for the search's candidates, in [10, 86400] (the first candidate,
+    the config as given, always runs whole; the final run with the chosen config comes on top).
+    objective: the accuracy a candidate must reach on the selection split (an ``AccuracyTarget``, its
+    ``max_float_layers`` bounding the fallback search); default: the worst float output's cosine to FP32
+    >= 0.99. candidates: names from ``AUTO_CANDIDATES`` to try, in that list's order whatever the order
+    given; None: every one that applies to the platform.
+    """
+
+    budget_seconds: float = 900.0
+    objective: AccuracyTarget = field(default_factory=lambda: AccuracyTarget("cosine", 0.99))
+    candidates: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _require_range("auto.budget_seconds", self.budget_seconds, *AUTO_BUDGET_SECONDS)
+        object.__setattr__(self, "budget_seconds", float(self.budget_seconds))
+        if not isinstance(self.objective, AccuracyTarget):
+            raise ValueError(f"auto.objective must be an AccuracyTarget, got {self.objective!r}")
+        if self.candidates is not None:
+            names = string_tuple("auto.candidates", self.candidates)
+            for name in names:
+                require_choice("auto.candidates", name, AUTO_CANDIDATES)
+            if not names:
+                raise ValueError("auto.candidates must name at least one candidate (None: all that apply)")
+            object.__setattr__(self, "candidates", names)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_seconds": self.budget_seconds,
+            "objective": self.objective.to_dict(),
+            "candidates": None if self.candidates is None else list(self.candidates),
+        }
 
 
 @dataclass(frozen=True)
@@ -313,11 +372,23 @@ class QuantizeConfig:
     bias_correction: after calibration, each quantized Conv/Gemm's bias minus the mean shift its
     weight quantization causes on the calibration data (``quantcore.calibrate.bias_correction``); not
     with ``target``, which may keep a corrected layer in float.
+    smoothquant: SmoothQuant of the prepared model (``quantcore.calibrate.smoothquant``): MatMul/Gemm inputs
+    with outlier channels divided per channel by s and their weights' rows multiplied by it, the same FP32
+    function, alpha chosen by the quantized model's SQNR on the calibration data.
     cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
     tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
     the reason where CUDA or TensorRT is missing). analysis: what the layer-wise analysis may spend
     (``quantcore.config``). target: an accuracy the run must reach by keeping the most
     harmful layers in float (``quantcore.analysis.accuracy_target``); None: quantize everything the rules allow.
+    cpu_objective: ``accuracy`` (the default: no placement), ``size`` (the same: every region the rules
+    quantize stays quantized) or ``latency`` (platform onnxruntime only: regions that run slower quantized
+    than float on this CPU are kept float, stage ``place``). cpu_threads: ONNX Runtime intra-op threads for
+    the placement's and the latency stage's measurements (None: every core this process may use).
+    cpu_batch_sizes: the batch sizes both measure at. cpu_timing_cache: a directory where the placement
+    keeps its timings between runs (None: not kept); where timings are kept changes no result, so it is
+    left out of ``to_dict`` (the report's config, the resume checkpoint's fingerprint).
+    strategy: ``fixed`` (quantize with this config) or ``auto`` (search variations of it within
+    ``auto``'s budget, ``quantcore.auto``; not with ``target``, which is the search's own fallback).
     """
 
     platform: PlatformName = "tensorrt"
@@ -340,6 +411,13 @@ class QuantizeConfig:
     reconstruction: ReconstructionConfig | None = None
     equalization: bool = False
     bias_correction: bool = False
+    smoothquant: bool = False
+    strategy: str = "fixed"
+    auto: AutoOptions = field(default_factory=AutoOptions)
+    cpu_objective: str = "accuracy"
+    cpu_threads: int | None = None
+    cpu_batch_sizes: tuple[int, ...] = (1, 32)
+    cpu_timing_cache: str | None = None
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
@@ -361,6 +439,7 @@ class QuantizeConfig:
         require_bool("tensorrt_engine", self.tensorrt_engine)
         require_bool("equalization", self.equalization)
         require_bool("bias_correction", self.bias_correction)
+        require_bool("smoothquant", self.smoothquant)
         object.__setattr__(self, "percentile", _percentile("percentile", self.percentile))
         if isinstance(self.percentile_candidates, (str, int, float)):
             raise ValueError(f"percentile_candidates must be a tuple of numbers, got {self.percentile_candidates!r}")
@@ -396,6 +475,23 @@ class QuantizeConfig:
                 "bias_correction and target cannot be combined (a layer the target keeps in float would keep "
                 "the correction of a weight quantization it no longer has)"
             )
+        require_choice("strategy", self.strategy, STRATEGIES)
+        if not isinstance(self.auto, AutoOptions):
+            raise ValueError(f"auto must be an AutoOptions, got {self.auto!r}")
+        if self.strategy == "auto" and self.target is not None:
+            raise ValueError("strategy 'auto' and target cannot be combined (auto falls back to a target of its own)")
+        require_choice("cpu_objective", self.cpu_objective, CPU_OBJECTIVES)
+        if self.cpu_objective == "latency" and self.platform != "onnxruntime":
+            raise ValueError(f"cpu_objective 'latency' needs platform 'onnxruntime', not {self.platform!r}")
+        if self.cpu_threads is not None:
+            _require_range("cpu_threads", self.cpu_threads, 1, 1024, integer=True)
+        if isinstance(self.cpu_batch_sizes, (str, int)) or not self.cpu_batch_sizes:
+            raise ValueError(f"cpu_batch_sizes must be a non-empty tuple of integers, got {self.cpu_batch_sizes!r}")
+        for batch in self.cpu_batch_sizes:
+            _require_range("cpu_batch_sizes", batch, 1, MAX_CPU_BATCH, integer=True)
+        object.__setattr__(self, "cpu_batch_sizes", tuple(sorted(set(self.cpu_batch_sizes))))
+        if self.cpu_timing_cache is not None and not isinstance(self.cpu_timing_cache, str):
+            raise ValueError(f"cpu_timing_cache must be a directory path string or None, got {self.cpu_timing_cache!r}")
 
     @property
     def precision_spec(self) -> Precision:
@@ -424,4 +520,10 @@ class QuantizeConfig:
             "reconstruction": None if self.reconstruction is None else self.reconstruction.to_dict(),
             "equalization": self.equalization,
             "bias_correction": self.bias_correction,
+            "smoothquant": self.smoothquant,
+            "strategy": self.strategy,
+            "auto": self.auto.to_dict(),
+            "cpu_objective": self.cpu_objective,
+            "cpu_threads": self.cpu_threads,
+            "cpu_batch_sizes": list(self.cpu_batch_sizes),
         }

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from jobs.recipe import ONNXRUNTIME_PLATFORMS, PLATFORM_PRECISIONS, Recipe
 from quantcore import PLATFORMS, NodeOverride, QuantizeConfig
+from quantcore.config import AUTO_CANDIDATES, AccuracyTarget, AutoOptions
 from quantcore.config import PLATFORM_PRECISIONS as ENGINE_PRECISIONS
 from quantcore.observers.registry import ACTIVATION_OBSERVERS
 from worker.translate import to_quantize_config
@@ -138,9 +139,23 @@ def test_overrides_translate_in_order() -> None:
         ({"reconstruction": {"iters": 10, "lr": 1}}, "reconstruction.lr", "Extra inputs"),
         ({"equalization": "maybe"}, "equalization", "valid boolean"),
         ({"bias_correction": [True]}, "bias_correction", "valid boolean"),
+        ({"smoothquant": "maybe"}, "smoothquant", "valid boolean"),
         (
             {"target": {"metric": "sqnr", "threshold": 30}, "bias_correction": True},
             "bias_correction",
+            "cannot be combined with a target",
+        ),
+        ({"strategy": "greedy"}, "strategy", "'fixed' or 'auto'"),
+        ({"strategy": "auto", "auto": {"candidates": ["gptq"]}}, "auto.candidates.0", "'minmax'"),
+        ({"strategy": "auto", "auto": {"candidates": []}}, "auto.candidates", "at least 1"),
+        ({"strategy": "auto", "auto": {"budget_seconds": 5}}, "auto.budget_seconds", "greater than or equal to 10"),
+        ({"auto": {"budget_seconds": 100_000}}, "auto.budget_seconds", "less than or equal to 86400"),
+        ({"auto": {"objective": {"metric": "accuracy"}}}, "auto.objective.metric", "top1_drop"),
+        ({"auto": {"objective": {"metric": "cosine", "threshold": 2}}}, "auto.objective.threshold", "[-1, 1]"),
+        ({"auto": {"turbo": True}}, "auto.turbo", "Extra inputs"),
+        (
+            {"target": {"metric": "sqnr", "threshold": 30}, "strategy": "auto"},
+            "strategy",
             "cannot be combined with a target",
         ),
     ],
@@ -175,6 +190,24 @@ def test_equalization_and_bias_correction_translate_off_by_default() -> None:
     assert chosen.to_dict()["equalization"] is True and chosen.to_dict()["bias_correction"] is True
 
 
+def test_strategy_and_auto_translate() -> None:
+    default = to_quantize_config(Recipe.model_validate({}))
+    assert default.strategy == "fixed" and default.auto == AutoOptions()
+    recipe = {
+        "strategy": "auto",
+        "auto": {"budget_seconds": 60, "objective": {"metric": "sqnr", "threshold": 25}, "candidates": ["kl", "mse"]},
+    }
+    config = to_quantize_config(Recipe.model_validate(recipe))
+    assert config.strategy == "auto"
+    assert config.auto == AutoOptions(60.0, AccuracyTarget("sqnr", 25.0), ("kl", "mse"))
+
+
+def test_smoothquant_translates_off_by_default() -> None:
+    assert to_quantize_config(Recipe.model_validate({})).smoothquant is False
+    chosen = to_quantize_config(Recipe.model_validate({"smoothquant": True}))
+    assert chosen.smoothquant is True and chosen.to_dict()["smoothquant"] is True
+
+
 def test_recipe_choices_match_quantcore() -> None:
     assert set(PLATFORM_PRECISIONS) == set(PLATFORMS)
     assert PLATFORM_PRECISIONS == ENGINE_PRECISIONS
@@ -182,6 +215,8 @@ def test_recipe_choices_match_quantcore() -> None:
     assert set(ONNXRUNTIME_PLATFORMS) == {name for name, p in PLATFORMS.items() if p.reduced_range_remedy}
     observers = set(Recipe.model_json_schema()["$defs"]["CalibrationSpec"]["properties"]["observer"]["enum"])
     assert observers == set(ACTIVATION_OBSERVERS)
+    candidates = Recipe.model_json_schema()["$defs"]["AutoSpec"]["properties"]["candidates"]["anyOf"][0]["items"]
+    assert tuple(candidates["enum"]) == AUTO_CANDIDATES
 
 
 def test_schema_is_frozen_and_forbids_extras() -> None:

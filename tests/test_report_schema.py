@@ -72,3 +72,17 @@ def test_a_reconstruction_report_is_fully_documented(tmp_path) -> None:
     assert undocumented(report) == []
     assert report.reconstruction is not None and report.reconstruction.blocks
     assert report.config.reconstruction is not None and report.config.reconstruction.method == "qdrop"
+
+
+def test_an_auto_report_is_fully_documented(tmp_path) -> None:
+    from quantcore import AutoOptions, quantize_auto
+
+    path = save(planted_outlier(), tmp_path / "planted.onnx")
+    data = np.random.default_rng(1).normal(size=(64, 3, 8, 8)).astype(np.float32)
+    auto = AutoOptions(objective=AccuracyTarget("cosine", 0.99999999), candidates=("minmax",))  # falls back
+    config = QuantizeConfig(platform="tensorrt", strategy="auto", auto=auto)
+    result = quantize_auto(path, {"input": data[:48]}, {"input": data[48:]}, config, tmp_path / "out")
+    report = Report.model_validate(result.report)
+    assert undocumented(report) == []
+    assert report.auto is not None and report.auto.fallback is not None
+    assert report.auto.candidates[0].latency_p50_ms is not None

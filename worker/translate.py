@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from jobs.recipe import Recipe
 from quantcore import NodeOverride, QuantizeConfig, ReconstructionConfig
-from quantcore.config import AccuracyTarget, AnalysisOptions
+from quantcore.config import AccuracyTarget, AnalysisOptions, AutoOptions
 
 
-def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig:
+def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Path | None = None) -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
     per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
     deployment measurements (a TensorRT engine only for the tensorrt platforms), the analysis bounds, the
-    accuracy target, the reconstruction (seeded with the recipe's seed), equalization and bias correction."""
+    accuracy target, the reconstruction (seeded with the recipe's seed), equalization, bias correction and
+    SmoothQuant, the strategy and the auto search's budget, objective and candidates, the CPU deployment's
+    objective, threads and batch sizes (the placement's timings kept in ``timing_cache``, a directory of the
+    worker's; None: not kept)."""
     spec = recipe.reconstruction
     reconstruction = (
         None
@@ -44,6 +48,10 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         device=device,
         cpu_latency=recipe.deploy.cpu_latency,
         tensorrt_engine=recipe.deploy.tensorrt_engine and recipe.platform.startswith("tensorrt"),
+        cpu_objective=recipe.deploy.cpu_objective or "accuracy",
+        cpu_threads=recipe.deploy.cpu_threads,
+        cpu_batch_sizes=tuple(recipe.deploy.batch_sizes),
+        cpu_timing_cache=None if timing_cache is None else str(timing_cache),
         analysis=AnalysisOptions(
             enabled=recipe.analysis.enabled,
             graphwise_samples=recipe.analysis.graphwise_samples,
@@ -57,6 +65,15 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu") -> QuantizeConfig
         reconstruction=reconstruction,
         equalization=recipe.equalization,
         bias_correction=recipe.bias_correction,
+        smoothquant=recipe.smoothquant,
+        strategy=recipe.strategy,
+        auto=AutoOptions(
+            budget_seconds=recipe.auto.budget_seconds,
+            objective=AccuracyTarget(
+                recipe.auto.objective.metric, recipe.auto.objective.threshold, recipe.auto.objective.max_float_layers
+            ),
+            candidates=None if recipe.auto.candidates is None else tuple(recipe.auto.candidates),
+        ),
     )
 
 

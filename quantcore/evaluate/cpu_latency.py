@@ -71,6 +71,14 @@ class LatencySettings:
             raise ValueError(f"threads must be None or an integer >= 1, got {self.threads!r}")
 
 
+def resolved_threads(threads: int | None) -> int:
+    """``threads``, or all the cores this process may run on when None (``QuantizeConfig.cpu_threads``)."""
+    if threads is not None:
+        return threads
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 def summarize(times_ms: Sequence[float], batch: int) -> dict[str, Any]:
     """Percentiles, mean/min/max (ms) and throughput (samples/s) of ``times_ms`` at ``batch``."""
     times = np.asarray(times_ms, dtype=np.float64)
@@ -154,12 +162,15 @@ def feeds_for(
     return feeds
 
 
-def _session(
+def latency_session(
     path: str | Path | bytes,
     threads: int | None,
     level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     disabled_optimizers: Sequence[str] = (),
 ) -> ort.InferenceSession:
+    """The session every CPU latency measurement runs in (this stage's and ``quantcore.analysis.placement``'s):
+    errors-only logging, ``level`` (full optimization: the integer kernels as deployed), ``threads``
+    intra-op threads (None: ONNX Runtime's default), the CPU EP, ``disabled_optimizers`` skipped."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
@@ -182,13 +193,13 @@ def _deployed_session(
     if disabled_optimizers:
         notes.append(f"quantized model measured with ONNX Runtime's {', '.join(disabled_optimizers)} disabled")
     try:
-        return _session(path, threads, disabled_optimizers=disabled_optimizers)
+        return latency_session(path, threads, disabled_optimizers=disabled_optimizers)
     except Exception as error:  # ONNX Runtime raises its own exception types
         notes.append(
             f"ONNX Runtime's full optimization cannot build the quantized model ({str(error)[:200]}); "
             "measured at basic optimization, Q/DQ run as float ops"
         )
-        return _session(path, threads, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, disabled_optimizers)
+        return latency_session(path, threads, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, disabled_optimizers)
 
 
 def cpu_latency(
@@ -241,7 +252,7 @@ def cpu_latency(
         "notes": notes,
     }
     sessions = {
-        "fp32": _session(fp32_model.SerializeToString() if given else fp32_model, settings.threads),
+        "fp32": latency_session(fp32_model.SerializeToString() if given else fp32_model, settings.threads),
         "quantized": _deployed_session(quantized_model_path, settings.threads, notes, disabled_optimizers),
     }
     measurements = len(batches) * len(sessions)

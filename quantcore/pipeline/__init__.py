@@ -1,9 +1,10 @@
 """``quantize``: the stages in one call, with progress, cancellation and atomic outputs.
 
-    prepare → annotate → calibrate → clip → reconstruct → export → evaluate → analyze → target → latency → engine
+    prepare → annotate → calibrate → clip → reconstruct → export → place → evaluate → analyze → target → latency
+    → engine
 
 One function per stage, each in the module of its concept: prepare to export (and resuming from a
-checkpoint) in ``quantization``, evaluate with the parity remedy, latency and engine in ``deployment``,
+checkpoint) in ``quantization``, place, evaluate with the parity remedy, latency and engine in ``deployment``,
 analyze and target in ``diagnosis``; each takes and returns the typed results of
 ``quantcore.report.stage_results``, from which ``quantcore.report.document`` assembles the report.
 
@@ -28,7 +29,7 @@ import numpy as np
 from quantcore.config import QuantizeConfig
 from quantcore.export import checkpoint
 from quantcore.export.qdq import ExportResult
-from quantcore.pipeline.deployment import engine_stage, evaluate_stage, latency_stage
+from quantcore.pipeline.deployment import engine_stage, evaluate_stage, latency_stage, place_stage
 from quantcore.pipeline.diagnosis import analyze_stage, target_stage
 from quantcore.pipeline.quantization import (
     annotate_stage,
@@ -45,12 +46,14 @@ from quantcore.report.document import build_report, write_report
 from quantcore.tensorrt.engine import EngineResult, build_engine
 
 STAGES = (
+    "auto",  # strategy auto only: the search before the stages (``quantcore.auto``)
     "prepare",
     "annotate",
     "calibrate",
     "clip",
     "reconstruct",
     "export",
+    "place",  # cpu_objective latency only: regions kept float where faster (``quantcore.analysis.placement``)
     "evaluate",
     "analyze",
     "target",
@@ -99,6 +102,7 @@ def quantize(
     should_cancel: CancelCheck | None = None,
     engine_builder: Callable[..., EngineResult] = build_engine,
     resume_from: str | Path | None = None,
+    auto: Mapping[str, Any] | None = None,
 ) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
@@ -116,7 +120,13 @@ def quantize(
     calibrated configs are read back from its ``tqc.json``): those stages neither run nor report
     progress, and the report's ``resumed`` lists them. Runs with reconstruction always recompute (the
     checkpoint does not hold the learned model).
+
+    ``config.strategy`` must be ``fixed``: ``strategy="auto"`` runs through ``quantcore.auto.quantize_auto``,
+    which calls this with the config it chose and its search's report section as ``auto`` (the report's
+    ``auto``; None otherwise).
     """
+    if config.strategy != "fixed":
+        raise ValueError(f"quantize runs strategy 'fixed'; strategy {config.strategy!r} runs through quantize_auto")
     monitor = Monitor(progress, should_cancel)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,12 +141,13 @@ def quantize(
         calibrated = clip_stage(run, inputs, calibrated)
         calibrated = reconstruct_stage(run, inputs, calibrated)
         model = export_stage(run, annotation, calibrated, key)
+    model = place_stage(run, inputs, model)
     evaluated = evaluate_stage(run, inputs, model)
     analyzed = analyze_stage(run, inputs, evaluated)
     evaluated = target_stage(run, inputs, evaluated, analyzed)
     latency = latency_stage(run, inputs, evaluated)
     engine = engine_stage(run, inputs, evaluated, engine_builder)
 
-    report = build_report(inputs, evaluated, analyzed, latency, engine, run.clock.seconds)
+    report = build_report(inputs, evaluated, analyzed, latency, engine, run.clock.seconds, auto)
     report_path = write_report(out_dir, report)
     return QuantizeResult.of(evaluated.model.exported, engine, report_path, report)

@@ -17,7 +17,11 @@ disable too).
 A half-precision model's quantization is measured against its float32 computation: the exported model
 computes in float32 between its Q/DQ nodes, and ONNX Runtime may not run the model as given.
 
-latency (FP32 vs quantized on ONNX Runtime's CPU EP, ``quantcore.evaluate.cpu_latency``) and engine (a
+Before evaluate, with ``cpu_objective`` latency, place (``quantcore.analysis.placement``) keeps in float the
+quantized regions that run slower on this CPU than in float: evaluate measures the model it keeps.
+
+latency (FP32 vs quantized on ONNX Runtime's CPU EP, ``quantcore.evaluate.cpu_latency``, at the config's
+``cpu_batch_sizes`` with its ``cpu_threads``, every core by default) and engine (a
 TensorRT engine built from the QDQ model by the caller's ``engine_builder``,
 ``quantcore.tensorrt.engine.build_engine`` by default) each run only when the config asks for them.
 """
@@ -31,9 +35,11 @@ from typing import Any
 
 import onnx
 
+from quantcore.analysis.placement import PlacementRun, place
 from quantcore.annotate.annotation import annotate
 from quantcore.calibrate.calibration import calibrate
 from quantcore.config import QuantizeConfig
+from quantcore.evaluate.cpu_latency import LatencySettings, resolved_threads
 from quantcore.evaluate.evaluation import evaluate
 from quantcore.evaluate.parity import check_parity, isolate_build_failure, isolate_optimizer, remedy
 from quantcore.export.qdq import export
@@ -121,6 +127,34 @@ def evaluate_stage(run: Run, inputs: PreparedInputs, model: QuantizedModel) -> E
     return Evaluated(replace(model, config=config), evaluation, parity, reference, tuple(reference_notes))
 
 
+def place_stage(run: Run, inputs: PreparedInputs, model: QuantizedModel) -> QuantizedModel:
+    """With ``config.cpu_objective == "latency"``: the model ``quantcore.analysis.placement`` keeps (its
+    float regions in the config's exclusions, its files replacing the exported ones in ``run.out_dir``),
+    with the placement's report. Otherwise ``model`` unchanged, and the stage neither runs nor reports."""
+    if model.config.cpu_objective != "latency":
+        return model
+    started = run.clock.begin("place")
+    placement_run = PlacementRun(
+        model.prepared,
+        inputs.calibration,
+        inputs.sample,
+        model.annotation,
+        model.calibrated,
+        model.exported,
+        run.out_dir,
+    )
+    outcome = place(placement_run, model.config, monitor=run.monitor)
+    run.clock.end("place", started, outcome.report["statement"])
+    return replace(
+        model,
+        config=outcome.config,
+        annotation=outcome.annotation,
+        calibrated=outcome.calibrated,
+        exported=outcome.exported,
+        placement=outcome.report,
+    )
+
+
 def latency_stage(run: Run, inputs: PreparedInputs, evaluated: Evaluated) -> dict[str, Any] | None:
     """With ``config.cpu_latency``: ``cpu_latency``'s report of the model as given (or its float32
     computation, for a half-precision model, with a note saying so) against the kept QDQ model, on the
@@ -131,10 +165,12 @@ def latency_stage(run: Run, inputs: PreparedInputs, evaluated: Evaluated) -> dic
     started = run.clock.begin("latency")
     sample = next(iter(inputs.evaluation), None)
     reference = evaluated.reference
+    config = model.config
     latency = cpu_latency(
         run.model_path if reference is None else reference,
         model.exported.model_path,
         sample=sample,
+        settings=LatencySettings(batch_sizes=config.cpu_batch_sizes, threads=resolved_threads(config.cpu_threads)),
         disabled_optimizers=model.config.disabled_optimizers,
         monitor=run.monitor,
     )

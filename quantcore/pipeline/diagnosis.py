@@ -22,16 +22,14 @@ from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.parity import check_parity
 from quantcore.pipeline.run import Run
 from quantcore.report.stage_results import Analyzed, Evaluated, PreparedInputs
-from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
+from quantcore.runtime.session import RUNTIME_ERRORS, error_line
 
 
 def analysis_failure(error: Exception) -> str:
     """The warning for an analysis that failed: what is missing, what is not, and the error's first line."""
-    text = runtime_message(error) if isinstance(error, RUNTIME_ERRORS) else str(error)
-    message = (text.strip().splitlines() or [""])[0][:300]
     return (
         "the analysis failed, so the report has no per-tensor or per-layer errors (the exported model and its "
-        f"evaluation are unaffected): {type(error).__name__}: {message}"
+        f"evaluation are unaffected): {error_line(error)}"
     )
 
 

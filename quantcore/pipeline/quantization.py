@@ -8,10 +8,12 @@ calibration data (``quantcore.calibrate.clip_search``), and the run goes on with
 ``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
 skipped at once).
 
-Two options change the model these stages hand on, each off by default (and then nothing of theirs
+Three options change the model these stages hand on, each off by default (and then nothing of theirs
 runs): ``config.equalization`` equalizes the prepared model's layer pairs at the end of prepare
-(``quantcore.prepare.equalization``), ``config.bias_correction`` corrects the quantized layers' biases at
-the end of calibrate, before clip and reconstruct (``quantcore.calibrate.bias_correction``).
+(``quantcore.prepare.equalization``), ``config.smoothquant`` then moves its MatMul/Gemm inputs' outlier
+channels into their weights, in prepare because the graph annotate reads changes (a Mul may be inserted;
+``quantcore.calibrate.smoothquant``, on the calibration batches), ``config.bias_correction`` corrects the
+quantized layers' biases at the end of calibrate, before clip and reconstruct (``quantcore.calibrate.bias_correction``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.calibrate.bias_correction import correct_biases
 from quantcore.calibrate.calibration import Clip, calibrate_clips, configured_clip
 from quantcore.calibrate.clip_search import MIN_SAMPLES, choose_clip
+from quantcore.calibrate.smoothquant import smooth
 from quantcore.config import QuantizeConfig
 from quantcore.errors import UnsupportedModelError
 from quantcore.evaluate.evaluation import check_labels
@@ -57,7 +60,8 @@ def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
     """Prepare the model and check the data against it, before any slow stage: batches both data sets
     for the prepared model, checks the labels and the target, and prices the analysis' memory. Raises
     ``InvalidModelError``, ``UnsupportedModelError`` (also: a target whose ranking cannot fit), or
-    ``InvalidDataError``. With ``config.equalization``, the prepared model is equalized."""
+    ``InvalidDataError``. With ``config.equalization``, the prepared model is equalized; with
+    ``config.smoothquant``, then smoothed (the smoothed graph has the same inputs: the batches stand)."""
     started = run.clock.begin("prepare")
     # The first calibration batch lets prepare fold Ifs that depend on input shapes or flag inputs.
     source_specs = input_specs(onnx.load(str(run.model_path), load_external_data=False))
@@ -72,6 +76,9 @@ def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
     evaluation = Batches(run.evaluation, specs, config.batch_size, what="evaluation")
     check_labels(run.labels, evaluation.total_samples, evaluation.num_samples)
     check_target(config.target, run.labels)
+    if config.smoothquant:  # after the data checks: it runs the model on the calibration data
+        prepared, smoothing = smooth(prepared, calibration, config, run.monitor)
+        done = f"{done}; {smoothing.statement()}"
     memory = plan_memory(prepared.model)  # priced now: a target that needs the analysis fails before the slow stages
     if config.target is not None and memory.skip is not None:
         raise UnsupportedModelError(f"the accuracy target needs the layer-wise ranking, but {memory.skip}")

@@ -4,7 +4,9 @@
 Sections, in the order report.json holds them: format, config (of the files written), prepare,
 annotation (``Annotation.summary``), calibration (with the clip stage's ``percentile_search``),
 reconstruction, evaluation, parity, analysis, target, latency, engine, stage_seconds, resumed, warnings
-(every stage's, in stage order).
+(every stage's, in stage order), auto (the search that chose the config, ``quantcore.auto``; null for
+strategy ``fixed``), placement (the place stage's regions and timings, ``quantcore.analysis.placement``; null
+where it did not run).
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ def build_report(
     latency: dict[str, Any] | None,
     engine: EngineResult | None,
     stage_seconds: Mapping[str, float],
+    auto: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report of a finished run, JSON-ready: ``inputs`` from prepare, ``evaluated`` for the model kept
     last (after the parity remedy and the accuracy target), ``analyzed``, the latency stage's dict and the
-    engine stage's result (None: the stage did not run), and each stage's wall-clock seconds."""
+    engine stage's result (None: the stage did not run), each stage's wall-clock seconds, and the auto
+    search's section (``quantcore.auto.search_report``; None: the config was not searched)."""
     model = evaluated.model
     prepared, calibrated, reconstruction = model.prepared, model.calibrated, model.reconstruction
     return jsonable(
@@ -74,6 +78,8 @@ def build_report(
                 *evaluated.reference_notes,
                 *analyzed.warnings,
             ],
+            "auto": auto,
+            "placement": model.placement,
         }
     )
 

@@ -3,6 +3,7 @@ stages and, at the end, by ``quantcore.report.document.build_report``.
 
     prepare                                        → PreparedInputs
     calibrate → clip → reconstruct → export        → QuantizedModel (or a checkpoint's, resumed)
+    place (cpu_objective latency)                  → QuantizedModel, its float regions excluded
     evaluate (with the parity remedy), target      → Evaluated
     analyze                                        → Analyzed
     latency, engine                                → their own results (a ``cpu_latency`` dict, ``EngineResult``)
@@ -53,6 +54,7 @@ class QuantizedModel:
     percentile_search: dict[str, Any] | None  # the clip stage's choice (``ClipChoice.to_dict``); None: none ran
     reconstruction: ReconstructionResult | None  # None: no reconstruction in the config, or a resumed run
     resumed: tuple[str, ...]  # the stages a checkpoint replaced, in stage order; () for a fresh run
+    placement: dict[str, Any] | None = None  # the place stage's report (``analysis.placement``); None: not run
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,25 @@ def cpu_flags() -> frozenset[str] | None:
         return None
 
 
+def parse_model_name(cpuinfo: str) -> str | None:
+    """The ``model name`` of the first processor in a /proc/cpuinfo text (None if there is none)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return None
+
+
+@functools.cache
+def cpu_model() -> str:
+    """This machine's CPU model name (/proc/cpuinfo), else ``platform.processor()`` or the architecture."""
+    try:
+        name = parse_model_name(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        name = None
+    return name or platform.processor() or platform.machine()
+
+
 def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 

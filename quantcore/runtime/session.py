@@ -50,6 +50,13 @@ def runtime_message(error: Exception, limit: int = 400) -> str:
     return _FAILED_CHECK.sub("", text)[:limit]
 
 
+def error_line(error: Exception) -> str:
+    """``error`` in one line for a report or a warning: its type and the first line of its message (ONNX
+    Runtime's as ``runtime_message`` words it), at most 300 characters of it."""
+    text = runtime_message(error) if isinstance(error, RUNTIME_ERRORS) else str(error)
+    return f"{type(error).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
+
+
 def providers_for(device: str) -> list[str]:
     """Execution providers for ``device`` ("cpu" or "cuda"); cuda falls back to CPU for unsupported ops."""
     if device == "cpu":

@@ -85,6 +85,7 @@ def test_tensor_quant_config_equality_is_by_value() -> None:
         ({"platform": "tensorrt-fp8", "precision": "fp8", "overrides": (NodeOverride("x", bits=4),)}, "fp8"),
         ({"equalization": "yes"}, "equalization must be a bool"),
         ({"bias_correction": 1}, "bias_correction must be a bool"),
+        ({"smoothquant": "yes"}, "smoothquant must be a bool"),
         ({"bias_correction": True, "target": AccuracyTarget("sqnr", 30.0)}, "bias_correction and target"),
     ],
 )

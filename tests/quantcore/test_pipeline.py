@@ -75,7 +75,10 @@ def test_report_files_and_json(digits_run) -> None:
         "stage_seconds",
         "resumed",
         "warnings",
+        "auto",
+        "placement",
     }
+    assert result.report["auto"] is None  # strategy fixed: no search
     latency = result.report["latency"]["cpu"]  # measured by default; no engine unless asked for
     assert latency["fp32"]["batch_1"]["p50_ms"] > 0 and latency["quantized"]["batch_32"]["p50_ms"] > 0
     assert result.report["engine"] is None and result.engine_path is None and result.report["target"] is None
@@ -95,7 +98,7 @@ def test_report_files_and_json(digits_run) -> None:
 def test_progress_reports_every_stage_in_order(digits_run) -> None:
     observer, result, calls = digits_run
     stages = [stage for stage, _, _ in calls]
-    asked = ("engine", "target") if observer == "percentile" else ("engine", "target", "clip")
+    asked = ("auto", "place", "engine", "target") + (() if observer == "percentile" else ("clip",))
     ran = [s for s in quantcore.STAGES if s not in asked]  # these run only when asked for
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == ran
     for stage in ran:

@@ -7,11 +7,13 @@ import inspect
 import sys
 from pathlib import Path
 
+import pytest
+
 import quantcore
 from quantcore import errors
 
 PACKAGE = Path(quantcore.__file__).parent
-ALLOWED_THIRD_PARTY = {"numpy", "onnx", "onnxruntime", "torch"}
+ALLOWED_THIRD_PARTY = {"numpy", "onnx", "onnxruntime", "torch", "filelock"}  # filelock: the CPU timing cache
 LAZY_ONLY = {"tensorrt"}
 
 
@@ -22,9 +24,10 @@ def test_all_lists_exactly_the_public_names() -> None:
     assert public == set(quantcore.__all__)
 
 
-def test_quantize_signature() -> None:
-    parameters = inspect.signature(quantcore.quantize).parameters
-    assert list(parameters) == [
+@pytest.mark.parametrize("function", [quantcore.quantize, quantcore.quantize_auto])
+def test_quantize_signature(function) -> None:
+    parameters = inspect.signature(function).parameters
+    assert list(parameters)[:10] == [
         "model_path",
         "calibration",
         "evaluation",

@@ -1,0 +1,164 @@
+"""``strategy="auto"``: search variations of the user's config, then quantize once with the one chosen.
+
+    auto (candidates on the selection split, fallback) → quantize (prepare … engine) with the chosen config
+
+A driver above the stages (``quantcore.pipeline``): each candidate (``quantcore.auto.candidates``) is a
+``quantize`` run of its own, calibrated on most of the calibration data and scored on the rest, the
+selection split (``quantcore.auto.selection``); the final evaluation data is used only by the final run.
+How candidates are scored, bounded by the budget and, when none meets the objective, completed by the
+accuracy-target method, is ``quantcore.auto.search``'s docstring. The final run calibrates on every
+calibration sample and evaluates on the user's evaluation data, so the files and the report are those of
+the chosen model, its ``config`` the chosen one (strategy ``fixed``: running it again gives the same
+files) and its ``auto`` section every candidate tried (``search_report``).
+
+Progress: stage ``auto`` from 0.0 to 1.0 over the search (one message per candidate with its score),
+then the final run's stages. Cancellation is polled inside every candidate as in any run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from quantcore.analysis.accuracy_target import check_target
+from quantcore.auto.candidates import candidate_configs
+from quantcore.auto.search import STAGE, Search, Tried, best_of, fallback, pareto_front, run_candidates
+from quantcore.auto.selection import SELECTION_FRACTION, fp32_predictions, split_selection
+from quantcore.config import QuantizeConfig
+from quantcore.errors import UnsupportedModelError
+from quantcore.pipeline import QuantizeResult, quantize
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.runtime.batching import input_specs
+from quantcore.tensorrt.engine import EngineResult, build_engine
+
+__all__ = ["quantize_auto"]
+
+
+def quantize_auto(
+    model_path: str | Path,
+    calibration: Mapping[str, np.ndarray],
+    evaluation: Mapping[str, np.ndarray],
+    config: QuantizeConfig,
+    out_dir: str | Path,
+    *,
+    labels: np.ndarray | None = None,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+    engine_builder: Callable[..., EngineResult] = build_engine,
+    resume_from: str | Path | None = None,
+) -> QuantizeResult:
+    """``quantize``'s contract (same arguments, files and result) for a config with ``strategy="auto"``,
+    as the module says. Raises ``InvalidDataError`` when the calibration data is too small to hold a
+    selection split out, or for a ``top1_drop`` objective without labels; ``UnsupportedModelError`` when
+    no candidate produced a model; ``Canceled``; what the final run raises."""
+    if config.strategy != "auto":
+        raise ValueError(f"quantize_auto needs strategy 'auto', got {config.strategy!r} (use quantize)")
+    monitor = Monitor(progress, should_cancel)
+    monitor.check(STAGE)
+    monitor.report(STAGE, 0.0, f"{STAGE} started")
+    objective = config.auto.objective
+    check_target(objective, labels)  # the final report measures a top1_drop objective on labels
+    specs = input_specs(onnx.load(str(model_path), load_external_data=False))
+    split = split_selection(calibration, specs)
+    selection_labels = fp32_predictions(model_path, split.selection, specs) if objective.metric == "top1_drop" else None
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    deadline = started + config.auto.budget_seconds
+    with tempfile.TemporaryDirectory(prefix=".auto-", dir=out_dir) as work_dir:
+        search = Search(model_path, split, selection_labels, Path(work_dir), monitor)
+        tried, stopped = run_candidates(search, candidate_configs(config), config.auto.budget_seconds, deadline)
+        best = best_of(tried, objective.higher_is_better)
+        if best is None:
+            errors = "; ".join(f"{t.name}: {t.error}" for t in tried)
+            raise UnsupportedModelError(f"strategy auto: no candidate produced a model ({errors})")
+        chosen, fallen_back = best.config, None
+        if not best.met and time.perf_counter() < deadline:
+            chosen, fallen_back = fallback(search, best, deadline)
+    section = search_report(
+        config,
+        tried,
+        best,
+        fallen_back,
+        stopped,
+        split_sizes=(len(split.calibration_indices), len(split.selection_indices)),
+    )
+    section["seconds"] = round(time.perf_counter() - started, 3)
+    monitor.report(STAGE, 1.0, section["reason"])
+    return quantize(
+        model_path,
+        calibration,
+        evaluation,
+        chosen,
+        out_dir,
+        labels=labels,
+        progress=progress,
+        should_cancel=should_cancel,
+        engine_builder=engine_builder,
+        resume_from=resume_from,
+        auto=section,
+    )
+
+
+def _reason(
+    objective_statement: str, metric: str, tried: list[Tried], best: Tried, fallen_back: dict[str, Any] | None
+) -> tuple[str, bool]:
+    """(the choice in one sentence, whether the objective was met on the selection split)."""
+    shown = "undefined" if best.value is None else f"{best.value:.6g}"
+    done = sum(t.error is None for t in tried)
+    if best.met:
+        return (
+            f"{best.name} has the best {metric} on the selection split ({shown}) of {done} candidate(s) that produced "
+            f"a model, and meets the objective {objective_statement}",
+            True,
+        )
+    head = f"no candidate met the objective {objective_statement}; the best was {best.name} ({metric} {shown})"
+    if fallen_back is None:
+        return f"{head}, kept as it is: the budget left no time for the accuracy-target fallback", False
+    if fallen_back["error"] is not None:
+        return f"{head}, kept as it is: the accuracy-target fallback failed ({fallen_back['error']})", False
+    layers = len(fallen_back["float_layers"])
+    value = "undefined" if fallen_back["value"] is None else f"{fallen_back['value']:.6g}"
+    met = "meets" if fallen_back["met"] else "still does NOT meet"
+    return (
+        f"{head}; with {layers} layer(s) kept in float by the accuracy-target method it {met} it ({metric} {value})",
+        bool(fallen_back["met"]),
+    )
+
+
+def search_report(
+    config: QuantizeConfig,
+    tried: list[Tried],
+    best: Tried,
+    fallen_back: dict[str, Any] | None,
+    stopped: str | None,
+    *,
+    split_sizes: tuple[int, int],
+) -> dict[str, Any]:
+    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``)."""
+    objective = config.auto.objective
+    front = pareto_front(tried, objective.higher_is_better)
+    reason, met = _reason(objective.statement(), objective.metric, tried, best, fallen_back)
+    return {
+        "objective": {**objective.to_dict(), "statement": objective.statement()},
+        "measured_on": "the selection split, the exported model as deployed on ONNX Runtime (exact Q/DQ where the "
+        "deployed session could not be built)",
+        "selection": {
+            "calibration_samples": split_sizes[0],
+            "selection_samples": split_sizes[1],
+            "fraction": SELECTION_FRACTION,
+        },
+        "budget_seconds": config.auto.budget_seconds,
+        "candidates": [t.to_dict(t.name in front) for t in tried],
+        "stopped": stopped,
+        "chosen": best.name,
+        "fallback": fallen_back,
+        "met": met,
+        "reason": reason,
+    }

@@ -1,0 +1,97 @@
+"""The configurations ``strategy="auto"`` tries: each a named, small variation of the user's config, as data.
+
+``CANDIDATES`` lists them cheapest first; adding one is one entry (and its name in
+``quantcore.config.AUTO_CANDIDATES``, which a test pins to this list). A candidate *applies* to a config when
+its variation is a valid config for that platform and differs from the config as given (``as_given`` always
+applies): an observer the config already uses, equalization already on, or bias correction on a config
+with a reconstruction is not tried twice or at all.
+
+    as_given         the config as given (percentile with its clip search, by default)
+    minmax, mse, kl  that activation observer (integer platforms that calibrate activations)
+    floating         the FP8 scale search observer (tensorrt-fp8)
+    equalization     cross-layer equalization before calibration
+    bias_correction  each quantized layer's bias corrected for its weight quantization's mean shift
+    smoothquant      MatMul/Gemm inputs' outlier channels moved into their weights (``quantcore.calibrate.smoothquant``)
+    adaround         AdaRound learned rounding, ``ADAROUND_ITERS`` steps per layer (the costliest: last)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from quantcore.config import QuantizeConfig, ReconstructionConfig
+
+# AdaRound steps per layer in the search: a tenth of ReconstructionConfig's default, so that the candidate
+# fits a CPU budget of minutes on small models; the budget's deadline stops it where it does not.
+ADAROUND_ITERS = 200
+# platform -> the activation observers worth a candidate there. onnxruntime-dynamic quantizes its
+# activations at run time (nothing to observe); FP8 has its own scale search.
+PLATFORM_OBSERVERS: dict[str, tuple[str, ...]] = {
+    "tensorrt": ("minmax", "mse", "kl"),
+    "onnxruntime": ("minmax", "mse", "kl"),
+    "academic": ("minmax", "mse", "kl"),
+    "tensorrt-fp8": ("minmax", "floating"),
+    "onnxruntime-dynamic": (),
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One variation: ``name`` (a key of ``AUTO_CANDIDATES``), ``change`` (what it changes, in words, for
+    the report) and ``vary`` (config -> config; may raise ValueError where the variation is invalid)."""
+
+    name: str
+    change: str
+    vary: Callable[[QuantizeConfig], QuantizeConfig]
+
+    def applied(self, config: QuantizeConfig) -> QuantizeConfig | None:
+        """The variation of ``config`` (strategy ``fixed``: a candidate is one fixed run), or None where it
+        does not apply (see the module docstring)."""
+        base = replace(config, strategy="fixed")
+        try:
+            varied = self.vary(base)
+        except ValueError:  # e.g. bias correction with a reconstruction: not a config this platform runs
+            return None
+        return varied if varied != base or self.name == "as_given" else None
+
+
+def _observer(name: str) -> Candidate:
+    def vary(config: QuantizeConfig) -> QuantizeConfig:
+        if name not in PLATFORM_OBSERVERS[config.platform]:
+            raise ValueError(f"observer {name} is not a candidate on platform {config.platform}")
+        return replace(config, observer=name)
+
+    return Candidate(name, f"activation observer {name}", vary)
+
+
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("as_given", "nothing: the config as given", lambda config: config),
+    _observer("minmax"),
+    _observer("mse"),
+    _observer("kl"),
+    _observer("floating"),
+    Candidate("equalization", "cross-layer equalization on", lambda config: replace(config, equalization=True)),
+    Candidate("bias_correction", "bias correction on", lambda config: replace(config, bias_correction=True)),
+    Candidate("smoothquant", "SmoothQuant on", lambda config: replace(config, smoothquant=True)),
+    Candidate(
+        "adaround",
+        f"AdaRound learned rounding, {ADAROUND_ITERS} steps per layer",
+        lambda config: replace(config, reconstruction=ReconstructionConfig(method="adaround", iters=ADAROUND_ITERS)),
+    ),
+)
+
+
+def candidate_configs(config: QuantizeConfig) -> list[tuple[Candidate, QuantizeConfig]]:
+    """The candidates to try for ``config`` (strategy ``auto``), in ``CANDIDATES``' order: those named in
+    ``config.auto.candidates`` (None: all) that apply, each with its fixed config. ``as_given`` is always
+    first, named or not: it is the baseline every other candidate is a variation of."""
+    named = config.auto.candidates
+    chosen = []
+    for candidate in CANDIDATES:
+        if named is not None and candidate.name not in named and candidate.name != "as_given":
+            continue
+        varied = candidate.applied(config)
+        if varied is not None:
+            chosen.append((candidate, varied))
+    return chosen

@@ -1,0 +1,288 @@
+"""The auto search: run each candidate config (``quantcore.auto.candidates``) on the selection split, keep
+the best by the objective, and, when none meets it, keep the most harmful layers of the best in float.
+
+Each candidate is one ``quantize`` run, calibrated on the calibration part of the split and evaluated on
+the selection part (``quantcore.auto.selection``), with the analysis, the CPU latency stage and the engine
+off (the search needs only the metric), in its own directory under the search's temporary one. Its score
+is the objective (``AccuracyTarget``) measured as the accuracy target measures it
+(``quantcore.analysis.accuracy_target.measure``: the worst float output, on the exported model as deployed
+on ONNX Runtime, exact Q/DQ where the deployed session could not be built). The best has the best score;
+ties go to the smaller model, then to the cheaper (earlier) candidate.
+
+Budget: the first candidate (the config as given) always runs whole: without it there is nothing to
+compare with. Every later one runs while the search is within ``budget_seconds``: it starts only if the
+time left is at least what the first took (no candidate does less work), and it is stopped inside, at
+the next batch, once the budget is spent (recorded as stopped). A candidate that raises a
+``QuantcoreError`` or an ONNX Runtime error is recorded with the error and skipped; cancellation is not
+an error and ends the search.
+
+Fallback: when no candidate meets the objective, the best one is run again with
+``target = objective`` (``quantcore.analysis.accuracy_target``: without the bias correction and the
+reconstruction it cannot be combined with), still on the selection split; the float layers it keeps
+are added to the chosen config's ``exclude_node_patterns``, so the final run, which never sees a target,
+keeps them in float too.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantcore.analysis.accuracy_target import measure
+from quantcore.auto.candidates import Candidate
+from quantcore.auto.selection import SelectionSplit
+from quantcore.config import QuantizeConfig
+from quantcore.errors import Canceled, QuantcoreError
+from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
+from quantcore.pipeline import STAGES, quantize
+from quantcore.progress import Monitor
+from quantcore.runtime.session import RUNTIME_ERRORS, error_line
+
+STAGE = "auto"
+BUDGET_SPENT = "stopped: the search's budget was spent during this candidate"
+# Each candidate's latency: the deployed model at batch 1 only, briefly (a ranking, not a benchmark).
+CANDIDATE_LATENCY = LatencySettings(warmup=2, runs=20, budget_s=0.5, batch_sizes=(1,))
+
+
+class Deadline:
+    """A candidate's ``should_cancel``: the caller's, then the budget's (``deadline``: a ``perf_counter``
+    time, None: none). ``user_asked`` tells a cancellation from a budget spent."""
+
+    def __init__(self, monitor: Monitor, deadline: float | None) -> None:
+        self.monitor = monitor
+        self.deadline = deadline
+        self.user_asked = False
+
+    def __call__(self) -> bool:
+        if self.monitor.should_cancel is not None and self.monitor.should_cancel():
+            self.user_asked = True
+            return True
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+
+@dataclass(frozen=True)
+class Tried:
+    """One candidate's outcome on the selection split; ``value`` None: undefined, or the candidate failed
+    (``error`` says why)."""
+
+    name: str
+    change: str
+    config: QuantizeConfig  # the candidate's config with the user's measurement options (for the final run)
+    value: float | None
+    met: bool
+    qdq_bytes: int | None
+    latency_p50_ms: float | None  # the deployed model at batch 1 on the CPU EP; None: not measured
+    seconds: float
+    error: str | None
+
+    def to_dict(self, pareto: bool) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "change": self.change,
+            "value": self.value,
+            "met": self.met,
+            "qdq_bytes": self.qdq_bytes,
+            "latency_p50_ms": self.latency_p50_ms,
+            "seconds": round(self.seconds, 3),
+            "error": self.error,
+            "pareto": pareto,
+        }
+
+
+@dataclass(frozen=True)
+class Search:
+    """The inputs every candidate run shares: the model, the split, the selection split's labels (the
+    FP32 predictions, for a ``top1_drop`` objective; else None), the directory candidates run in, the
+    caller's callbacks."""
+
+    model_path: str | Path
+    split: SelectionSplit
+    labels: np.ndarray | None
+    work_dir: Path
+    monitor: Monitor
+
+    def run(
+        self, config: QuantizeConfig, name: str, should_cancel: Callable[[], bool], report: Callable[[str, float], None]
+    ) -> dict[str, Any]:
+        """``quantize``'s report of ``config`` calibrated on the split's calibration part and evaluated on its
+        selection part, in ``work_dir / name``; ``report(stage, fraction)``: the candidate's progress."""
+        result = quantize(
+            self.model_path,
+            self.split.calibration,
+            self.split.selection,
+            config,
+            self.work_dir / name,
+            labels=self.labels,
+            progress=lambda stage, fraction, _message: report(stage, fraction),
+            should_cancel=should_cancel,
+        )
+        return result.report | {"model_path": result.model_path}
+
+
+def _quiet(config: QuantizeConfig) -> QuantizeConfig:
+    """``config`` with only what scoring needs: no analysis (a target still runs the ranking it needs), CPU
+    latency stage, latency placement (the final run places the chosen model) or engine."""
+    return replace(
+        config,
+        analysis=replace(config.analysis, enabled=False),
+        cpu_latency=False,
+        cpu_objective="accuracy",
+        tensorrt_engine=False,
+    )
+
+
+def try_candidate(
+    search: Search, index: int, total: int, candidate: Candidate, config: QuantizeConfig, deadline: float | None
+) -> Tried:
+    """Run candidate ``index`` (0-based) of ``total`` as the module says. Raises ``Canceled`` when the caller
+    asked to stop; a budget spent inside the run is recorded as the candidate's error."""
+    objective = config.auto.objective
+    started = time.perf_counter()
+    should_cancel = Deadline(search.monitor, deadline)
+
+    def report(stage: str, fraction: float) -> None:
+        inside = (STAGES.index(stage) + fraction) / len(STAGES)
+        search.monitor.report(
+            STAGE, (index + inside) / total, f"candidate {index + 1}/{total} {candidate.name}: {stage}"
+        )
+
+    def tried(value: float | None, size: int | None, latency: float | None, error: str | None) -> Tried:
+        met = error is None and objective.met(value)
+        seconds = time.perf_counter() - started
+        return Tried(candidate.name, candidate.change, config, value, met, size, latency, seconds, error)
+
+    try:
+        result = search.run(_quiet(config), candidate.name, should_cancel, report)
+    except Canceled:
+        if should_cancel.user_asked or deadline is None:
+            raise
+        return tried(None, None, None, BUDGET_SPENT)
+    except (QuantcoreError, *RUNTIME_ERRORS) as error:
+        return tried(None, None, None, error_line(error))
+    evaluation = result["evaluation"]
+    latency = None
+    if config.cpu_latency:
+        measured = cpu_latency(
+            search.model_path,
+            result["model_path"],
+            sample=search.split.selection,
+            settings=CANDIDATE_LATENCY,
+            disabled_optimizers=result["config"]["disabled_optimizers"],
+        )
+        latency = measured["quantized"].get("batch_1", {}).get("p50_ms")
+    outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None)
+    shown = "undefined" if outcome.value is None else f"{outcome.value:.6g}"
+    search.monitor.report(
+        STAGE, (index + 1) / total, f"candidate {index + 1}/{total} {candidate.name}: {objective.metric} {shown}"
+    )
+    return outcome
+
+
+def run_candidates(
+    search: Search, candidates: list[tuple[Candidate, QuantizeConfig]], budget_seconds: float, deadline: float
+) -> tuple[list[Tried], str | None]:
+    """Try ``candidates`` in order within the budget (``deadline``: a ``perf_counter`` time), as the module
+    says: (every candidate tried, in order; None, or why the search stopped before the last)."""
+    tried: list[Tried] = []
+    for index, (candidate, config) in enumerate(candidates):
+        left = deadline - time.perf_counter()
+        if index and left < tried[0].seconds:
+            untried = ", ".join(c.name for c, _ in candidates[index:])
+            return tried, (
+                f"the budget of {budget_seconds:g} s had {max(0.0, left):.1f} s left, less than the first candidate "
+                f"took ({tried[0].seconds:.1f} s): not tried: {untried}"
+            )
+        tried.append(try_candidate(search, index, len(candidates), candidate, config, deadline if index else None))
+        if tried[-1].error == BUDGET_SPENT:
+            untried = ", ".join(c.name for c, _ in candidates[index + 1 :]) or "none"
+            return tried, f"the budget of {budget_seconds:g} s ran out during {candidate.name}: not tried: {untried}"
+    return tried, None
+
+
+def best_of(tried: list[Tried], higher_is_better: bool) -> Tried | None:
+    """The best candidate that produced a model (see the module docstring), None when none did."""
+    done = [t for t in tried if t.error is None]
+    if not done:
+        return None
+
+    def key(t: Tried) -> tuple[float, float, int]:
+        value = -np.inf if t.value is None else t.value if higher_is_better else -t.value
+        return (-value, t.qdq_bytes or 0, tried.index(t))
+
+    return min(done, key=key)
+
+
+def pareto_front(tried: list[Tried], higher_is_better: bool) -> set[str]:
+    """Names of the candidates no other beats on both accuracy (the objective's metric) and size (a
+    candidate with an undefined metric is on the front only if it is the smallest)."""
+    done = [t for t in tried if t.error is None]
+
+    def score(t: Tried) -> float:
+        return -np.inf if t.value is None else t.value if higher_is_better else -t.value
+
+    def dominated(t: Tried) -> bool:
+        return any(
+            score(o) >= score(t) and o.qdq_bytes <= t.qdq_bytes and (score(o) > score(t) or o.qdq_bytes < t.qdq_bytes)
+            for o in done
+            if o is not t
+        )
+
+    return {t.name for t in done if not dominated(t)}
+
+
+def fallback(search: Search, best: Tried, deadline: float) -> tuple[QuantizeConfig, dict[str, Any]]:
+    """The accuracy-target search from ``best`` on the selection split (see the module docstring): the
+    config with its float layers excluded, and the report's ``fallback`` entry. Raises ``Canceled`` when
+    the caller asked to stop; a failure or a budget spent keeps ``best``'s config, the entry saying why."""
+    objective = best.config.auto.objective
+    config = replace(best.config, target=objective, bias_correction=False, reconstruction=None, strategy="fixed")
+    dropped = [
+        name
+        for name, on in (
+            ("bias correction", best.config.bias_correction),
+            ("reconstruction", best.config.reconstruction is not None),
+        )
+        if on
+    ]
+    started = time.perf_counter()
+    should_cancel = Deadline(search.monitor, deadline)
+    entry: dict[str, Any] = {
+        "from": best.name,
+        "dropped": dropped,
+        "float_layers": [],
+        "value": None,
+        "met": False,
+        "verdict": None,
+    }
+
+    def report(stage: str, fraction: float) -> None:
+        search.monitor.report(STAGE, 0.95, f"accuracy-target fallback from {best.name}: {stage} {fraction:.0%}")
+
+    try:
+        result = search.run(
+            _quiet(config), "fallback", should_cancel, report
+        )
+    except Canceled:
+        if should_cancel.user_asked:
+            raise
+        return best.config, {
+            **entry,
+            "seconds": round(time.perf_counter() - started, 3),
+            "error": "stopped: the budget was spent",
+        }
+    except (QuantcoreError, *RUNTIME_ERRORS) as error:
+        return best.config, {**entry, "seconds": round(time.perf_counter() - started, 3), "error": error_line(error)}
+    target = result["target"]
+    layers = target["float_layers"]
+    chosen = replace(
+        config, target=None, exclude_node_patterns=(*config.exclude_node_patterns, *(glob.escape(n) for n in layers))
+    )
+    value = next(s["value"] for s in target["steps"] if s["step"] == target["chosen_step"])
+    entry = {**entry, "float_layers": layers, "value": value, "met": target["met"], "verdict": target["verdict"]}
+    return chosen, {**entry, "seconds": round(time.perf_counter() - started, 3), "error": None}

@@ -1,0 +1,202 @@
+"""strategy auto (quantcore.auto): the selection split, the choice, failures, the budget, cancellation,
+the accuracy-target fallback, and that strategy fixed never enters the search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import quantcore.auto
+import quantcore.config
+from quantcore import AnalysisOptions, AutoOptions, Canceled, QuantizeConfig, quantize, quantize_auto
+from quantcore.auto import search as search_module
+from quantcore.auto.candidates import CANDIDATES
+from quantcore.auto.search import Search
+from quantcore.config import AUTO_CANDIDATES, AccuracyTarget
+from quantcore.errors import UnsupportedModelError
+from tests.quantcore.models import conv_relu_gemm, save
+
+NO_ANALYSIS = AnalysisOptions(enabled=False)
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A Conv-Relu-Gemm model, 40 calibration and 16 evaluation samples (every sample distinct)."""
+    rng = np.random.default_rng(0)
+    path = save(conv_relu_gemm(), tmp_path / "m.onnx")
+    calibration = rng.normal(size=(40, 2, 6, 6)).astype(np.float32)
+    evaluation = rng.normal(size=(16, 2, 6, 6)).astype(np.float32)
+    return path, {"input": calibration}, {"input": evaluation}
+
+
+def auto_config(*candidates: str, **options) -> QuantizeConfig:
+    auto = AutoOptions(candidates=candidates or None, **options)
+    return QuantizeConfig(strategy="auto", analysis=NO_ANALYSIS, cpu_latency=False, auto=auto)
+
+
+def rows(arrays) -> set[bytes]:
+    """Each sample's bytes: the identity of a sample."""
+    return {sample.tobytes() for sample in arrays["input"]}
+
+
+@pytest.fixture
+def recorded_runs(monkeypatch):
+    """Every candidate run's (name, calibration, evaluation), in order, the runs themselves unchanged."""
+    runs = []
+    original = Search.run
+
+    def run(self, config, name, should_cancel, report):
+        runs.append((name, self.split.calibration, self.split.selection))
+        return original(self, config, name, should_cancel, report)
+
+    monkeypatch.setattr(Search, "run", run)
+    return runs
+
+
+def test_candidate_names_match_the_config(small) -> None:
+    assert tuple(c.name for c in CANDIDATES) == AUTO_CANDIDATES
+
+
+def test_selection_split_is_disjoint_from_calibration_and_evaluation(
+    small, tmp_path, monkeypatch, recorded_runs
+) -> None:
+    path, calibration, evaluation = small
+    final = []
+    final_quantize = quantcore.auto.quantize
+
+    def final_run(*args, **kwargs):
+        final.append(args[1:3])
+        return final_quantize(*args, **kwargs)
+
+    monkeypatch.setattr(quantcore.auto, "quantize", final_run)
+    result = quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "out")
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "minmax"]
+    selection = rows(recorded_runs[0][2])
+    assert len(selection) == 10  # 25 % of 40, above the minimum of 8
+    for _, calibrated, scored in recorded_runs:
+        assert rows(scored) == selection
+        assert not rows(calibrated) & selection and rows(calibrated) | selection == rows(calibration)
+    assert not selection & rows(evaluation)  # the search never sees the evaluation data
+    ((final_calibration, final_evaluation),) = final  # the final run: every calibration sample, the user's evaluation
+    assert rows(final_calibration) == rows(calibration) and rows(final_evaluation) == rows(evaluation)
+    section = result.report["auto"]
+    assert section["selection"] == {"calibration_samples": 30, "selection_samples": 10, "fraction": 0.25}
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".auto-")]  # candidates cleaned up
+
+
+def test_the_chosen_candidate_is_the_best_by_the_recorded_metric(small, tmp_path) -> None:
+    path, calibration, evaluation = small
+    result = quantize_auto(path, calibration, evaluation, auto_config("minmax", "mse", "kl"), tmp_path / "out")
+    section = result.report["auto"]
+    values = {c["name"]: c["value"] for c in section["candidates"]}
+    assert list(values) == ["as_given", "minmax", "mse", "kl"] and None not in values.values()
+    assert values[section["chosen"]] == max(values.values())
+    assert section["met"] and section["fallback"] is None and section["chosen"] in section["reason"]
+    assert any(c["pareto"] for c in section["candidates"] if c["name"] == section["chosen"])
+    chosen_observer = "percentile" if section["chosen"] == "as_given" else section["chosen"]
+    assert result.report["config"]["observer"] == chosen_observer and result.report["config"]["strategy"] == "fixed"
+    assert result.report["evaluation"]["num_samples"] == 16  # the final run evaluates on the user's data
+
+
+def test_a_candidate_that_raises_is_recorded_and_skipped(small, tmp_path, monkeypatch) -> None:
+    path, calibration, evaluation = small
+    original = Search.run
+
+    def run(self, config, name, should_cancel, report):
+        if name == "mse":
+            raise UnsupportedModelError("mse broke")
+        return original(self, config, name, should_cancel, report)
+
+    monkeypatch.setattr(Search, "run", run)
+    result = quantize_auto(path, calibration, evaluation, auto_config("minmax", "mse"), tmp_path / "out")
+    rows_by_name = {c["name"]: c for c in result.report["auto"]["candidates"]}
+    assert rows_by_name["mse"]["error"] == "UnsupportedModelError: mse broke" and rows_by_name["mse"]["value"] is None
+    assert not rows_by_name["mse"]["pareto"] and result.report["auto"]["chosen"] != "mse"
+
+
+def test_the_job_fails_only_when_no_candidate_produced_a_model(small, tmp_path, monkeypatch) -> None:
+    path, calibration, evaluation = small
+
+    def run(self, config, name, should_cancel, report):
+        raise UnsupportedModelError(f"{name} broke")
+
+    monkeypatch.setattr(Search, "run", run)
+    with pytest.raises(UnsupportedModelError, match=r"no candidate produced a model.*as_given broke.*minmax broke"):
+        quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "out")
+
+
+def test_the_budget_stops_the_search_after_the_first_candidate(small, tmp_path, monkeypatch, recorded_runs) -> None:
+    path, calibration, evaluation = small
+    monkeypatch.setattr(quantcore.config, "AUTO_BUDGET_SECONDS", (1e-3, 86_400.0))  # a budget smaller than any run
+    result = quantize_auto(path, calibration, evaluation, auto_config(budget_seconds=1e-3), tmp_path / "out")
+    section = result.report["auto"]
+    assert [name for name, _, _ in recorded_runs] == ["as_given"]
+    assert [c["name"] for c in section["candidates"]] == ["as_given"] and section["chosen"] == "as_given"
+    assert "budget" in section["stopped"] and "not tried: minmax, mse, kl" in section["stopped"]
+
+
+def test_the_budget_stops_a_candidate_inside(small, tmp_path, monkeypatch) -> None:
+    """A deadline passed during a candidate cancels it at its next poll, recorded as stopped, not failed."""
+    path, calibration, evaluation = small
+    original = Search.run
+    clock = {"now": 0.0}
+    monkeypatch.setattr(search_module.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(quantcore.auto.time, "perf_counter", lambda: clock["now"])
+
+    def run(self, config, name, should_cancel, report):
+        if name == "minmax":
+            clock["now"] = 1e6  # the budget runs out while this candidate runs
+        return original(self, config, name, should_cancel, report)
+
+    monkeypatch.setattr(Search, "run", run)
+    result = quantize_auto(path, calibration, evaluation, auto_config("minmax", "mse"), tmp_path / "out")
+    section = result.report["auto"]
+    assert [c["name"] for c in section["candidates"]] == ["as_given", "minmax"]
+    assert section["candidates"][1]["error"] == search_module.BUDGET_SPENT
+    assert section["stopped"].endswith("ran out during minmax: not tried: mse") and section["chosen"] == "as_given"
+
+
+def test_cancel_stops_the_search(small, tmp_path, recorded_runs) -> None:
+    path, calibration, evaluation = small
+    polls = []
+
+    def should_cancel() -> bool:  # True once the second candidate has started
+        polls.append(len(recorded_runs))
+        return len(recorded_runs) >= 2
+
+    with pytest.raises(Canceled):
+        quantize_auto(path, calibration, evaluation, auto_config(), tmp_path / "out", should_cancel=should_cancel)
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "minmax"]
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".auto-")]
+
+
+def test_an_unreachable_objective_falls_back_to_the_accuracy_target(small, tmp_path) -> None:
+    path, calibration, evaluation = small
+    config = auto_config("minmax", objective=AccuracyTarget("cosine", 0.99999999))
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
+    section = result.report["auto"]
+    assert not any(c["met"] for c in section["candidates"])
+    fallback = section["fallback"]
+    assert fallback["error"] is None and fallback["from"] == section["chosen"] and fallback["float_layers"]
+    assert "accuracy-target method" in section["reason"] and section["met"] == fallback["met"]
+    excluded = result.report["config"]["exclude_node_patterns"]
+    assert all(any(layer in p for p in excluded) for layer in fallback["float_layers"])
+    assert result.report["config"]["target"] is None  # the final run never chooses on the evaluation data
+
+
+def test_strategy_fixed_never_enters_the_search(small, tmp_path, monkeypatch) -> None:
+    path, calibration, evaluation = small
+
+    def entered(*args, **kwargs):
+        raise AssertionError("the auto search ran for strategy fixed")
+
+    monkeypatch.setattr(search_module, "run_candidates", entered)
+    monkeypatch.setattr(quantcore.auto, "run_candidates", entered)
+    config = QuantizeConfig(analysis=NO_ANALYSIS, cpu_latency=False)
+    result = quantize(path, calibration, evaluation, config, tmp_path / "out")
+    assert result.report["auto"] is None and result.report["config"]["strategy"] == "fixed"
+    assert "auto" not in result.report["stage_seconds"]
+    with pytest.raises(ValueError, match="quantize_auto"):
+        quantize(path, calibration, evaluation, auto_config(), tmp_path / "out")
+    with pytest.raises(ValueError, match="strategy 'auto'"):
+        quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
