@@ -1,4 +1,4 @@
-"""Stream an upload to disk with a size cap and a running SHA-256; never buffer it whole.
+"""Stream an upload to the store with a size cap and a running SHA-256; never buffer it whole.
 
 Accepts `multipart/form-data` with one file part named `file` (what browsers and curl -F send),
 or a raw body (`application/octet-stream`) with the file name in `?filename=`. A body larger than
@@ -8,11 +8,13 @@ the one that binds, the 413 names it (`quota`, `limit`, `used`). Where uploads m
 what is left is at least the project's largest reusable row, so that sending bytes it holds already
 is not cut off for room it will not take. The route re-checks the quota in
 the transaction that records the upload (`jobs.quotas.reserve_storage`), so concurrent uploads
-cannot together pass it.
+cannot together pass it. Bytes go to the store as they arrive (`jobs.storage.StagedUpload`: a file
+renamed into place, or a multipart upload to an object store, one part in memory at a time); the
+route commits the upload under its key or aborts it.
 
 An upload of bytes the project already holds (same SHA-256, a ready model or dataset) is answered
 with that row (200, not 201) unless the request says `?reuse=false`: nothing is stored, the quota is
-not charged again, and the streamed file is removed (`stored_copy`).
+not charged again, and the streamed upload is aborted (`stored_copy`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -38,6 +39,7 @@ from jobs.db import session_scope
 from jobs.keys import KeyProject
 from jobs.queries import Stored
 from jobs.quotas import QuotaExceeded, QuotaUse, storage_use
+from jobs.storage import StagedUpload, Store
 
 # Multipart framing (boundaries, part headers) a Content-Length may carry beyond the file itself.
 MULTIPART_SLACK = 64 * 1024
@@ -73,10 +75,21 @@ ReuseQuery = Annotated[
 
 @dataclass(frozen=True)
 class Upload:
-    path: Path
+    staged: StagedUpload  # commit it under the row's key, or abort it
     filename: str
     size_bytes: int
     sha256: str
+
+    @property
+    def path(self) -> Path:
+        """A local copy of the received bytes, for inspecting an archive's listing."""
+        return self.staged.path
+
+    async def commit(self, key: str) -> None:
+        await run_in_threadpool(self.staged.commit, key)
+
+    async def abort(self) -> None:
+        await run_in_threadpool(self.staged.abort)
 
 
 def _clean_filename(raw: str, fallback: str) -> str:
@@ -108,7 +121,7 @@ async def storage_quota(settings: Settings, project: KeyProject, *, reusable: ty
 async def stored_copy(
     settings: Settings, project: KeyProject, upload: Upload, room: StorageRoom, entity: type[Stored]
 ) -> Stored | None:
-    """The project's ready row of `entity` holding the upload's bytes, the upload's file removed; None
+    """The project's ready row of `entity` holding the upload's bytes, the upload aborted; None
     when there is none, and the caller stores the upload. An upload let past the quota only because a
     row that large could have been reused (`StorageRoom`) is refused here when none is."""
     if room.reusable_bytes == 0:  # reuse not asked for, or nothing to reuse
@@ -123,10 +136,10 @@ async def stored_copy(
         if row is None and upload.size_bytes > room.use.remaining:
             raise QuotaExceeded(room.use, upload.size_bytes)
     except BaseException:
-        upload.path.unlink(missing_ok=True)
+        await upload.abort()
         raise
     if row is not None:
-        upload.path.unlink(missing_ok=True)
+        await upload.abort()
     return row
 
 
@@ -151,33 +164,32 @@ class _Cap:
 
 
 class _Sink:
-    """Writes one file part, counting bytes and hashing as they arrive."""
+    """Writes one file part to the store, counting bytes and hashing as they arrive."""
 
-    def __init__(self, path: Path, cap: _Cap) -> None:
-        self.path = path
+    def __init__(self, staged: StagedUpload, cap: _Cap) -> None:
+        self.staged = staged
         self.cap = cap
         self.size = 0
         self.digest = hashlib.sha256()
-        self.handle = path.open("wb")
 
     def write(self, data: bytes) -> None:
         self.size += len(data)
         if self.size > self.cap.limit:
             raise self.cap.refusal(self.size)
         self.digest.update(data)
-        self.handle.write(data)
+        self.staged.write(data)
         UPLOAD_BYTES.inc(len(data))
 
-    def close(self) -> None:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
+    async def drain(self) -> None:
+        """Send a full part to the store off the event loop; the body is read no faster than it goes out."""
+        if self.staged.pending():
+            await run_in_threadpool(self.staged.send)
 
 
 async def receive_upload(
-    request: Request, *, directory: Path, limit: int, fallback_name: str, quota: StorageRoom | None = None
+    request: Request, *, store: Store, limit: int, fallback_name: str, quota: StorageRoom | None = None
 ) -> Upload:
-    """Stream the request body into `directory`; the caller renames or deletes the file.
+    """Stream the request body to `store`; the caller commits the upload under its key or aborts it.
 
     `quota` is the project's storage use (from `storage_quota`), or None for no quota. Past the quota
     but within the room left for a reusable row, an upload that is not reused is refused when its row
@@ -186,16 +198,15 @@ async def receive_upload(
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap.limit + MULTIPART_SLACK:
         raise cap.refusal(int(declared))
-    target = directory / f".upload-{uuid.uuid4().hex}.part"
-    directory.mkdir(parents=True, exist_ok=True)
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
-    sink = _Sink(target, cap)
+    sink = _Sink(await run_in_threadpool(store.begin_upload), cap)
     try:
         if content_type == b"multipart/form-data":
             filename = await _receive_multipart(request, sink, params.get(b"boundary"))
         elif content_type in (b"application/octet-stream", b""):
             async for chunk in request.stream():
                 sink.write(chunk)
+                await sink.drain()
             filename = request.query_params.get("filename", "")
         else:
             raise Problem(
@@ -203,15 +214,14 @@ async def receive_upload(
                 "send the file as multipart/form-data (field 'file') or application/octet-stream",
                 slug="unsupported-media-type",
             )
-        sink.close()
         if sink.size == 0:
             raise Problem(422, "the uploaded file is empty", slug="empty-upload")
+        await run_in_threadpool(sink.staged.finish)
     except BaseException:
-        sink.handle.close()
-        target.unlink(missing_ok=True)
+        await run_in_threadpool(sink.staged.abort)
         raise
     return Upload(
-        path=target,
+        staged=sink.staged,
         filename=_clean_filename(filename, fallback_name),
         size_bytes=sink.size,
         sha256=sink.digest.hexdigest(),
@@ -263,6 +273,7 @@ async def _receive_multipart(request: Request, sink: _Sink, boundary: bytes | No
     try:
         async for chunk in request.stream():
             parser.write(chunk)
+            await sink.drain()
         parser.finalize()
     except MultipartParseError as exc:
         raise Problem(400, f"malformed multipart body: {exc}", slug="bad-multipart") from exc

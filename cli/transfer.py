@@ -5,7 +5,10 @@ through `_ProgressReader`, and the file's size (fstat) gives the request a Conte
 
 A download goes to `NAME.part` beside the destination and is renamed into place only once its size
 and SHA-256 match what the artifact listing announced. An existing `.part` is resumed with
-`Range: bytes=<its size>-`; a server that ignores the range (200) restarts the file from zero.
+`Range: bytes=<its size>-`; a server that ignores the range (200) restarts the file from zero. An
+API that serves artifacts from an object store may answer with a redirect to a short-lived presigned
+URL (`QUANT_STORAGE_PRESIGN`); it is followed with the same Range but without the API key, which
+the store has no use for and must not see.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ def _fetch(client: Client, url_path: str, part: Path, *, size: int | None, progr
     if size is not None and offset > size:
         return False
     headers = {"Range": f"bytes={offset}-"} if offset else {}
-    with client.http.stream("GET", url_path, headers=headers, timeout=_timeout(client, read=120.0)) as response:
+    with _stream(client, url_path, headers) as response:
         if response.status_code == 416 and offset:
             # Nothing left past `offset`: the `.part` is complete if the announced size says so.
             return size is None or offset == size
@@ -161,6 +164,19 @@ def _fetch(client: Client, url_path: str, part: Path, *, size: int | None, progr
                 file.write(chunk)
                 bar.update(len(chunk))
     return True
+
+
+@contextlib.contextmanager
+def _stream(client: Client, url_path: str, headers: dict[str, str]) -> Iterator[httpx.Response]:
+    """GET `url_path`, following one redirect to a presigned URL with a client that carries no credentials."""
+    timeout = _timeout(client, read=120.0)
+    with client.http.stream("GET", url_path, headers=headers, timeout=timeout) as response:
+        if not response.is_redirect:
+            yield response
+            return
+        location = str(response.url.join(response.headers["location"]))
+    with httpx.Client(timeout=timeout) as bare, bare.stream("GET", location, headers=headers) as response:
+        yield response
 
 
 def _verify(path: Path, *, size: int | None, sha256: str | None) -> None:

@@ -77,6 +77,24 @@ class Settings(BaseSettings):
     validation_resend_seconds: float = Field(default=900.0, gt=0.0)
     validation_max_attempts: int = Field(default=3, ge=1)
 
+    # Storage (`jobs.storage`): unset, files under `<var_dir>/storage`; `s3://bucket/prefix`, an
+    # S3-compatible store (credentials and region from the usual AWS variables), so that API and
+    # workers may run on different hosts.
+    storage_url: str | None = None
+    storage_endpoint_url: str | None = None  # e.g. http://minio:9000; unset: AWS
+    # Artifact downloads answer 307 to a presigned URL of the store, valid this long (s), instead of
+    # streaming through the API (object stores only).
+    storage_presign: bool = False
+    storage_presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600)
+    # Workers keep the models and datasets they fetch from an object store in a local cache, keyed by
+    # SHA-256 and bounded in bytes (least recently used entries go first).
+    cache_dir: Path | None = None  # unset: <var_dir>/cache
+    cache_max_bytes: int = Field(default=20 * 1024 * MiB, ge=0)
+    # The sweep (`worker.sweep`) removes objects no row references (a crash between storing and
+    # recording) once they are older than this (s), and aborts multipart uploads as old; it runs this often.
+    storage_sweep_grace_seconds: float = Field(default=24 * 3600, ge=0.0)
+    storage_sweep_interval: float = Field(default=3600.0, gt=0.0)
+
     # Jobs
     job_soft_time_limit: int = 6 * 3600
     job_time_limit: int = 6 * 3600 + 300
@@ -197,6 +215,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"webhook_allowed_networks: {network!r} is not an IP network ({exc})") from exc
         return value
 
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_url_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("s3://", "file:///")):
+            raise ValueError(f"storage_url must be s3://bucket/prefix or file:///absolute/path, not {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _production_needs_servers(self) -> Settings:
         if self.environment == "production":
@@ -230,6 +255,10 @@ class Settings(BaseSettings):
     @property
     def artifact_root(self) -> Path:
         return self.var_dir / "storage"
+
+    @property
+    def input_cache_dir(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.var_dir / "cache"
 
     @property
     def broker_dir(self) -> Path:

@@ -25,6 +25,7 @@ RUN_JOB = "worker.run_job"
 VALIDATE_MODEL = "worker.validate_model"
 VALIDATE_DATASET = "worker.validate_dataset"
 REAP_ORPHANS = "worker.reap_orphans"
+SWEEP_STORAGE = "worker.sweep_storage"
 POLL_WEBHOOKS = "worker.poll_webhooks"
 DELIVER_WEBHOOK = "worker.deliver_webhook"
 BUILD_ENGINE = "worker.build_engine"
@@ -74,6 +75,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
             VALIDATE_MODEL: {"queue": DEFAULT_QUEUE},
             VALIDATE_DATASET: {"queue": DEFAULT_QUEUE},
             POLL_WEBHOOKS: {"queue": DEFAULT_QUEUE},
+            SWEEP_STORAGE: {"queue": DEFAULT_QUEUE},
             DELIVER_WEBHOOK: {"queue": DEFAULT_QUEUE},
             BUILD_ENGINE: {"queue": ENGINE_QUEUE},
         },
@@ -88,6 +90,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         accept_content=["json"],
         beat_schedule={
             "reap-orphans": {"task": REAP_ORPHANS, "schedule": settings.reaper_interval},
+            "sweep-storage": {"task": SWEEP_STORAGE, "schedule": settings.storage_sweep_interval},
             # Sends deliveries whose next_attempt_at has come. A poll not started within a few
             # intervals is dropped (`expires`): the next one does the same work.
             "poll-webhooks": {

@@ -1,4 +1,5 @@
-"""The artifacts a worker stores for a job (`worker.runner._store`)."""
+"""The artifacts a worker stores for a job (`worker.runner._store`): staged in the store, named by the
+keys the job's end moves them to (`tests/test_storage.py` covers the move and a crash before it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from worker import runner
 class _Progress:
     def __init__(self) -> None:
         self.job_id = uuid.uuid4()
+        self.attempt = 1
         self.events: list[tuple[str, float, str]] = []
 
     def __call__(self, stage: str, fraction: float, message: str) -> None:
@@ -41,14 +43,18 @@ def test_a_model_beyond_2_gb_is_stored_with_its_weights_file_beside_it(tmp_path,
     """The exported model references `model.qdq.onnx.data` by that name, in its own folder: without it a
     downloaded model beyond 2 GB does not load."""
     monkeypatch.setattr(runner.settings, "var_dir", tmp_path / "var")
+    monkeypatch.setattr(runner.settings, "storage_url", None)
     progress, project = _Progress(), uuid.uuid4()
     stored = runner._store(progress, project, _result(tmp_path / "work", data=data))
     names = {artifact["name"]: artifact for artifact in stored}
     assert ("model.qdq.onnx.data" in names) is data
     assert {"model.qdq.onnx", "tqc.json", "report.json", "report.html"} <= set(names)
-    model = storage.resolve(runner.settings.artifact_root, names["model.qdq.onnx"]["path"])
+    root = runner.settings.artifact_root
+    model = storage.resolve(root, names["model.qdq.onnx"]["path"])
     if data:
-        weights = storage.resolve(runner.settings.artifact_root, names["model.qdq.onnx.data"]["path"])
-        assert weights == model.with_name("model.qdq.onnx.data") and weights.read_bytes() == b"\x00" * 4096
+        weights = storage.resolve(root, names["model.qdq.onnx.data"]["path"])
+        assert weights == model.with_name("model.qdq.onnx.data")
+        staged = storage.resolve(root, storage.staging_key(project, progress.job_id, 1, "model.qdq.onnx.data"))
+        assert staged.read_bytes() == b"\x00" * 4096
         assert names["model.qdq.onnx.data"]["size_bytes"] == 4096
     assert progress.events[-1] == ("store", 1.0, f"stored {len(stored)} artifacts")

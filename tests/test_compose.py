@@ -22,6 +22,11 @@ ENVIRONMENT = {
     "BROKER_URL": "redis://redis:6379/0",
     "QUANT_ENVIRONMENT": "production",
     "QUANT_VAR_DIR": "/data",
+    "QUANT_STORAGE_URL": "s3://quant/store",
+    "QUANT_STORAGE_ENDPOINT_URL": "http://minio:9000",
+    "AWS_ACCESS_KEY_ID": "quant",
+    "AWS_SECRET_ACCESS_KEY": "quant-store-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
 }
 RUNTIME_TARGETS = ("api", "worker-cpu", "worker-gpu")
 ENGINE_PACKAGES = ("torch", "onnx", "onnxruntime", "tensorrt")
@@ -73,8 +78,10 @@ def _command(service: dict[str, Any]) -> str:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"postgres", "redis", "migrate", "api", "worker-cpu", "beat", "worker-gpu"}
-    assert {"pgdata", "redisdata", "artifacts"} <= set(compose["volumes"])
+    assert set(compose["services"]) == {
+        "postgres", "redis", "minio", "bucket", "migrate", "api", "worker-cpu", "beat", "worker-gpu"
+    }  # fmt: skip
+    assert {"pgdata", "redisdata", "artifacts", "objects"} <= set(compose["volumes"])
 
 
 def test_databases_have_healthchecks_and_volumes(compose: dict[str, Any]) -> None:
@@ -100,6 +107,7 @@ def test_api_waits_for_migrations_and_exposes_8000(compose: dict[str, Any]) -> N
     assert api["build"]["target"] == "api"
     assert _depends(api) == {
         "migrate": "service_completed_successfully",
+        "bucket": "service_completed_successfully",
         "postgres": "service_healthy",
         "redis": "service_healthy",
     }
@@ -110,6 +118,42 @@ def test_api_waits_for_migrations_and_exposes_8000(compose: dict[str, Any]) -> N
 @pytest.mark.parametrize("name", ["migrate", "api", "worker-cpu", "worker-gpu"])
 def test_services_share_the_settings(compose: dict[str, Any], name: str) -> None:
     assert compose["services"][name]["environment"] == ENVIRONMENT
+
+
+def test_the_store_is_minio_with_its_bucket_made_before_the_services_start(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["minio"]["image"].startswith("minio/minio:")
+    assert services["minio"]["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
+    assert any(str(volume).startswith("objects:/data") for volume in _volumes(services["minio"]))
+    bucket = ENVIRONMENT["QUANT_STORAGE_URL"].removeprefix("s3://").split("/")[0]
+    assert f"mc mb --ignore-existing store/{bucket}" in " ".join(services["bucket"]["entrypoint"])
+    assert _depends(services["bucket"]) == {"minio": "service_healthy"}
+    for name in ("api", "worker-cpu", "worker-gpu", "beat"):
+        assert _depends(services[name])["bucket"] == "service_completed_successfully", name
+
+
+def test_gpu_workers_on_another_host_share_nothing_on_disk(compose: dict[str, Any]) -> None:
+    yaml = pytest.importorskip("yaml")
+    env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
+    result = subprocess.run(
+        [*_compose_command(), "-f", "docker-compose.gpu-host.yml", "config"],
+        cwd=ROOT,
+        env={**env, "QUANT_MAIN_HOST": "10.0.0.5"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    worker = yaml.safe_load(result.stdout)["services"]["worker-gpu"]
+    expected = dict(
+        ENVIRONMENT,
+        DATABASE_URL="postgresql+psycopg://quant:quant@10.0.0.5:5432/quant",
+        BROKER_URL="redis://10.0.0.5:6379/0",
+        QUANT_STORAGE_ENDPOINT_URL="http://10.0.0.5:9000",
+    )
+    assert worker["environment"] == expected
+    assert "-Q gpu " in _command(worker)  # whole jobs; engine hand-offs need a disk shared on one host
+    assert not any(str(volume).startswith("artifacts:") for volume in _volumes(worker))
 
 
 @pytest.mark.parametrize("name", ["api", "worker-cpu", "worker-gpu"])
@@ -124,7 +168,11 @@ def test_cpu_worker_serves_both_queues_one_message_per_process(compose: dict[str
     assert command.startswith("celery -A worker.app worker")
     assert "-Q default,gpu" in command
     assert "--concurrency 2" in command and "--prefetch-multiplier 1" in command
-    assert _depends(worker) == {"migrate": "service_completed_successfully", "redis": "service_healthy"}
+    assert _depends(worker) == {
+        "migrate": "service_completed_successfully",
+        "bucket": "service_completed_successfully",
+        "redis": "service_healthy",
+    }
     assert "profiles" not in worker
 
 

@@ -110,7 +110,7 @@ def _release(app: Celery, job_id: uuid.UUID, owner: str) -> None:
             session=session, job_id=job_id, worker_id=owner, reason=f"worker {owner} shut down; job requeued"
         )
         if job is not None and job.claimed_by in (owner, None):  # ours: its partial artifacts are ours too
-            storage.remove_tree(settings.artifact_root, storage.job_dir(job.project_id, job_id))
+            storage.open_store(settings).delete_prefix(storage.job_dir(job.project_id, job_id) + "/")
     if released:
         log.warning("worker shutting down: job %s released to the queue", job_id)
         enqueue_job(app, job_id)

@@ -1,6 +1,7 @@
 """Run one job: claim the row, heartbeat, run quantcore's stages, store artifacts, end the job.
 
-    claim ─▶ load data ─▶ quantcore.quantize (prepare, annotate, calibrate, export, evaluate, analyze, ...)
+    claim ─▶ load data ─▶ quantcore.quantize (prepare, annotate, calibrate, export, evaluate, analyze, ...),
+                          or for strategy auto quantcore.auto.quantize_auto (the search, then the same)
           ─▶ store artifacts (temp name, rename) ─▶ succeeded | failed | canceled
 
 A job whose accuracy target was not met fails with the engine's verdict as its error, and keeps its
@@ -36,11 +37,12 @@ from jobs.db import in_transaction, session_scope
 from jobs.logs import job_context, log_context
 from jobs.models import DatasetKind, JobStatus
 from jobs.recipe import Recipe
-from quantcore import QuantizeResult, atomic, quantize
+from quantcore import QuantizeResult, atomic, quantize, quantize_auto
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.report.html import HTML_FILE
 from quantcore.runtime.batching import input_specs
 from worker.engine_routing import EngineRouter
+from worker.inputs import JobInputs, StoredInput
 from worker.job_signals import stop_if_requested
 from worker.splits import Split, split_dataset, split_images
 from worker.translate import parse_recipe, to_quantize_config
@@ -63,6 +65,20 @@ STAGE_WEIGHTS = {
     "engine": 0.05,
     "store": 0.04,
 }
+AUTO_SHARE = 0.5  # of the bar, for a strategy auto job: the search runs each candidate through the stages
+
+
+def stage_weights(strategy: str) -> dict[str, float]:
+    """STAGE_WEIGHTS for a job of ``strategy``; for ``auto``, the search (stage ``auto``, after load) takes
+    AUTO_SHARE of the bar and the final run's stages the rest, each scaled alike."""
+    if strategy != "auto":
+        return STAGE_WEIGHTS
+    load = STAGE_WEIGHTS["load"]
+    scale = (1.0 - load - AUTO_SHARE) / (1.0 - load)
+    rest = {name: weight * scale for name, weight in STAGE_WEIGHTS.items() if name != "load"}
+    return {"load": load, "auto": AUTO_SHARE, **rest}
+
+
 ARTIFACTS = {
     "model.qdq.onnx": "application/octet-stream",
     "model.qdq.onnx.data": "application/octet-stream",  # its weights, beside it, for a model beyond 2 GB
@@ -118,14 +134,19 @@ class Progress:
         self.last_cancel_check = -CANCEL_CHECK_INTERVAL
         self.canceled = False
         self.lost = threading.Event()
+        self.weigh(STAGE_WEIGHTS)
+
+    def weigh(self, weights: dict[str, float]) -> None:
+        """Share the bar among the stages by ``weights`` (stage → share, in stage order, summing to 1)."""
+        self.weights = weights
         self.starts = {}
         total = 0.0
-        for name, weight in STAGE_WEIGHTS.items():
+        for name, weight in weights.items():
             self.starts[name] = total
             total += weight
 
     def overall(self, stage: str, fraction: float) -> float:
-        return min(1.0, self.starts.get(stage, 0.0) + STAGE_WEIGHTS.get(stage, 0.0) * max(0.0, min(1.0, fraction)))
+        return min(1.0, self.starts.get(stage, 0.0) + self.weights.get(stage, 0.0) * max(0.0, min(1.0, fraction)))
 
     def __call__(self, stage: str, fraction: float, message: str = "") -> None:
         now = time.monotonic()
@@ -234,8 +255,13 @@ def run_job(job_id: uuid.UUID) -> None:
         if job is None:
             log.info("job %s is held by a live worker (%s); dropping duplicate delivery", job_id, current.claimed_by)
             return
-        model_path = storage.resolve(settings.artifact_root, job.model.path)
-        dataset_path = storage.resolve(settings.artifact_root, job.dataset.path)
+        inputs = JobInputs(
+            storage.open_store(settings),
+            settings.input_cache_dir,
+            settings.cache_max_bytes,
+            StoredInput("model", job.model.path, job.model.sha256),
+            StoredInput("dataset", job.dataset.path, job.dataset.sha256),
+        )
         dataset_kind = job.dataset.kind
         recipe_data, project_id, attempt = job.recipe, job.project_id, job.attempts
         log.info("job started (attempt %d) on %s", attempt, owner)
@@ -247,20 +273,23 @@ def run_job(job_id: uuid.UUID) -> None:
     # removed once the job ends, never by an attempt that lost the job (the new owner is using it).
     work_dir = settings.artifact_root / ".work" / str(job_id)
     try:
-        status, error, stored = _execute(
-            progress, model_path, (dataset_path, dataset_kind), recipe_data, work_dir, project_id
-        )
+        with inputs:  # the cached inputs stay pinned (safe from eviction) while the job reads them
+            status, error, stored = _execute(progress, inputs, dataset_kind, recipe_data, work_dir, project_id)
     except Abandoned as exc:
         log.warning("%s", exc)
         return
     finally:
         heartbeat.stopped.set()
+    store = storage.open_store(settings)
     if status != JobStatus.succeeded and not stored:  # a canceled or failed job leaves no partial artifacts
-        storage.remove_tree(settings.artifact_root, storage.job_dir(project_id, job_id))
+        store.delete_prefix(storage.job_dir(project_id, job_id) + "/")
 
     def finish(session) -> bool:
         # Artifact rows and the terminal state commit together: a reader never sees one without the other.
+        # The staged artifacts move to their keys just before (a retried move is a no-op); a crash
+        # between the two leaves objects no row names, which the sweep removes (`worker.sweep`).
         for artifact in stored:
+            store.move(storage.staging_key(project_id, job_id, attempt, artifact["name"]), artifact["path"])
             queries.add_artifact(session=session, job_id=job_id, **artifact)
         if queries.finish_job(session=session, job_id=job_id, worker_id=owner, status=status, error=error):
             return True
@@ -269,6 +298,7 @@ def run_job(job_id: uuid.UUID) -> None:
 
     if in_transaction(url, finish, budget=settings.db_retry_seconds):
         shutil.rmtree(work_dir, ignore_errors=True)
+        store.delete_prefix(f"{storage.job_dir(project_id, job_id)}/{storage.STAGING}/")
         log.info("job ended %s%s", status.value, f": {error}" if error else "")
     else:
         log.warning("job %s was no longer ours to finish", job_id)
@@ -276,16 +306,18 @@ def run_job(job_id: uuid.UUID) -> None:
 
 def _execute(
     progress: Progress,
-    model_path: Path,
-    dataset: tuple[Path, DatasetKind],
+    inputs: JobInputs,
+    dataset_kind: DatasetKind,
     recipe_data: dict,
     work_dir: Path,
     project_id: uuid.UUID,
 ) -> tuple[JobStatus, str | None, list[dict]]:
     try:
         recipe = parse_recipe(recipe_data)
+        progress.weigh(stage_weights(recipe.strategy))
         progress("load", 0.0, "reading the dataset")
-        split = _load_split(progress, model_path, *dataset, recipe)
+        model_path, dataset_path = inputs.fetch(progress.log)
+        split = _load_split(progress, model_path, dataset_path, dataset_kind, recipe)
         progress(
             "load",
             1.0,
@@ -296,11 +328,13 @@ def _execute(
         if should_cancel():
             raise Canceled("canceled")
         work_dir.mkdir(parents=True, exist_ok=True)
-        result = quantize(
+        config = to_quantize_config(recipe, timing_cache=settings.var_dir / "cpu-timings")  # shared by the workers
+        run = quantize_auto if config.strategy == "auto" else quantize
+        result = run(
             model_path,
             split.calibration,
             split.evaluation,
-            to_quantize_config(recipe),
+            config,
             work_dir,
             labels=split.labels,
             progress=progress,
@@ -308,6 +342,8 @@ def _execute(
             engine_builder=EngineRouter(progress.job_id, progress.owner),  # here, on a GPU worker, or skipped
             resume_from=work_dir,
         )
+        if result.report.get("auto") is not None:
+            progress.log(f"auto: {result.report['auto']['reason']}")
         if result.report.get("resumed"):
             progress.log(f"reused from an earlier attempt: {', '.join(result.report['resumed'])}")
         for warning in result.report.get("warnings", []):
@@ -364,8 +400,10 @@ def _record_split(report_path: str | Path, record: dict) -> None:
 
 
 def _store(progress: Progress, project_id: uuid.UUID, result: QuantizeResult) -> list[dict]:
-    """Copy each artifact into the job's directory under a temporary name and rename it into place."""
+    """Copy each artifact to its staging key in the store (`storage.staging_key`); `run_job` moves them
+    to their keys, `path` in each returned row, when it commits the job's end."""
     directory = storage.job_dir(project_id, progress.job_id)
+    store = storage.open_store(settings)
     files = {
         "model.qdq.onnx": result.model_path,
         "tqc.json": result.tqc_path,
@@ -380,7 +418,8 @@ def _store(progress: Progress, project_id: uuid.UUID, result: QuantizeResult) ->
     stored = []
     for name, source in files.items():
         relative = f"{directory}/{name}"
-        size, digest = storage.store_file(settings.artifact_root, Path(source), relative)
+        staged = storage.staging_key(project_id, progress.job_id, progress.attempt, name)
+        size, digest = store.put_file(Path(source), staged)
         stored.append(
             {"name": name, "media_type": ARTIFACTS[name], "path": relative, "size_bytes": size, "sha256": digest}
         )

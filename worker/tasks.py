@@ -10,6 +10,7 @@ from jobs.queue import (
     POLL_WEBHOOKS,
     REAP_ORPHANS,
     RUN_JOB,
+    SWEEP_STORAGE,
     VALIDATE_DATASET,
     VALIDATE_MODEL,
 )
@@ -18,6 +19,7 @@ from worker.engine_task import build_for_job
 from worker.job_signals import job_signals
 from worker.reaper import reap
 from worker.runner import run_job, worker_id
+from worker.sweep import sweep
 from worker.validation import validate_dataset, validate_model
 from worker.webhooks import deliver, poll
 
@@ -46,6 +48,11 @@ def validate_dataset_task(dataset_id: str) -> None:
 @app.task(name=REAP_ORPHANS, ignore_result=True, soft_time_limit=100, time_limit=120)
 def reap_orphans_task() -> None:
     reap(app)
+
+
+@app.task(name=SWEEP_STORAGE, ignore_result=True, soft_time_limit=3000, time_limit=3300)
+def sweep_storage_task() -> None:
+    sweep()
 
 
 @app.task(name=POLL_WEBHOOKS, ignore_result=True, soft_time_limit=50, time_limit=60)

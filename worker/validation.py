@@ -10,15 +10,17 @@ from __future__ import annotations
 import logging
 import uuid
 
-from jobs import queries, storage
+from jobs import queries
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip
 from jobs.config import settings
 from jobs.db import session_scope
 from jobs.model_archives import InvalidModelArchive, inspect_model_zip, is_zip, model_archive_limits, unpack_model_zip
 from jobs.models import DatasetStatus, ModelStatus
+from jobs.storage import open_store
 from quantcore import inspect_model
 from quantcore.errors import InvalidDataError, InvalidModelError
 from worker.images import verify_images
+from worker.inputs import check_in, checkout
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +31,15 @@ def validate_model(model_id: uuid.UUID) -> None:
         model = queries.get_model_unscoped(session=session, model_id=model_id)
         if model is None or model.status != ModelStatus.pending:
             return  # discarded meanwhile, or decided by an earlier delivery of this check
-        path = storage.resolve(settings.artifact_root, model.path)
+        key = model.path
     info, error = None, None
+    store = open_store(settings)
     try:
-        if is_zip(path):  # the model with its external data (checked at upload; re-read, then unpacked)
-            unpack_model_zip(path, inspect_model_zip(path, limits=model_archive_limits(settings)))
-        info = inspect_model(path, min_opset=settings.min_opset, max_opset=settings.max_opset)
+        with checkout(store, key, settings.var_dir / "scratch") as path:
+            if is_zip(path):  # the model with its external data (checked at upload; re-read, then unpacked)
+                unpack_model_zip(path, inspect_model_zip(path, limits=model_archive_limits(settings)))
+                check_in(store, path, key)
+            info = inspect_model(path, min_opset=settings.min_opset, max_opset=settings.max_opset)
     except (InvalidModelError, InvalidModelArchive) as exc:
         error = str(exc)
     except Exception as exc:  # a validator crash must still end in a verdict, never a stuck 'pending'
@@ -52,11 +57,12 @@ def validate_dataset(dataset_id: uuid.UUID) -> None:
         dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
         if dataset is None or dataset.status != DatasetStatus.pending:
             return  # discarded meanwhile, or decided by an earlier delivery of this check
-        path = storage.resolve(settings.artifact_root, dataset.path)
+        key = dataset.path
     error = None
     try:
-        listing = inspect_image_zip(path, limits=archive_limits(settings))
-        verify_images(path, listing.files, max_pixels=settings.max_image_pixels)
+        with checkout(open_store(settings), key, settings.var_dir / "scratch") as path:
+            listing = inspect_image_zip(path, limits=archive_limits(settings))
+            verify_images(path, listing.files, max_pixels=settings.max_image_pixels)
     except (InvalidImageArchive, InvalidDataError) as exc:
         error = str(exc)
     except Exception as exc:  # a validator crash must still end in a verdict, never a stuck 'pending'

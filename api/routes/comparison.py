@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import uuid
 from functools import lru_cache
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -23,8 +22,9 @@ from api.deps import ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, page
 from api.problems import Problem
 from api.schemas import ModelComparison
-from jobs import queries, storage
+from jobs import queries
 from jobs.models import Artifact, Job
+from jobs.storage import Store, open_store
 from jobs.summary import recipe_summary, report_summary
 
 router = APIRouter(prefix="/models", tags=["models"])
@@ -33,17 +33,17 @@ ComparisonLimit = Annotated[int, Query(ge=1, le=50, description="Jobs per page (
 
 
 @lru_cache(maxsize=2048)
-def _summary(path: Path, sha256: str) -> dict[str, Any] | None:
+def _summary(store: Store, key: str, sha256: str) -> dict[str, Any] | None:
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(store.read_bytes(key))
     except (OSError, ValueError):
         return None  # a missing or unreadable report shows as "no figures", not as a failed page
     return report_summary(report) if isinstance(report, dict) else None
 
 
-def _row(request: Request, root: Path, job: Job, artifacts: list[Artifact]) -> dict[str, Any]:
+def _row(request: Request, store: Store, job: Job, artifacts: list[Artifact]) -> dict[str, Any]:
     report = next((a for a in artifacts if a.name == REPORT), None)
-    summary = _summary(storage.resolve(root, report.path), report.sha256) if report is not None else None
+    summary = _summary(store, report.path, report.sha256) if report is not None else None
     return {
         "job_id": job.id,
         "status": job.status,
@@ -97,11 +97,11 @@ def compare_jobs(
         cursor=cursor,
     )
     artifacts = queries.artifacts_by_job(session=session, job_ids=[job.id for job in jobs["items"]])
-    root = settings.artifact_root
+    store = open_store(settings)
     return {
         "model_id": model.id,
         "filename": model.filename,
         "size_bytes": model.size_bytes,
-        "items": [_row(request, root, job, artifacts[job.id]) for job in jobs["items"]],
+        "items": [_row(request, store, job, artifacts[job.id]) for job in jobs["items"]],
         "next_cursor": jobs["next_cursor"],
     }

@@ -23,6 +23,7 @@ from jobs.models import Dataset, DatasetKind, DatasetStatus
 from jobs.npz import InvalidArchive, inspect_npz, npz_limits
 from jobs.queue import enqueue_dataset_validation
 from jobs.quotas import reserve_storage
+from jobs.storage import open_store
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -64,7 +65,7 @@ async def upload_dataset(
     room = await storage_quota(settings, project, reusable=Dataset if reuse else None)
     upload = await receive_upload(
         request,
-        directory=settings.artifact_root / ".uploads",
+        store=open_store(settings),
         limit=settings.max_dataset_bytes,
         fallback_name="data.npz",
         quota=room,
@@ -74,8 +75,9 @@ async def upload_dataset(
         return existing
     try:
         dataset = await run_in_threadpool(_store, settings, project, upload)
-    finally:
-        upload.path.unlink(missing_ok=True)  # moved into place on success, discarded otherwise
+    except BaseException:
+        await upload.abort()
+        raise
     if dataset.kind == DatasetKind.arrays:
         return dataset
     try:
@@ -93,7 +95,7 @@ async def upload_dataset(
 
 
 def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
-    """Check the archive's listing, move it into place and record it."""
+    """Check the archive's listing, commit the upload under its key and record it."""
     dataset_id = uuid.uuid4()
     project_id = project.id
     fields: dict = {"kind": DatasetKind.arrays}
@@ -116,9 +118,7 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
             stored_bytes = max(upload.size_bytes, listing.expanded_bytes)
     except (InvalidArchive, InvalidImageArchive) as exc:
         raise Problem(422, f"not a usable dataset: {exc}", slug="invalid-dataset") from exc
-    target = storage.resolve(settings.artifact_root, relative)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    upload.path.replace(target)
+    upload.staged.commit(relative)
     try:
         with session_scope(settings.resolved_database_url) as session:
             reserve_storage(session=session, project=project, settings=settings, size_bytes=stored_bytes)
@@ -133,7 +133,7 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
                 **fields,
             )
     except BaseException:
-        storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
+        open_store(settings).delete_prefix(storage.folder(relative))
         raise
 
 
@@ -149,7 +149,7 @@ def _discard(settings: Settings, dataset_id: uuid.UUID, relative: str) -> None:
         dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
         if dataset is not None:
             queries.delete_dataset(session=session, dataset=dataset)
-    storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
+    open_store(settings).delete_prefix(storage.folder(relative))
 
 
 @router.get("", response_model=Page[DatasetPublic], summary="List the project's datasets, newest first")

@@ -8,22 +8,23 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import RedirectResponse, StreamingResponse
 
 from api.bodies import JsonBody
 from api.deps import CeleryDep, ProjectDep, SessionDep, SettingsDep
-from api.downloads import ArtifactResponse
+from api.downloads import ArtifactResponse, StoredArtifactResponse
 from api.events import stream_events
 from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.routes.webhooks import check_target
 from api.schemas import ArtifactPublic, JobCreate, JobCreated, JobPublic, Page
-from jobs import job_reads, queries, storage
+from jobs import job_reads, queries
 from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
 from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
 from jobs.quotas import reserve_job_slot
 from jobs.report_schema import Report
+from jobs.storage import open_store
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ def read_report(session: SessionDep, project: ProjectDep, settings: SettingsDep,
     artifact = queries.get_artifact(session=session, job_id=job.id, name="report.json")
     if artifact is None:
         raise Problem(404, f"job {job_id} has no report yet (status {job.status.value})", slug="report-not-ready")
-    return json.loads(storage.resolve(settings.artifact_root, artifact.path).read_text())
+    return json.loads(open_store(settings).read_bytes(artifact.path))
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactPublic], summary="List the files a job produced")
@@ -213,18 +214,31 @@ def list_artifacts(request: Request, session: SessionDep, project: ProjectDep, j
     "/{job_id}/artifacts/{name}",
     response_class=ArtifactResponse,
     summary="Download one artifact (supports Range)",
-    responses={200: {"content": {"application/octet-stream": {}}}, 206: {"description": "Partial content"}},
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        206: {"description": "Partial content"},
+        307: {"description": "QUANT_STORAGE_PRESIGN: a short-lived URL of the object store serves it"},
+    },
 )
 def download_artifact(
     session: SessionDep, project: ProjectDep, settings: SettingsDep, job_id: uuid.UUID, name: str
-) -> ArtifactResponse:
+) -> Response:
     job = _job_or_404(session, project, job_id)
     artifact = queries.get_artifact(session=session, job_id=job.id, name=name)
     if artifact is None:
         raise Problem(404, f"job {job_id} has no artifact named '{name}'", slug="artifact-not-found")
-    return ArtifactResponse(
-        storage.resolve(settings.artifact_root, artifact.path),
-        media_type=artifact.media_type,
-        filename=artifact.name,
-        headers={"ETag": f'"{artifact.sha256}"'},
+    store = open_store(settings)
+    fields = {"media_type": artifact.media_type, "filename": artifact.name, "headers": {"ETag": f'"{artifact.sha256}"'}}
+    if (path := store.local_path(artifact.path)) is not None:
+        return ArtifactResponse(path, **fields)
+    if settings.storage_presign:
+        url = store.presign(
+            artifact.path,
+            seconds=settings.storage_presign_seconds,
+            filename=artifact.name,
+            media_type=artifact.media_type,
+        )
+        return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
+    return StoredArtifactResponse(
+        store, artifact.path, size=artifact.size_bytes, modified=artifact.created_at.timestamp(), **fields
     )

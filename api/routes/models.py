@@ -21,6 +21,7 @@ from jobs.model_archives import InvalidModelArchive, inspect_model_zip, is_zip, 
 from jobs.models import Model, ModelStatus
 from jobs.queue import enqueue_validation
 from jobs.quotas import reserve_storage
+from jobs.storage import open_store
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -48,17 +49,17 @@ async def upload_model(
     celery: CeleryDep,
     reuse: ReuseQuery = True,
 ) -> Model:
-    """Streams the file to disk (size cap, SHA-256 on the fly), then a worker validates it: protobuf
+    """Streams the file to the store (size cap, SHA-256 on the fly), then a worker validates it: protobuf
     parse, `onnx.checker`, opset range, external data confined to the upload. An invalid file is
     removed and answered with 422 naming the reason. The file is an ONNX model, or a zip archive of one
     with the external data files it references (its listing is checked here,
     its unpacked size counts against the quota, and the worker unpacks it before validating). The same
     bytes uploaded again are answered with the model that holds them (200; see `reuse`)."""
-    root = settings.artifact_root
+    store = open_store(settings)
     room = await storage_quota(settings, project, reusable=Model if reuse else None)
     upload = await receive_upload(
         request,
-        directory=root / ".uploads",
+        store=store,
         limit=settings.max_model_bytes,
         fallback_name="model.onnx",
         quota=room,
@@ -70,13 +71,11 @@ async def upload_model(
     relative = storage.model_path(project.id, model_id)
     try:
         stored_bytes = await run_in_threadpool(_stored_bytes, settings, upload)
-        target = storage.resolve(root, relative)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        upload.path.replace(target)
+        await upload.commit(relative)
         model = await run_in_threadpool(_create, settings, project, model_id, upload, relative, stored_bytes)
         enqueue_validation(celery, model_id)
     except BaseException:
-        upload.path.unlink(missing_ok=True)
+        await upload.abort()
         await run_in_threadpool(_discard, settings, model_id, relative)
         raise
     model = await wait_for_verdict(settings, lambda: _load(settings, model_id))
@@ -132,7 +131,7 @@ def _discard(settings: Settings, model_id: uuid.UUID, relative: str) -> None:
         model = queries.get_model_unscoped(session=session, model_id=model_id)
         if model is not None:
             queries.delete_model(session=session, model=model)
-    storage.remove_tree(settings.artifact_root, relative.rsplit("/", 1)[0])
+    open_store(settings).delete_prefix(storage.folder(relative))
 
 
 def _load(settings: Settings, model_id: uuid.UUID) -> Model:
