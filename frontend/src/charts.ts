@@ -34,3 +34,40 @@ export function chart(config: ChartConfiguration, description: string, height = 
   });
   return { el, destroy: () => instance?.destroy() };
 }
+
+export interface ScatterPoint {
+  label: string; // the legend entry: one per point, so every point is named
+  x: number;
+  y: number;
+  radius?: number;
+  hollow?: boolean; // drawn as a ring: a point the reader should look past
+}
+
+/** A scatter of named points, each its own legend entry, in PALETTE order. */
+export function scatter(points: ScatterPoint[], axes: { x: string; y: string; yMax?: number }, description: string, height = 320): { el: HTMLElement; destroy: () => void } {
+  return chart(
+    {
+      type: "scatter",
+      data: {
+        datasets: points.map((point, i) => ({
+          label: point.label,
+          data: [{ x: point.x, y: point.y }],
+          backgroundColor: point.hollow ? "#ffffff" : PALETTE[i % PALETTE.length],
+          borderColor: PALETTE[i % PALETTE.length],
+          borderWidth: 2,
+          pointRadius: point.radius ?? 6,
+          clip: false as const, // a point at 100 % sits on the edge: draw it whole
+        })),
+      },
+      options: {
+        plugins: { legend: { position: "bottom" } },
+        scales: {
+          x: { title: { display: true, text: axes.x } },
+          y: { title: { display: true, text: axes.y }, ...(axes.yMax === undefined ? {} : { max: axes.yMax }) },
+        },
+      },
+    },
+    description,
+    height,
+  );
+}

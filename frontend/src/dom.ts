@@ -113,6 +113,11 @@ export function table(caption: string | null, head: string[], rows: Child[][], a
   );
 }
 
+/** A horizontally scrollable wrapper that keyboard users can focus (and screen readers name). */
+export function scroll(name: string, content: HTMLElement): HTMLElement {
+  return h("div", { class: "scroll", tabindex: 0, role: "region", "aria-label": name }, content);
+}
+
 export function notice(text: string, kind: "error" | "info" = "error"): HTMLParagraphElement {
   return h("p", { class: `notice ${kind}`, role: kind === "error" ? "alert" : "status" }, text);
 }

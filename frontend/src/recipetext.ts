@@ -9,11 +9,14 @@ export interface RecipeChoices {
   samples?: unknown; // calibration samples
   reconstruction?: unknown; // the method; "none" is left out
   target?: { [key: string]: unknown } | null;
+  strategy?: unknown; // "fixed" is left out: the reader assumes it
+  objective?: { [key: string]: unknown } | null; // strategy auto's objective, shown with auto only
 }
 
-/** "tensorrt int8 percentile 99.99 n=512 qdrop target cosine ≥ 0.999" */
+/** "tensorrt int8 percentile 99.99 n=512 qdrop target cosine ≥ 0.999", "onnxruntime int8 auto cosine ≥ 0.99" */
 export function recipeText(choices: RecipeChoices): string {
-  const { target } = choices;
+  const { target, objective } = choices;
+  const auto = choices.strategy === "auto";
   const parts = [
     choices.platform,
     choices.precision,
@@ -21,13 +24,14 @@ export function recipeText(choices: RecipeChoices): string {
     choices.observer === "percentile" ? choices.percentile : null,
     choices.samples ? `n=${String(choices.samples)}` : null,
     choices.reconstruction && choices.reconstruction !== "none" ? choices.reconstruction : null,
-    target?.metric ? targetText(target) : null,
+    target?.metric ? boundText("target", target) : null,
+    auto ? (objective?.metric ? boundText("auto", objective) : "auto") : null,
   ];
   return parts.filter((part) => part !== null && part !== undefined && part !== "").join(" ") || "—";
 }
 
-function targetText(target: { [key: string]: unknown }): string {
+function boundText(name: string, target: { [key: string]: unknown }): string {
   // top1_drop is met at or below its threshold (points lost), cosine and sqnr at or above
-  const bound = `target ${String(target.metric)} ${target.metric === "top1_drop" ? "≤" : "≥"} ${String(target.threshold)}`;
+  const bound = `${name} ${String(target.metric)} ${target.metric === "top1_drop" ? "≤" : "≥"} ${String(target.threshold)}`;
   return typeof target.max_float_layers === "number" ? `${bound} (≤ ${target.max_float_layers} float layers)` : bound;
 }

@@ -1,11 +1,13 @@
 // Renders a job's report JSON (schema: the `Report` model of the OpenAPI document). Known sections
-// get purpose-built views (summary, accuracy target, outputs, layers ranked by harm, CPU latency); anything
-// else, such as sections a newer engine adds, falls through to a generic, readable rendering: nothing
-// in the report is ever hidden from the user.
+// get purpose-built views (summary, automatic search, accuracy target, outputs, layers ranked by harm, CPU
+// latency and placement); anything else, such as sections a newer engine adds, falls through to a
+// generic, readable rendering: nothing in the report is ever hidden from the user.
 
 import type { Schemas } from "./api/client";
+import { autoSearchView } from "./autosearch";
 import { chart, PALETTE } from "./charts";
-import { bytes, h, label, num, percent, table } from "./dom";
+import { bytes, h, label, num, percent, scroll, table } from "./dom";
+import { placementView } from "./placement";
 
 type Analysis = Schemas["Analysis"];
 type LayerHarm = Schemas["LayerHarm"];
@@ -18,7 +20,7 @@ type Obj = { [key: string]: Json };
 
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 
-const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity", "latency"]);
+const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity", "latency", "auto", "placement"]);
 const HANDLED_EVAL = new Set(["model", "num_samples", "top1_output", "latency_ms_per_sample"]);
 
 /** Render into `section`; returns a cleanup that destroys the charts. */
@@ -35,6 +37,11 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
   }
   section.append(summary(evaluation, variants));
   if (isObj(report.parity)) section.append(parityView(report.parity as unknown as Parity, isObj(report.config) ? report.config : {}));
+  if (isObj(report.auto)) {
+    const view = autoSearchView(report.auto as unknown as Schemas["AutoSearch"]);
+    section.append(view.el);
+    destroyers.push(view.destroy);
+  }
   if (isObj(report.target)) section.append(targetView(report.target as unknown as Target));
   section.append(outputMetrics(variants));
 
@@ -46,6 +53,7 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
 
   const latency = isObj(report.latency) ? report.latency : {};
   section.append(latencyView(isObj(latency.cpu) ? (latency.cpu as unknown as CpuLatency) : null, evaluation.latency_ms_per_sample));
+  if (isObj(report.placement)) section.append(placementView(report.placement as unknown as Schemas["Placement"]));
   for (const [key, value] of Object.entries(latency)) {
     if (key !== "cpu") section.append(h("details", { class: "generic" }, h("summary", {}, `Latency: ${label(key)}`), generic(value)));
   }
@@ -306,11 +314,6 @@ function analysisView(analysis: Analysis): { el: HTMLElement; destroy: () => voi
 }
 
 // ---- generic rendering ----
-
-/** A horizontally scrollable wrapper that keyboard users can focus (and screen readers name). */
-function scroll(name: string, content: HTMLElement): HTMLElement {
-  return h("div", { class: "scroll", tabindex: 0, role: "region", "aria-label": name }, content);
-}
 
 export function generic(value: Json, depth = 0): HTMLElement {
   if (value === null || typeof value !== "object") return h("span", {}, typeof value === "number" ? num(value) : String(value));

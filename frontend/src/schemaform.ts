@@ -43,6 +43,8 @@ export interface SchemaForm {
   el: HTMLElement;
   /** The object from the inputs: empty inputs are left out so the server's defaults apply. */
   value(): Record<string, unknown>;
+  /** Every input back to the schema's default, every list emptied, every optional section off. */
+  reset(): void;
   /** Set inputs from a (partial) object; fields the schema lacks are ignored. */
   set(recipe: Record<string, unknown>, path?: string): void;
   /** Show server errors; returns the errors that name no input (shown by the caller). */
@@ -61,6 +63,7 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
   const inputs = new Map<string, HTMLInputElement | HTMLSelectElement>();
   const errorSlots = new Map<string, HTMLElement>();
   const optional = new Map<string, HTMLInputElement>(); // optional section path → its on/off switch
+  const rowLists = new Map<string, (rows: Record<string, unknown>[]) => void>(); // list path → replace its rows
 
   function fieldId(path: string): string {
     return `f-${path.replace(/[^A-Za-z0-9]+/g, "-")}`;
@@ -68,8 +71,8 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
 
   function build(schema: Schema, path: string, key: string): HTMLElement {
     const s = resolve(schema);
-    // A nested spec's own title is its class name ("CalibrationSpec"): name it after the field.
-    const title = tidy(schema.$ref || !s.title ? heading(key) : s.title);
+    // Only the field's own title counts: a nested spec's is its class name ("TargetSpec").
+    const title = tidy(schema.title ?? heading(key));
     if (s.type === "object" && s.properties) {
       const fields = Object.entries(s.properties).map(([child, childSchema]) => build(childSchema, `${path}.${child}`, child));
       const hint = s.description ? h("p", { class: "hint" }, s.description) : null;
@@ -100,32 +103,10 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
     const error = h("p", { id: errorId, class: "field-error", hidden: true });
     errorSlots.set(path, error);
     let control: HTMLInputElement | HTMLSelectElement;
-    const choices = s.enum ?? (s.const !== undefined ? [s.const] : null);
-    if (choices) {
-      // No default (a choice inside an optional spec, such as the target's metric): start blank and
-      // leave the field out until one is picked, rather than silently picking the first.
-      const blank = s.default === undefined ? h("option", { value: "" }, "—") : null;
-      control = h("select", { id, name: path }, blank, choices.map((c) => h("option", { value: String(c), selected: c === s.default }, String(c))));
-      readers.set(path, () => control.value || undefined);
-    } else if (s.type === "boolean") {
-      control = h("input", { id, name: path, type: "checkbox", checked: s.default === true });
-      readers.set(path, () => (control as HTMLInputElement).checked);
-    } else if (s.type === "integer" || s.type === "number") {
-      control = h("input", {
-        id,
-        name: path,
-        type: "text",
-        inputmode: s.type === "integer" ? "numeric" : "decimal",
-        placeholder: s.default !== undefined ? String(s.default) : "",
-      });
-      // type=text, not number: a typo must reach the server and come back as a named error,
-      // rather than be silently turned into "" by the browser.
-      readers.set(path, () => {
-        const raw = control.value.trim();
-        if (raw === "") return undefined;
-        const n = Number(raw);
-        return Number.isFinite(n) ? n : raw;
-      });
+    const scalar = scalarControl(s, id, path);
+    if (scalar) {
+      control = scalar.control;
+      readers.set(path, scalar.read);
     } else if (s.type === "array" && s.items && resolve(s.items).enum) {
       // A set of choices: one checkbox each, the schema's default checked.
       const options = resolve(s.items).enum as unknown[];
@@ -148,6 +129,8 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
         h("p", { id: hintId, class: "hint" }, [s.description, "None checked: the service's default."].filter(Boolean).join(" ")),
         error,
       );
+    } else if (isRowList(s)) {
+      return rowList(s, path, title);
     } else if (s.type === "object" || (s.type === "array" && s.items && resolve(s.items).type === "object") || (!s.type && !s.enum)) {
       // Maps, lists of objects and unions the form cannot lay out: edited as JSON.
       const area = h("textarea", { id, name: path, rows: 3, placeholder: "JSON", spellcheck: "false" });
@@ -161,15 +144,12 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
           return raw; // the server names the field in its error
         }
       });
-    } else if (s.type === "array") {
+    } else {
       control = h("input", { id, name: path, type: "text", placeholder: "comma-separated" });
       readers.set(path, () => {
         const items = control.value.split(",").map((v) => v.trim()).filter(Boolean);
         return items.length ? items : undefined;
       });
-    } else {
-      control = h("input", { id, name: path, type: "text", placeholder: s.default !== undefined ? String(s.default) : "" });
-      readers.set(path, () => control.value.trim() || undefined);
     }
     control.setAttribute("aria-describedby", `${hintId} ${errorId}`);
     inputs.set(path, control);
@@ -183,10 +163,98 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
     );
   }
 
+  /**
+   * One row per list item, a control per item field; a row's controls and error slots are named
+   * `path.<index>.<field>` (and the row's own `path.<index>`), the paths the server's errors use,
+   * renumbered when a row is removed.
+   */
+  function rowList(s: Schema, path: string, title: string): HTMLElement {
+    const fields = Object.entries(resolve(s.items as Schema).properties ?? {}).map(([key, schema]) => ({ key, schema: resolve(schema) }));
+    const id = fieldId(path);
+    const body = h("tbody", {});
+    const rows: { el: HTMLElement; read: () => Record<string, unknown> | undefined; controls: Map<string, HTMLInputElement | HTMLSelectElement>; slots: Map<string, HTMLElement> }[] = [];
+    const renumber = (): void => {
+      for (const map of [inputs, errorSlots]) for (const key of [...map.keys()]) if (key.startsWith(`${path}.`)) map.delete(key);
+      rows.forEach((row, i) => {
+        for (const [key, control] of row.controls) {
+          control.id = `${id}-${i}-${key}`;
+          control.setAttribute("aria-label", `${heading(key)} of row ${i + 1}`);
+          inputs.set(`${path}.${i}.${key}`, control);
+          errorSlots.set(`${path}.${i}.${key}`, row.slots.get(key) as HTMLElement);
+        }
+        inputs.set(`${path}.${i}`, row.controls.values().next().value as HTMLInputElement);
+        errorSlots.set(`${path}.${i}`, row.slots.get("") as HTMLElement);
+      });
+    };
+    const add = (values: Record<string, unknown> = {}): void => {
+      const controls = new Map<string, HTMLInputElement | HTMLSelectElement>();
+      const slots = new Map<string, HTMLElement>([["", h("p", { class: "field-error", hidden: true })]]);
+      const readers = fields.map(({ key, schema }) => {
+        const made = scalarControl(schema, "", `${path}.${key}`) as { control: HTMLInputElement | HTMLSelectElement; read: Reader };
+        if (values[key] !== undefined && values[key] !== null) made.control.value = String(values[key]);
+        controls.set(key, made.control);
+        slots.set(key, h("p", { class: "field-error", hidden: true }));
+        return [key, made.read] as const;
+      });
+      const row = {
+        el: h("tr", {}),
+        controls,
+        slots,
+        // A row left wholly blank is no override: it is dropped rather than sent empty.
+        read: () => {
+          const entries = readers.map(([key, read]) => [key, read()] as const).filter(([, value]) => value !== undefined);
+          return entries.length ? Object.fromEntries(entries) : undefined;
+        },
+      };
+      const remove = h("button", { type: "button", class: "secondary" }, "Remove");
+      remove.addEventListener("click", () => {
+        rows.splice(rows.indexOf(row), 1);
+        row.el.remove();
+        renumber();
+      });
+      row.el.append(
+        ...fields.map(({ key }) => h("td", {}, controls.get(key), slots.get(key))),
+        h("td", {}, remove, slots.get("")),
+      );
+      rows.push(row);
+      body.append(row.el);
+      renumber();
+    };
+    rowLists.set(path, (items) => {
+      rows.splice(0).forEach((row) => row.el.remove());
+      items.forEach((item) => add(item));
+      renumber();
+    });
+    readers.set(path, () => {
+      const items = rows.map((row) => row.read()).filter((item) => item !== undefined);
+      return items.length ? items : undefined;
+    });
+    const error = h("p", { id: `${id}-error`, class: "field-error", hidden: true });
+    errorSlots.set(path, error);
+    const addButton = h("button", { type: "button", class: "secondary", id: `${id}-add` }, `Add a row`);
+    addButton.addEventListener("click", () => add());
+    inputs.set(path, addButton as unknown as HTMLInputElement);
+    return h(
+      "fieldset",
+      { class: "group wide rows", id },
+      h("legend", {}, title),
+      h("p", { class: "hint" }, s.description),
+      h("ul", { class: "hint" }, fields.map(({ key, schema }) => h("li", {}, h("strong", {}, heading(key)), ": ", [schema.description, bounds(schema)].filter(Boolean).join(" ")))),
+      error,
+      h(
+        "table",
+        { class: "data compact" },
+        h("thead", {}, h("tr", {}, fields.map(({ key }) => h("th", { scope: "col" }, heading(key))), h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
+        body,
+      ),
+      addButton,
+    );
+  }
+
   const join = (key: string) => (prefix ? `${prefix}.${key}` : key);
   const root = resolve({ $ref: `#/components/schemas/${schemaName}` });
   const entries = Object.entries(root.properties ?? {}).filter(([key]) => !skip.includes(key));
-  const isGroup = ([, schema]: [string, Schema]) => resolve(schema).type === "object";
+  const isGroup = ([, schema]: [string, Schema]) => resolve(schema).type === "object" || isRowList(resolve(schema));
   const scalars = entries.filter((e) => !isGroup(e));
   // Top-level scalars (platform, precision, seed...) share one "General" group; specs get their own.
   const el = h(
@@ -213,6 +281,16 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
       }
       return out;
     },
+    reset() {
+      for (const control of el.querySelectorAll<HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement>("input, select, textarea")) {
+        if (control instanceof HTMLSelectElement) for (const option of control.options) option.selected = option.defaultSelected;
+        else if (control instanceof HTMLInputElement && control.type === "checkbox") control.checked = control.defaultChecked;
+        else control.value = control.defaultValue;
+      }
+      for (const toggle of optional.values()) toggle.dispatchEvent(new Event("change")); // its section follows
+      for (const replaceRows of rowLists.values()) replaceRows([]);
+      this.clearErrors();
+    },
     set(recipe, path = prefix) {
       for (const [key, value] of Object.entries(recipe)) {
         const full = path ? `${path}.${key}` : key;
@@ -220,6 +298,11 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
           const on = optional.get(full);
           if (on && !on.checked) on.click(); // switch the section on (its change handler enables it)
           this.set(value as Record<string, unknown>, full);
+          continue;
+        }
+        const replaceRows = rowLists.get(full);
+        if (replaceRows && Array.isArray(value)) {
+          replaceRows(value as Record<string, unknown>[]);
           continue;
         }
         const input = inputs.get(full);
@@ -254,6 +337,51 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
       for (const input of inputs.values()) input.removeAttribute("aria-invalid");
     },
   };
+}
+
+/**
+ * The control of one value the form can show as a single input: a select for a choice, a checkbox
+ * for a boolean, a text box for a number or a string; null for lists, objects and unions.
+ */
+function scalarControl(s: Schema, id: string, name: string): { control: HTMLInputElement | HTMLSelectElement; read: Reader } | null {
+  const choices = s.enum ?? (s.const !== undefined ? [s.const] : null);
+  if (choices) {
+    // No default, or null (the target's metric, deploy.cpu_objective): start blank and leave the
+    // field out until one is picked, rather than silently picking the first.
+    const blank = s.default === undefined || s.default === null ? h("option", { value: "" }, "—") : null;
+    const control = h("select", { id, name }, blank, choices.map((c) => h("option", { value: String(c), selected: c === s.default }, String(c))));
+    return { control, read: () => control.value || undefined };
+  }
+  if (s.type === "boolean") {
+    const control = h("input", { id, name, type: "checkbox", checked: s.default === true });
+    return { control, read: () => control.checked };
+  }
+  if (s.type === "integer" || s.type === "number") {
+    const placeholder = s.default !== undefined && s.default !== null ? String(s.default) : "";
+    const control = h("input", { id, name, type: "text", inputmode: s.type === "integer" ? "numeric" : "decimal", placeholder });
+    // type=text, not number: a typo must reach the server and come back as a named error,
+    // rather than be silently turned into "" by the browser.
+    const read = (): unknown => {
+      const raw = control.value.trim();
+      if (raw === "") return undefined;
+      const n = Number(raw);
+      return Number.isFinite(n) ? n : raw;
+    };
+    return { control, read };
+  }
+  if (!isScalar(s)) return null;
+  const control = h("input", { id, name, type: "text", placeholder: s.default !== undefined && s.default !== null ? String(s.default) : "" });
+  return { control, read: () => control.value.trim() || undefined };
+}
+
+function isScalar(s: Schema): boolean {
+  return Boolean(s.enum || s.const !== undefined || (s.type && s.type !== "array" && s.type !== "object"));
+}
+
+/** A list of flat objects (overrides: pattern, bits, observer), edited as rows rather than JSON. */
+function isRowList(s: Schema): boolean {
+  const item = s.type === "array" && s.items ? resolve(s.items) : null;
+  return Boolean(item?.properties && Object.values(item.properties).every((p) => isScalar(resolve(p))));
 }
 
 /** Pydantic's titles spell acronyms as words ("Webhook Url"). */

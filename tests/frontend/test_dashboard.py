@@ -62,7 +62,7 @@ def test_upload_quantize_watch_report_download(page, service: Service, digits: t
     # New job with the quick preset; the form shows the recipe fields from the OpenAPI schema.
     page.get_by_role("link", name="New job").click()
     page.get_by_label(re.compile("Quick check")).check()
-    expect(page.get_by_label("Observer")).to_have_value("minmax")
+    expect(page.get_by_label("Observer", exact=True)).to_have_value("minmax")
     expect(page.locator("#f-recipe-calibration-num-samples")).to_have_value("128")
     screenshot(page, "new-job")
     audit(page, "new-job")
@@ -134,6 +134,7 @@ def test_bad_recipe_value_is_shown_beside_its_field(page, service: Service, proj
     with service.client(project["key"]) as client:
         jobs_before = client.get("/jobs").json()["items"]
     sign_in(page, service.url, project["key"], "/jobs/new")
+    page.get_by_text("Advanced: every recipe field").click()  # collapsed by default
     percentile = page.get_by_label("Percentile", exact=True)
     percentile.fill("150")
     page.get_by_role("button", name="Start job").click()

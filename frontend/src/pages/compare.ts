@@ -1,5 +1,5 @@
 import { api, message, unwrap, type Schemas } from "../api/client";
-import { chart, PALETTE } from "../charts";
+import { scatter } from "../charts";
 import { bytes, h, notice, num, percent, shortId, statusBadge, table, when } from "../dom";
 import { recipeText, type RecipeChoices } from "../recipetext";
 import { download } from "./job";
@@ -119,28 +119,10 @@ function drawPlot(section: HTMLElement, rows: Row[]): () => void {
   const draw = (axis: (typeof axes)[number]): void => {
     destroy();
     const points = plotted.map((r) => ({ x: axis.value(r) as number, y: y(r) }));
-    const made = chart(
-      {
-        type: "scatter",
-        data: {
-          datasets: plotted.map((r, i) => ({
-            label: `${shortId(r.job_id)} ${recipeText(choices(r.recipe))}`,
-            data: [points[i]],
-            backgroundColor: PALETTE[i % PALETTE.length],
-            pointRadius: 6,
-            clip: false as const, // a point at 100 % sits on the edge: draw it whole
-          })),
-        },
-        options: {
-          plugins: { legend: { position: "bottom" } },
-          scales: {
-            x: { title: { display: true, text: axis.title } },
-            y: { title: { display: true, text: yTitle }, ...(useTop1 ? { max: 100 } : {}) },
-          },
-        },
-      },
+    const made = scatter(
+      plotted.map((r, i) => ({ label: `${shortId(r.job_id)} ${recipeText(choices(r.recipe))}`, ...points[i] })),
+      { x: axis.title, y: yTitle, yMax: useTop1 ? 100 : undefined },
       `${yTitle} against ${axis.title}: ` + plotted.map((r, i) => `job ${shortId(r.job_id)} ${num(points[i].y, 2)} at ${num(points[i].x, 3)}`).join("; "),
-      320,
     );
     destroy = made.destroy;
     section.querySelector(".chart")?.remove();

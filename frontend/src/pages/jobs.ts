@@ -80,6 +80,8 @@ function jobTable(jobs: Job[], models: Map<string, string>): HTMLElement {
         percentile: section(job.recipe, "calibration").percentile,
         reconstruction: section(job.recipe, "reconstruction").method,
         target: section(job.recipe, "target"),
+        strategy: job.recipe.strategy,
+        objective: section(section(job.recipe, "auto"), "objective"),
       }),
       statusBadge(job.status),
       job.stage ?? "—",

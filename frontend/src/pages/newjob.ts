@@ -1,20 +1,26 @@
 import { ApiError, api, message, unwrap } from "../api/client";
 import { h, notice, shortId } from "../dom";
+import { leadChoices } from "../leadchoices";
 import { recipeForm, schemaForm } from "../schemaform";
 import { navigate } from "../router";
 
-/** Starting points; each only sets fields, the rest keep the service's defaults. */
+/** How the settings are found: a search (the default) or fixed starting points. Each only sets fields, the rest keep the service's defaults. */
 const PRESETS: { name: string; description: string; recipe: Record<string, unknown> }[] = [
-  { name: "Defaults", description: "The service's defaults: percentile 99.99 calibration on 512 samples.", recipe: {} },
+  {
+    name: "Search",
+    description: "Try variations (observers, equalization, bias correction, SmoothQuant, AdaRound) for up to 15 minutes and keep the best for what matters most.",
+    recipe: { strategy: "auto" },
+  },
+  { name: "Defaults", description: "No search: percentile 99.99 calibration on 512 samples.", recipe: { strategy: "fixed" } },
   {
     name: "Quick check",
-    description: "Min/max ranges from 128 samples: fastest, a first look at the damage.",
-    recipe: { calibration: { observer: "minmax", num_samples: 128 } },
+    description: "No search: min/max ranges from 128 samples; fastest, a first look at the damage.",
+    recipe: { strategy: "fixed", calibration: { observer: "minmax", num_samples: 128 } },
   },
   {
     name: "Careful",
-    description: "Percentile 99.999 over 2048 samples, evaluated on up to 5000 held-out samples.",
-    recipe: { calibration: { observer: "percentile", percentile: 99.999, num_samples: 2048 }, evaluation: { max_samples: 5000 } },
+    description: "No search: percentile 99.999 over 2048 samples, evaluated on up to 5000 held-out samples.",
+    recipe: { strategy: "fixed", calibration: { observer: "percentile", percentile: 99.999, num_samples: 2048 }, evaluation: { max_samples: 5000 } },
   },
 ];
 
@@ -66,7 +72,23 @@ export async function renderNewJob(main: HTMLElement, _params: Record<string, st
     if (datasets.items.find((d) => d.id === datasetSelect.value)?.kind === "images") recipe.set({ preprocessing: {} });
   };
   datasetSelect.addEventListener("change", syncPreprocessing);
-  syncPreprocessing();
+  const lead = leadChoices(() => recipe.set(lead.recipe()));
+  let preset = PRESETS[0];
+  // The Advanced form from scratch: its defaults, then the lead answers, then the preset.
+  const applyChoices = (): void => {
+    recipe.reset();
+    recipe.set(lead.recipe());
+    recipe.set(preset.recipe);
+    syncPreprocessing();
+  };
+  applyChoices();
+  const advanced = h(
+    "details",
+    { class: "advanced", id: "advanced" },
+    h("summary", {}, "Advanced: every recipe field"),
+    h("p", { class: "hint" }, "The answers above fill these in; anything changed here is sent as shown."),
+    recipe.el,
+  );
   // Whatever else a job request takes besides the recipe (e.g. a one-off webhook URL).
   const extras = schemaForm("JobCreate", "", ["model_id", "dataset_id", "recipe"]);
   const summary = h("div", { id: "form-errors" });
@@ -80,33 +102,30 @@ export async function renderNewJob(main: HTMLElement, _params: Record<string, st
       h("div", { class: "field" }, h("label", { for: "f-model_id" }, "Model"), modelSelect, topErrors.model_id),
       h("div", { class: "field" }, h("label", { for: "f-dataset_id" }, "Dataset"), datasetSelect, topErrors.dataset_id),
     ),
+    lead.el,
     h(
       "fieldset",
       { class: "presets" },
-      h("legend", {}, "Preset"),
-      PRESETS.map((preset, i) =>
+      h("legend", {}, "How should the settings be found?"),
+      PRESETS.map((choice, i) =>
         h(
           "label",
           { class: "preset" },
           h("input", {
             type: "radio",
             name: "preset",
-            value: preset.name,
+            value: choice.name,
             checked: i === 0,
             onchange: () => {
-              const chosen = [modelSelect.value, datasetSelect.value];
-              form.reset();
-              [modelSelect.value, datasetSelect.value] = chosen;
-              (form.querySelector(`input[name=preset][value="${preset.name}"]`) as HTMLInputElement).checked = true;
-              recipe.clearErrors();
-              recipe.set(preset.recipe);
+              preset = choice;
+              applyChoices();
             },
           }),
-          h("span", {}, h("strong", {}, preset.name), " — ", preset.description),
+          h("span", {}, h("strong", {}, choice.name), " — ", choice.description),
         ),
       ),
     ),
-    recipe.el,
+    advanced,
     extras.el.childElementCount ? h("fieldset", { class: "group" }, h("legend", {}, "Also"), extras.el) : "",
     summary,
     submit,
@@ -139,6 +158,8 @@ export async function renderNewJob(main: HTMLElement, _params: Record<string, st
       );
     } catch (error) {
       const errors = error instanceof ApiError ? error.problem.errors ?? [] : [];
+      // An error beside a field the reader cannot see is no help: open Advanced first.
+      if (errors.some((e) => e.field.startsWith("recipe."))) advanced.open = true;
       const rest = extras.showErrors(recipe.showErrors(errors)).filter((e) => {
         const slot = topErrors[e.field];
         if (!slot) return true;

@@ -1,0 +1,62 @@
+// The report's `placement` section (deploy.cpu_objective latency): each quantized region timed
+// quantized against float on the worker's CPU, what was kept and why, and the final speed-up.
+
+import type { Schemas } from "./api/client";
+import { h, num, scroll, table } from "./dom";
+
+type Placement = Schemas["Placement"];
+type Timing = Schemas["PlacementTiming"];
+
+const p50 = (timing: Timing | null | undefined): string => num(timing?.p50_ms, 4);
+
+export function placementView(placement: Placement): HTMLElement {
+  const batches = placement.batch_sizes;
+  const regions = placement.regions.map((region) => [
+    String(region.round),
+    h("span", { class: "names" }, region.nodes.flatMap((node, i) => [i ? ", " : "", h("code", {}, node)])),
+    Object.entries(region.op_types).map(([op, count]) => `${op} ×${count}`).join(", "),
+    ...batches.map((batch) => {
+      const pair = region.timings[`batch_${batch}`];
+      return `${p50(pair?.quantized)} → ${p50(pair?.float)}`;
+    }),
+    region.kept === "float" ? h("strong", {}, "float (faster)") : "quantized",
+    region.cached ? `${region.reason} (cached timings)` : region.reason,
+  ]);
+  const finals = batches.map((batch) => {
+    const final = placement.final[`batch_${batch}`];
+    const speedup = final?.speedup_p50;
+    return [
+      String(batch),
+      p50(final?.fp32),
+      p50(final?.quantized),
+      p50(final?.placed),
+      typeof speedup === "number" ? h("strong", { class: speedup < 1 ? "slower" : "" }, `${speedup.toFixed(2)}×`) : "—",
+    ];
+  });
+  return h(
+    "section",
+    { "aria-labelledby": "placement-title", id: "placement" },
+    h("h3", { id: "placement-title" }, "CPU placement: regions kept float where that is faster"),
+    h("p", { class: "notice info", role: "status", id: "placement-statement" }, placement.statement),
+    h(
+      "p",
+      { class: "hint" },
+      `${placement.cpu}, ONNX Runtime ${placement.onnxruntime}, ${placement.threads} thread(s); ${placement.rounds} round(s), stopped: ${placement.stopped}. ` +
+        `Model kept: ${placement.kept}. Times are p50 ms of interleaved runs.`,
+    ),
+    scroll(
+      "Placement regions",
+      table(null, ["Round", "Nodes", "Ops", ...batches.map((b) => `Batch ${b}: quantized → float p50 ms`), "Region kept", "Why"], regions, {
+        class: "data compact fit",
+        id: "placement-regions",
+      }),
+    ),
+    scroll(
+      "Placement speed-up",
+      table(null, ["Batch", "FP32 p50 ms", "All quantized p50 ms", "Placed p50 ms", "Speed-up over FP32 (p50)"], finals, {
+        class: "data compact",
+        id: "placement-final",
+      }),
+    ),
+  );
+}
