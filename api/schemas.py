@@ -254,6 +254,10 @@ class RecipeSummary(BaseModel):
     calibration_samples: int | None
     reconstruction: dict[str, Any] | None = Field(description="The recipe's reconstruction section, when it has one.")
     target: dict[str, Any] | None = Field(description="The recipe's accuracy target, when it states one.")
+    strategy: str = Field("fixed", description="fixed, or auto: the recipe was a starting point for a search.")
+    auto: dict[str, Any] | None = Field(
+        None, description="With strategy auto: the recipe's auto section (budget, objective, candidates)."
+    )
 
 
 class ComparisonMetrics(BaseModel):

@@ -62,8 +62,9 @@ def report_summary(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def recipe_summary(recipe: dict[str, Any]) -> dict[str, Any]:
-    """platform, precision, observer (with its percentile), calibration samples, and the reconstruction
-    and accuracy-target sections as the recipe states them (None when absent)."""
+    """platform, precision, observer (with its percentile), calibration samples, the reconstruction and
+    accuracy-target sections as the recipe states them (None when absent), and the strategy with, for
+    ``auto``, its section (a recipe stored before strategies existed is ``fixed``)."""
     calibration = _dict(recipe.get("calibration"))
     observer = calibration.get("observer")
     return {
@@ -74,4 +75,6 @@ def recipe_summary(recipe: dict[str, Any]) -> dict[str, Any]:
         "calibration_samples": calibration.get("num_samples"),
         "reconstruction": recipe.get("reconstruction") or None,
         "target": recipe.get("target") or None,
+        "strategy": recipe.get("strategy") or "fixed",
+        "auto": (recipe.get("auto") or None) if recipe.get("strategy") == "auto" else None,
     }

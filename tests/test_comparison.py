@@ -124,3 +124,10 @@ def test_an_accuracy_target_verdict_is_carried_over() -> None:
     assert report_summary({"target": {"met": False}})["metrics"]["target_met"] is False
     assert report_summary({"target": {"met": True}})["metrics"]["target_met"] is True
     assert recipe_summary({"target": {"metric": "cosine", "threshold": 0.999}})["target"]["metric"] == "cosine"
+
+
+
+def test_the_strategy_is_carried_over_and_a_recipe_from_before_strategies_is_fixed() -> None:
+    assert recipe_summary({})["strategy"] == "fixed" and recipe_summary({})["auto"] is None
+    auto = recipe_summary({"strategy": "auto", "auto": {"budget_seconds": 60}})
+    assert auto["strategy"] == "auto" and auto["auto"] == {"budget_seconds": 60}

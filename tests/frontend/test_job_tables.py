@@ -121,9 +121,14 @@ def test_compare_table_fits_1366_px(page, service: Service):
         "items": [comparison_row(n) for n in range(3)],
         "next_cursor": None,
     }
+    searched = body["items"][2]["recipe"]  # a job whose recipe was the start of a search
+    searched.update(strategy="auto", auto={"objective": {"metric": "cosine", "threshold": 0.995}}, target=None)
     page.route(f"**/api/v1/models/{MODEL_ID}/comparison**", lambda route: route.fulfill(json=body))
     sign_in(page, service.url, service.new_key(), f"/models/{MODEL_ID}/compare")
     expect(page.locator("#compare-table tbody tr")).to_have_count(3)
+    expect(page.locator("#compare-table tbody tr").nth(2).locator(".recipe-summary")).to_contain_text(
+        "auto cosine \u2265 0.995"
+    )
     screenshot(page, "compare-1366")
     assert page.viewport_size["width"] == 1366
     assert overflow(page, "#compare-table") == {"element": 0, "page": 0}

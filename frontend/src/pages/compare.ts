@@ -99,6 +99,7 @@ function choices(recipe: Recipe): RecipeChoices {
     ...recipe,
     samples: recipe.calibration_samples,
     reconstruction: recipe.reconstruction ? (recipe.reconstruction.method ?? "on") : null,
+    objective: (recipe.auto?.objective as RecipeChoices["objective"]) ?? null,
   };
 }
 
