@@ -87,6 +87,11 @@ def _speed_findings(report: dict[str, Any]) -> list[str]:
 def _accuracy_tries(report: dict[str, Any]) -> list[str]:
     config = as_dict(report.get("config"))
     tries = []
+    if config.get("strategy") != "auto" and not config.get("target"):  # auto and a target are exclusive
+        tries.append(
+            "let the service try observers, equalization, bias correction, SmoothQuant and AdaRound and keep "
+            f"the best on calibration samples it holds out: {_option('strategy', 'auto')}"
+        )
     if worst := _worst_layers(report):
         patterns = list(dict.fromkeys([*map(str, as_list(config.get("exclude_node_patterns"))), *worst]))
         tries.append(

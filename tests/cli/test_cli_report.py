@@ -140,6 +140,7 @@ def test_a_much_less_accurate_model_gets_recipe_changes_the_service_accepts(repo
     assert {"target": {"metric": "cosine", "threshold": 0.99}} in recipes  # no labels: not top1_drop
     assert {"calibration": {"observer": "mse"}} in recipes
     assert {"reconstruction": {"method": "qdrop"}} in recipes
+    assert {"strategy": "auto"} in recipes  # the search, for a recipe with no target
 
 
 def test_a_slower_model_is_told_so_with_another_platform(reports) -> None:
