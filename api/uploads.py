@@ -33,13 +33,13 @@ from starlette.concurrency import run_in_threadpool
 
 from api.metrics import UPLOAD_BYTES
 from api.problems import Problem
-from jobs import queries
+from jobs import uploaded
 from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.keys import KeyProject
-from jobs.queries import Stored
 from jobs.quotas import QuotaExceeded, QuotaUse, storage_use
 from jobs.storage import StagedUpload, Store
+from jobs.uploaded import Stored
 
 # Multipart framing (boundaries, part headers) a Content-Length may carry beyond the file itself.
 MULTIPART_SLACK = 64 * 1024
@@ -113,7 +113,7 @@ async def storage_quota(settings: Settings, project: KeyProject, *, reusable: ty
             use = storage_use(session=session, project=project, settings=settings)
             if reusable is None:
                 return StorageRoom(use)
-            return StorageRoom(use, queries.largest_reusable(session=session, entity=reusable, project_id=project.id))
+            return StorageRoom(use, uploaded.largest_reusable(session=session, entity=reusable, project_id=project.id))
 
     return await run_in_threadpool(read)
 
@@ -129,7 +129,7 @@ async def stored_copy(
 
     def find() -> Stored | None:
         with session_scope(settings.resolved_database_url) as session:
-            return queries.find_reusable(session=session, entity=entity, project_id=project.id, sha256=upload.sha256)
+            return uploaded.find_reusable(session=session, entity=entity, project_id=project.id, sha256=upload.sha256)
 
     try:
         row = await run_in_threadpool(find)

@@ -6,14 +6,14 @@ import uuid
 
 from sqlalchemy.orm import Session
 
-from jobs import queries
+from jobs import queries, uploaded
 
 
 def placeholder_job(*, session: Session, project_id: uuid.UUID, recipe: dict, count: int = 1) -> list[uuid.UUID]:
     """``count`` queued jobs of ``project_id`` on a placeholder model and dataset: rows only, the files
     they name do not exist, so nothing may run them."""
     model_id, dataset_id = uuid.uuid4(), uuid.uuid4()
-    queries.create_model(
+    uploaded.create_model(
         session=session,
         project_id=project_id,
         model_id=model_id,
@@ -22,7 +22,7 @@ def placeholder_job(*, session: Session, project_id: uuid.UUID, recipe: dict, co
         size_bytes=1,
         path="m.onnx",
     )
-    queries.create_dataset(
+    uploaded.create_dataset(
         session=session,
         project_id=project_id,
         dataset_id=dataset_id,

@@ -16,7 +16,7 @@ import boto3
 import httpx
 import pytest
 
-from jobs import queries, storage
+from jobs import queries, storage, uploaded
 from jobs.config import settings
 from jobs.db import session_scope
 from jobs.local_store import LocalStore
@@ -221,13 +221,13 @@ def test_a_crash_between_storing_artifacts_and_committing_leaves_nothing_visible
     with session_scope(settings.resolved_database_url) as session:
         project = queries.create_project(session=session, name=f"p-{uuid.uuid4().hex[:6]}")
         model_key, dataset_key = storage.model_path(project.id, uuid.uuid4()), "unused"
-        model = queries.create_model(
+        model = uploaded.create_model(
             session=session, project_id=project.id, model_id=uuid.UUID(model_key.split("/")[2]),
             filename="m.onnx", sha256="0" * 64, size_bytes=1, path=model_key,
         )  # fmt: skip
         dataset_id = uuid.uuid4()
         dataset_key = storage.dataset_path(project.id, dataset_id)
-        queries.create_dataset(
+        uploaded.create_dataset(
             session=session, project_id=project.id, dataset_id=dataset_id, filename="d.npz",
             sha256="1" * 64, size_bytes=1, path=dataset_key, arrays=[], num_samples=1,
         )  # fmt: skip

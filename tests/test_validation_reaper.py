@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import queries, storage
+from jobs import queries, storage, uploaded
 from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.models import Dataset, DatasetKind, Model, utcnow
@@ -60,7 +60,7 @@ def _pending_model(service: Service, project_id: uuid.UUID, *, age: timedelta, a
     data = tiny_conv_bytes()
     _stored(service, relative, data)
     with session_scope(service.database_url) as session:
-        model = queries.create_model(
+        model = uploaded.create_model(
             session=session,
             project_id=project_id,
             model_id=model_id,
@@ -107,7 +107,7 @@ def test_lost_model_validation_is_sent_again_and_decides_the_model(service: Serv
         assert fresh.status == "pending" and fresh.validation_attempts == 1
     finally:
         with session_scope(service.database_url) as session:
-            queries.delete_model(session=session, model=session.get(Model, recent))
+            uploaded.delete_model(session=session, model=session.get(Model, recent))
 
 
 def test_after_the_last_attempt_the_model_is_marked_invalid_with_the_reason(service: Service) -> None:
@@ -131,7 +131,7 @@ def test_lost_image_dataset_validation_is_sent_again(service: Service) -> None:
     data = zip_bytes(class_folders(per_class=3))
     _stored(service, relative, data)
     with session_scope(service.database_url) as session:
-        dataset = queries.create_dataset(
+        dataset = uploaded.create_dataset(
             session=session,
             project_id=project_id,
             dataset_id=dataset_id,
@@ -153,8 +153,8 @@ def test_a_second_check_of_a_decided_model_changes_nothing(service: Service) -> 
     _key, project_id = _new_project(service)
     model_id = _pending_model(service, project_id, age=timedelta(0))
     with session_scope(service.database_url) as session:
-        assert queries.record_model_validation(session=session, model_id=model_id, info=None, error="decided first")
-        assert not queries.record_model_validation(session=session, model_id=model_id, info={}, error=None)
+        assert uploaded.record_model_validation(session=session, model_id=model_id, info=None, error="decided first")
+        assert not uploaded.record_model_validation(session=session, model_id=model_id, info={}, error=None)
     # A duplicate message for it (a re-send racing the original) runs to the end on the real worker.
     app = make_celery(Settings(), broker_url=service.stack.env["BROKER_URL"])
     task_id = app.send_task(VALIDATE_MODEL, args=[str(model_id)], queue=DEFAULT_QUEUE).id

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from jobs import queries
+from jobs import uploaded
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip
 from jobs.config import settings
 from jobs.db import session_scope
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def validate_model(model_id: uuid.UUID) -> None:
     url = settings.resolved_database_url
     with session_scope(url) as session:
-        model = queries.get_model_unscoped(session=session, model_id=model_id)
+        model = uploaded.get_model_unscoped(session=session, model_id=model_id)
         if model is None or model.status != ModelStatus.pending:
             return  # discarded meanwhile, or decided by an earlier delivery of this check
         key = model.path
@@ -46,7 +46,7 @@ def validate_model(model_id: uuid.UUID) -> None:
         log.exception("validation of model %s crashed", model_id)
         error = f"the model could not be read ({type(exc).__name__}: {exc})"
     with session_scope(url) as session:
-        if not queries.record_model_validation(session=session, model_id=model_id, info=info, error=error):
+        if not uploaded.record_model_validation(session=session, model_id=model_id, info=info, error=error):
             log.info("model %s was decided while this check ran; its verdict is kept", model_id)
 
 
@@ -54,7 +54,7 @@ def validate_dataset(dataset_id: uuid.UUID) -> None:
     """Re-read an image dataset's listing and decode every image once; record ready or the first error."""
     url = settings.resolved_database_url
     with session_scope(url) as session:
-        dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
+        dataset = uploaded.get_dataset_unscoped(session=session, dataset_id=dataset_id)
         if dataset is None or dataset.status != DatasetStatus.pending:
             return  # discarded meanwhile, or decided by an earlier delivery of this check
         key = dataset.path
@@ -69,5 +69,5 @@ def validate_dataset(dataset_id: uuid.UUID) -> None:
         log.exception("validation of dataset %s crashed", dataset_id)
         error = f"the archive could not be read ({type(exc).__name__}: {exc})"
     with session_scope(url) as session:
-        if not queries.record_dataset_validation(session=session, dataset_id=dataset_id, error=error):
+        if not uploaded.record_dataset_validation(session=session, dataset_id=dataset_id, error=error):
             log.info("dataset %s was decided while this check ran; its verdict is kept", dataset_id)

@@ -22,7 +22,7 @@ from api.deps import ProjectDep, SessionDep, SettingsDep
 from api.pagination import CursorQuery, page
 from api.problems import Problem
 from api.schemas import ModelComparison
-from jobs import queries
+from jobs import queries, uploaded
 from jobs.models import Artifact, Job
 from jobs.storage import Store, open_store
 from jobs.summary import recipe_summary, report_summary
@@ -84,7 +84,7 @@ def compare_jobs(
     """Newest job first. Accuracy figures are those of the exact QDQ model on the held-out samples
     (top-1 when the dataset has labels); latency is the CPU EP median at batch 1. Figures a job has not
     measured (not finished, failed, switched off in its recipe) are null."""
-    model = queries.get_model(session=session, project_id=project.id, model_id=model_id)
+    model = uploaded.get_model(session=session, project_id=project.id, model_id=model_id)
     if model is None:
         raise Problem(404, f"model {model_id} not found", slug="model-not-found")
     jobs = page(

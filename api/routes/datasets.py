@@ -14,7 +14,7 @@ from api.problems import Problem
 from api.schemas import DatasetPublic, Page
 from api.uploads import UPLOAD_BODY, ReuseQuery, Upload, receive_upload, storage_quota, stored_copy
 from api.verdicts import wait_for_verdict
-from jobs import queries, storage
+from jobs import storage, uploaded
 from jobs.archives import InvalidImageArchive, archive_limits, inspect_image_zip, is_image_zip
 from jobs.config import Settings
 from jobs.db import session_scope
@@ -122,7 +122,7 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
     try:
         with session_scope(settings.resolved_database_url) as session:
             reserve_storage(session=session, project=project, settings=settings, size_bytes=stored_bytes)
-            return queries.create_dataset(
+            return uploaded.create_dataset(
                 session=session,
                 project_id=project_id,
                 dataset_id=dataset_id,
@@ -139,27 +139,27 @@ def _store(settings: Settings, project: KeyProject, upload: Upload) -> Dataset:
 
 def _load(settings: Settings, dataset_id: uuid.UUID) -> Dataset:
     with session_scope(settings.resolved_database_url) as session:
-        dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
+        dataset = uploaded.get_dataset_unscoped(session=session, dataset_id=dataset_id)
         assert dataset is not None
         return dataset
 
 
 def _discard(settings: Settings, dataset_id: uuid.UUID, relative: str) -> None:
     with session_scope(settings.resolved_database_url) as session:
-        dataset = queries.get_dataset_unscoped(session=session, dataset_id=dataset_id)
+        dataset = uploaded.get_dataset_unscoped(session=session, dataset_id=dataset_id)
         if dataset is not None:
-            queries.delete_dataset(session=session, dataset=dataset)
+            uploaded.delete_dataset(session=session, dataset=dataset)
     open_store(settings).delete_prefix(storage.folder(relative))
 
 
 @router.get("", response_model=Page[DatasetPublic], summary="List the project's datasets, newest first")
 def list_datasets(session: SessionDep, project: ProjectDep, limit: LimitQuery = 50, cursor: CursorQuery = None) -> dict:
-    return page(queries.list_datasets, session=session, project_id=project.id, limit=limit, cursor=cursor)
+    return page(uploaded.list_datasets, session=session, project_id=project.id, limit=limit, cursor=cursor)
 
 
 @router.get("/{dataset_id}", response_model=DatasetPublic, summary="Read one dataset")
 def read_dataset(session: SessionDep, project: ProjectDep, dataset_id: uuid.UUID) -> Dataset:
-    dataset = queries.get_dataset(session=session, project_id=project.id, dataset_id=dataset_id)
+    dataset = uploaded.get_dataset(session=session, project_id=project.id, dataset_id=dataset_id)
     if dataset is None:
         raise Problem(404, f"dataset {dataset_id} not found", slug="dataset-not-found")
     return dataset

@@ -18,7 +18,7 @@ from api.pagination import CursorQuery, LimitQuery, page
 from api.problems import Problem
 from api.routes.webhooks import check_target
 from api.schemas import ArtifactPublic, JobCreate, JobCreated, JobPublic, Page
-from jobs import job_reads, queries
+from jobs import job_reads, queries, uploaded
 from jobs.models import DatasetStatus, Job, JobStatus, ModelStatus
 from jobs.preprocessing import job_input_mismatches
 from jobs.queue import enqueue_job
@@ -60,7 +60,7 @@ def create_job(
     webhook_url = str(body.webhook_url) if body.webhook_url else None
     if webhook_url:
         check_target(webhook_url, settings, "webhook_url")
-    model = queries.get_model(session=session, project_id=project.id, model_id=body.model_id)
+    model = uploaded.get_model(session=session, project_id=project.id, model_id=body.model_id)
     if model is None:
         raise Problem(
             404,
@@ -75,7 +75,7 @@ def create_job(
             slug="model-not-ready",
             errors=[{"field": "model_id", "message": f"model is {model.status.value}"}],
         )
-    dataset = queries.get_dataset(session=session, project_id=project.id, dataset_id=body.dataset_id)
+    dataset = uploaded.get_dataset(session=session, project_id=project.id, dataset_id=body.dataset_id)
     if dataset is None:
         raise Problem(
             404,

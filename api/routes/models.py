@@ -13,7 +13,7 @@ from api.problems import Problem
 from api.schemas import ModelPublic, Page
 from api.uploads import UPLOAD_BODY, ReuseQuery, Upload, receive_upload, storage_quota, stored_copy
 from api.verdicts import wait_for_verdict
-from jobs import queries, storage
+from jobs import storage, uploaded
 from jobs.config import Settings
 from jobs.db import session_scope
 from jobs.keys import KeyProject
@@ -89,12 +89,12 @@ async def upload_model(
 
 @router.get("", response_model=Page[ModelPublic], summary="List the project's models, newest first")
 def list_models(session: SessionDep, project: ProjectDep, limit: LimitQuery = 50, cursor: CursorQuery = None) -> dict:
-    return page(queries.list_models, session=session, project_id=project.id, limit=limit, cursor=cursor)
+    return page(uploaded.list_models, session=session, project_id=project.id, limit=limit, cursor=cursor)
 
 
 @router.get("/{model_id}", response_model=ModelPublic, summary="Read one model")
 def read_model(session: SessionDep, project: ProjectDep, model_id: uuid.UUID) -> Model:
-    model = queries.get_model(session=session, project_id=project.id, model_id=model_id)
+    model = uploaded.get_model(session=session, project_id=project.id, model_id=model_id)
     if model is None:
         raise Problem(404, f"model {model_id} not found", slug="model-not-found")
     return model
@@ -115,7 +115,7 @@ def _create(
 ) -> Model:
     with session_scope(settings.resolved_database_url) as session:
         reserve_storage(session=session, project=project, settings=settings, size_bytes=stored_bytes)
-        return queries.create_model(
+        return uploaded.create_model(
             session=session,
             project_id=project.id,
             model_id=model_id,
@@ -128,14 +128,14 @@ def _create(
 
 def _discard(settings: Settings, model_id: uuid.UUID, relative: str) -> None:
     with session_scope(settings.resolved_database_url) as session:
-        model = queries.get_model_unscoped(session=session, model_id=model_id)
+        model = uploaded.get_model_unscoped(session=session, model_id=model_id)
         if model is not None:
-            queries.delete_model(session=session, model=model)
+            uploaded.delete_model(session=session, model=model)
     open_store(settings).delete_prefix(storage.folder(relative))
 
 
 def _load(settings: Settings, model_id: uuid.UUID) -> Model:
     with session_scope(settings.resolved_database_url) as session:
-        model = queries.get_model_unscoped(session=session, model_id=model_id)
+        model = uploaded.get_model_unscoped(session=session, model_id=model_id)
         assert model is not None
         return model
