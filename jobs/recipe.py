@@ -4,9 +4,12 @@ Unknown fields are refused (`extra="forbid"`) so a typo never silently does noth
 is stated on the field, so a validation error names the field and the allowed range. Choices that
 depend on each other are checked on the later field, so the error names it too:
 
-    platform        tensorrt | tensorrt-fp8 | onnxruntime | onnxruntime-dynamic | academic
+    platform        tensorrt | tensorrt-fp8 | onnxruntime | onnxruntime-dynamic | onnxruntime-weight-only | academic
     precision       tensorrt, onnxruntime(-dynamic): int8 (= w8a8);  tensorrt-fp8: fp8 only;
-                    academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8)
+                    academic: int8 or wXaY (weights X bits, activations Y bits, X, Y in 2..8);
+                    onnxruntime-weight-only: w4 or w8 (weights only, activations float)
+    weight_only     only with platform onnxruntime-weight-only (its defaults there when left out);
+                    block_size a power of two in 16..256
     overrides.bits  not with fp8 (FP8 has one width)
     deploy.cpu_objective  latency only with platform onnxruntime (its default there; accuracy elsewhere)
     reduce_range    on/off only with the onnxruntime platforms (7-bit weights, or full int8 ones stored
@@ -27,16 +30,20 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 
 from jobs.preprocessing import PreprocessingSpec
 
-Platform = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"]
+Platform = Literal[
+    "tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "onnxruntime-weight-only", "academic"
+]
+WEIGHT_ONLY_PLATFORM = "onnxruntime-weight-only"
 ONNXRUNTIME_PLATFORMS = ("onnxruntime", "onnxruntime-dynamic")  # int8 weights on u8s8 kernels: reduce_range
 Observer = Literal["minmax", "ema_minmax", "percentile", "kl", "mse", "floating"]
-PRECISION_PATTERN = r"^(int8|fp8|w[2-8]a[2-8])$"
+PRECISION_PATTERN = r"^(int8|fp8|w[2-8]a[2-8]|w4|w8)$"
 # platform → precisions it accepts (None: int8 and any wXaY)
 PLATFORM_PRECISIONS: dict[str, tuple[str, ...] | None] = {
     "tensorrt": ("int8", "w8a8"),
     "tensorrt-fp8": ("fp8",),
     "onnxruntime": ("int8", "w8a8"),
     "onnxruntime-dynamic": ("int8", "w8a8"),
+    "onnxruntime-weight-only": ("w4", "w8"),
     "academic": None,
 }
 
@@ -289,20 +296,50 @@ class ReconstructionSpec(_Spec):
     )
 
 
+class WeightOnlySpec(_Spec):
+    algorithm: Literal["rtn", "gptq"] = Field(
+        "rtn",
+        description="rtn: round to nearest; gptq: column by column with the rounding error compensated through the "
+        "calibration data's second moments (Frantar et al. 2022).",
+    )
+    block_size: int = Field(
+        32, ge=16, le=256, description="Weights per scale along the reduction axis: a power of two in 16..256."
+    )
+    symmetric: bool = Field(True, description="A fixed zero point (true) or one per block (false).")
+    format: Literal["matmulnbits", "dequantize_linear"] = Field(
+        "matmulnbits",
+        description="matmulnbits: com.microsoft.MatMulNBits (ONNX Runtime's n-bit kernel); dequantize_linear: "
+        "opset-21 blocked DequantizeLinear before each MatMul (portable ONNX).",
+    )
+    act_order: bool = Field(False, description="gptq: visit the weight rows by decreasing input energy.")
+    quantize_lm_head: bool = Field(
+        False, description="Also quantize the LM head (the last MatMul writing a graph output), kept float by default."
+    )
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"block_size must be a power of two, not {value}")
+        return value
+
+
 class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
         description="Target runtime whose quantization rules the model follows: tensorrt (INT8), "
         "tensorrt-fp8 (FP8 E4M3), onnxruntime (QDQ for the CPU EP's integer kernels), onnxruntime-dynamic "
         "(only MatMuls with constant weights, their inputs quantized at run time from each batch's range: "
-        "transformers on the CPU EP), academic (2-8 bit).",
+        "transformers on the CPU EP), onnxruntime-weight-only (MatMul/Gemm weights at 4 or 8 bits in blocks, "
+        "activations float: transformers), academic (2-8 bit).",
     )
     precision: str = Field(
         "int8",
         pattern=PRECISION_PATTERN,
         validate_default=True,  # the default int8 must still fit the chosen platform
-        description="Numeric format: int8, fp8, or wXaY (weights X bits, activations Y bits, 2-8). "
-        "Left out: fp8 on platform tensorrt-fp8, int8 elsewhere.",
+        description="Numeric format: int8, fp8, wXaY (weights X bits, activations Y bits, 2-8), or w4 / w8 "
+        "(weight-only). Left out: the platform's first (fp8 on tensorrt-fp8, w4 on onnxruntime-weight-only), int8 "
+        "elsewhere.",
     )
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
@@ -353,6 +390,11 @@ class Recipe(_Spec):
         "held out from their calibration, and keep the best; the report's auto section lists every candidate.",
     )
     auto: AutoSpec = Field(default_factory=AutoSpec, description="With strategy auto: budget, objective, candidates.")
+    weight_only: WeightOnlySpec | None = Field(
+        None,
+        description="Platform onnxruntime-weight-only only: algorithm, block size, zero points and export format "
+        "(null: the defaults there). Embeddings and the LM head stay float unless quantize_lm_head.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
     preprocessing: PreprocessingSpec | None = Field(
         None,
@@ -399,6 +441,8 @@ class Recipe(_Spec):
         if accepted is None:
             if value == "fp8":
                 raise ValueError("fp8 needs platform tensorrt-fp8")
+            if value in PLATFORM_PRECISIONS[WEIGHT_ONLY_PLATFORM]:
+                raise ValueError(f"the weight-only precision {value} needs platform {WEIGHT_ONLY_PLATFORM}")
         elif value not in accepted:
             hint = " (fp8 needs platform tensorrt-fp8)" if value == "fp8" else ""
             raise ValueError(f"platform {platform} accepts precision {' or '.join(accepted)}, not {value}{hint}")
@@ -443,6 +487,38 @@ class Recipe(_Spec):
                 "candidate and would discard the learned rounding"
             )
         return value
+
+    @field_validator("weight_only")
+    @classmethod
+    def _weight_only_platform(cls, value: WeightOnlySpec | None, info: ValidationInfo) -> WeightOnlySpec | None:
+        platform = info.data.get("platform")
+        if value is not None and platform is not None and platform != WEIGHT_ONLY_PLATFORM:
+            raise ValueError(f"weight_only needs platform {WEIGHT_ONLY_PLATFORM}, not {platform}")
+        return value
+
+    @model_validator(mode="after")
+    def _weight_only_options(self) -> Recipe:
+        """The weight-only platform runs no Q/DQ stage: their options are refused, not silently ignored."""
+        if self.platform != WEIGHT_ONLY_PLATFORM:
+            return self
+        refused = [
+            name
+            for name, set_ in (
+                ("target", self.target is not None),
+                ("reconstruction", self.reconstruction is not None and self.reconstruction.method != "none"),
+                ("equalization", self.equalization),
+                ("bias_correction", self.bias_correction),
+                ("smoothquant", self.smoothquant),
+                ("strategy auto", self.strategy == "auto"),
+                ("overrides.bits", any(o.bits is not None for o in self.overrides)),
+            )
+            if set_
+        ]
+        if refused:
+            raise ValueError(
+                f"platform {WEIGHT_ONLY_PLATFORM} quantizes weights only: {', '.join(refused)} do not apply"
+            )
+        return self
 
     @field_validator("bias_correction")
     @classmethod

@@ -22,6 +22,16 @@ class _Section(BaseModel):
 # ---- config (quantcore.config.QuantizeConfig.to_dict) ----
 
 
+class WeightOnlyConfig(_Section):
+    algorithm: Literal["rtn", "gptq"]
+    block_size: int = Field(description="Weights per scale along the reduction axis K (the last block may be short).")
+    symmetric: bool = Field(description="true: zero point 2^(bits-1) for every block; false: one per block.")
+    format: Literal["matmulnbits", "dequantize_linear"]
+    act_order: bool = Field(description="gptq: rows visited by decreasing H diagonal (block scales computed first).")
+    damping: float = Field(description="gptq: λ = damping · mean(diag H) added to H's diagonal.")
+    quantize_lm_head: bool = Field(description="Whether the LM head was quantized too (kept float by default).")
+
+
 class OverrideConfig(_Section):
     pattern: str
     bits: int | None
@@ -114,6 +124,7 @@ class RunConfig(_Section):
     )
     cpu_threads: int | None = Field(None, title="CPU threads", description="null: every core of the worker.")
     cpu_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], title="CPU batch sizes")
+    weight_only: WeightOnlyConfig | None = Field(None, description="Platform onnxruntime-weight-only only.")
 
 
 # ---- prepare, annotate, calibrate ----
@@ -548,6 +559,51 @@ class EngineSummary(_Section):
     log: list[str]
 
 
+# ---- weight-only (quantcore.pipeline.weight_only) ----
+
+
+class WeightOnlyLayer(_Section):
+    node: str
+    op_type: Literal["MatMul", "Gemm"]
+    weight: str = Field(description="The FP32 initializer replaced by the stored codes.")
+    shape: list[int] = Field(description="[K, N]: the reduction axis first.")
+    fp32_bytes: int
+    stored_bytes: int = Field(description="Packed codes, scales and zero points of this layer.")
+    output_error: float | None = Field(
+        None,
+        description="gptq: ||XW - XŴ||² / ||XW||² on the calibration data (X the layer's input), of the weight kept.",
+    )
+    rtn_output_error: float | None = Field(None, description="gptq: the same of round-to-nearest, for comparison.")
+    damping: float | None = Field(None, description="gptq: the damping used (raised x10 when H was not definite).")
+
+
+class WeightOnlyFloatLayer(_Section):
+    node: str
+    op_type: str
+    weight: str
+    reason: str = Field(description="Why it stays float (LM head, embedding, tied weight, shape).")
+
+
+class WeightOnlySize(_Section):
+    fp32_model_bytes: int
+    model_bytes: int = Field(description="The exported model's file(s).")
+    quantized_layers_fp32_bytes: int
+    quantized_layers_bytes: int
+    quantized_layers_ratio: float | None = Field(description="quantized_layers_bytes / quantized_layers_fp32_bytes.")
+
+
+class WeightOnlySection(WeightOnlyConfig):
+    bits: Literal[4, 8]
+    layers: list[WeightOnlyLayer] = Field(description="The layers quantized, in graph order.")
+    kept_float: list[WeightOnlyFloatLayer] = Field(description="MatMul/Gemm/Gather with a weight kept float, and why.")
+    size: WeightOnlySize
+    next_token_agreement: dict[str, float] = Field(
+        description="Per output of rank >= 3 (batch, positions, vocabulary): the fraction of positions whose "
+        "argmax (the next token) the deployed model shares with FP32."
+    )
+    notes: list[str] = Field(description="What the deployed model computes beyond the stored weights.")
+
+
 class Report(_Section):
     """A job's report.json."""
 
@@ -573,6 +629,9 @@ class Report(_Section):
     warnings: list[str]
     auto: AutoSearch | None = Field(None, description="Null for strategy fixed.")
     placement: Placement | None = Field(None, description="Null unless deploy.cpu_objective is latency.")
+    weight_only: WeightOnlySection | None = Field(
+        None, description="Platform onnxruntime-weight-only: options, layers quantized and kept float, sizes."
+    )
     dataset: DatasetSplit | None = Field(
         None, description="The seeded calibration/evaluation split (recorded by the service, not by quantcore)."
     )

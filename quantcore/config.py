@@ -25,7 +25,9 @@ from quantcore.runtime.cpu_features import REDUCE_RANGE_CHOICES
 
 # The platforms a run may name: the keys of ``quantcore.annotate.platforms.PLATFORMS``, whose rule sets sit
 # above config (they read it); a test pins the two together.
-PlatformName = Literal["tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"]
+PlatformName = Literal[
+    "tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "onnxruntime-weight-only", "academic"
+]
 PLATFORM_NAMES: tuple[PlatformName, ...] = get_args(PlatformName)
 # platform -> the precisions it accepts, its default first; None: int8 and any integer wXaY. Here, not in
 # the platforms' rule sets, so that a run's precision is checked and defaulted with its other options.
@@ -34,8 +36,13 @@ PLATFORM_PRECISIONS: dict[PlatformName, tuple[str, ...] | None] = {
     "tensorrt-fp8": ("fp8",),
     "onnxruntime": ("int8", "w8a8"),
     "onnxruntime-dynamic": ("int8", "w8a8"),  # DynamicQuantizeLinear is uint8 only
+    "onnxruntime-weight-only": ("w4", "w8"),  # activations stay float (``WeightOnlyConfig``)
     "academic": None,
 }
+WEIGHT_ONLY_PLATFORM: PlatformName = "onnxruntime-weight-only"
+WEIGHT_ONLY_ALGORITHMS = ("rtn", "gptq")
+WEIGHT_ONLY_FORMATS = ("matmulnbits", "dequantize_linear")
+WEIGHT_ONLY_BLOCK_SIZES = (16, 256)  # a power of two in this range
 DEVICES = ("cpu", "cuda")
 CLIPS = ("percentile", "mse")  # where a percentile-observed tensor is clipped (QuantizeConfig.clip)
 RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
@@ -73,7 +80,10 @@ def default_precision(platform: PlatformName) -> str:
 def accepts_precision(platform: PlatformName, precision: str) -> bool:
     """Whether ``platform`` runs ``precision`` (a valid precision name, see ``PLATFORM_PRECISIONS``)."""
     accepted = PLATFORM_PRECISIONS[platform]
-    return precision != "fp8" if accepted is None else precision in accepted
+    if accepted is None:
+        spec = parse_precision(precision)
+        return not (spec.floating or spec.weight_only)
+    return precision in accepted
 
 
 def _require_range(name: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
@@ -305,6 +315,47 @@ class ReconstructionConfig:
 
 
 @dataclass(frozen=True)
+class WeightOnlyConfig:
+    """Weight-only quantization of MatMul/Gemm weights (platform ``onnxruntime-weight-only``,
+    ``quantcore.weight_only``); the bits are the precision's (``w4``, ``w8``).
+
+    algorithm: ``rtn`` (round to nearest) or ``gptq`` (Frantar et al. 2022: column by column with the
+    rounding error compensated through H = 2·XᵀX/n of the calibration data). block_size: weights per
+    scale along the reduction axis K, a power of two in [16, 256]; K need not be a multiple (the last
+    block is padded with zeros, as MatMulNBits pads). symmetric: zero point fixed at 2^(bits-1) (codes
+    stored signed in ``dequantize_linear``), else a zero point per block. format: ``matmulnbits``
+    (``com.microsoft.MatMulNBits``, ONNX Runtime's CPU kernel) or ``dequantize_linear`` (opset-21 blocked
+    DequantizeLinear of int4/uint4/int8/uint8 codes before the float MatMul/Gemm; the model is converted
+    to opset 21). act_order: GPTQ visits the columns by decreasing H diagonal (the block scales are then
+    computed from the original weights first, GPTQ's ``static_groups``, so that blocks stay contiguous).
+    damping: λ = damping·mean(diag H) added to H's diagonal. quantize_lm_head: also quantize the last
+    MatMul/Gemm writing a graph output (kept float by default: its error reaches the logits unfiltered).
+    """
+
+    algorithm: str = "rtn"
+    block_size: int = 32
+    symmetric: bool = True
+    format: str = "matmulnbits"
+    act_order: bool = False
+    damping: float = 0.01
+    quantize_lm_head: bool = False
+
+    def __post_init__(self) -> None:
+        require_choice("weight_only.algorithm", self.algorithm, WEIGHT_ONLY_ALGORITHMS)
+        _require_range("weight_only.block_size", self.block_size, *WEIGHT_ONLY_BLOCK_SIZES, integer=True)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"weight_only.block_size must be a power of two, got {self.block_size}")
+        require_bool("weight_only.symmetric", self.symmetric)
+        require_choice("weight_only.format", self.format, WEIGHT_ONLY_FORMATS)
+        require_bool("weight_only.act_order", self.act_order)
+        _require_range("weight_only.damping", self.damping, 1e-6, 1.0)
+        require_bool("weight_only.quantize_lm_head", self.quantize_lm_head)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
 class NodeOverride:
     """For nodes whose name matches ``pattern`` (fnmatch): quantize their tensors at ``bits`` and/or
     observe their activations with ``observer``. The first matching override sets each field."""
@@ -389,6 +440,10 @@ class QuantizeConfig:
     left out of ``to_dict`` (the report's config, the resume checkpoint's fingerprint).
     strategy: ``fixed`` (quantize with this config) or ``auto`` (search variations of it within
     ``auto``'s budget, ``quantcore.auto``; not with ``target``, which is the search's own fallback).
+    weight_only: the weight-only options (``WeightOnlyConfig``), only with platform
+    ``onnxruntime-weight-only``, which gets the defaults when None; there the run is prepare → annotate →
+    calibrate (GPTQ's Hessians) → export → evaluate → latency (``quantcore.pipeline.weight_only``), and the
+    options of the Q/DQ stages (observers, clip, reconstruction, target, auto, placement...) do not apply.
     """
 
     platform: PlatformName = "tensorrt"
@@ -418,6 +473,7 @@ class QuantizeConfig:
     cpu_threads: int | None = None
     cpu_batch_sizes: tuple[int, ...] = (1, 32)
     cpu_timing_cache: str | None = None
+    weight_only: WeightOnlyConfig | None = None
 
     def __post_init__(self) -> None:
         require_choice("platform", self.platform, PLATFORM_NAMES)
@@ -492,6 +548,28 @@ class QuantizeConfig:
         object.__setattr__(self, "cpu_batch_sizes", tuple(sorted(set(self.cpu_batch_sizes))))
         if self.cpu_timing_cache is not None and not isinstance(self.cpu_timing_cache, str):
             raise ValueError(f"cpu_timing_cache must be a directory path string or None, got {self.cpu_timing_cache!r}")
+        self._check_weight_only()
+
+    def _check_weight_only(self) -> None:
+        """weight_only only on its platform (defaulted there), and none of the Q/DQ stages' options with it."""
+        if self.platform != WEIGHT_ONLY_PLATFORM:
+            if self.weight_only is not None:
+                raise ValueError(f"weight_only needs platform {WEIGHT_ONLY_PLATFORM!r}, not {self.platform!r}")
+            return
+        if self.weight_only is None:
+            object.__setattr__(self, "weight_only", WeightOnlyConfig())
+        if not isinstance(self.weight_only, WeightOnlyConfig):
+            raise ValueError(f"weight_only must be a WeightOnlyConfig or None, got {self.weight_only!r}")
+        for name in ("target", "reconstruction"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not available on platform {WEIGHT_ONLY_PLATFORM!r}")
+        for name in ("equalization", "bias_correction", "smoothquant", "tensorrt_engine"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not available on platform {WEIGHT_ONLY_PLATFORM!r}")
+        if self.strategy != "fixed":
+            raise ValueError(f"strategy {self.strategy!r} is not available on platform {WEIGHT_ONLY_PLATFORM!r}")
+        if any(o.bits is not None for o in self.overrides):
+            raise ValueError(f"overrides.bits is not available on platform {WEIGHT_ONLY_PLATFORM!r} (one width)")
 
     @property
     def precision_spec(self) -> Precision:
@@ -526,4 +604,5 @@ class QuantizeConfig:
             "cpu_objective": self.cpu_objective,
             "cpu_threads": self.cpu_threads,
             "cpu_batch_sizes": list(self.cpu_batch_sizes),
+            "weight_only": None if self.weight_only is None else self.weight_only.to_dict(),
         }

@@ -42,6 +42,12 @@ def error_of(recipe: dict) -> tuple[str, str]:
         {"target": {"metric": "top1_drop", "threshold": 0.5}, "analysis": {"layerwise_samples": 16}},
         {"analysis": {"layerwise_seconds": None}},
         {"target": {"metric": "cosine", "threshold": 0.999, "max_float_layers": 3}, "analysis": {"enabled": False}},
+        {"platform": "onnxruntime-weight-only"},
+        {
+            "platform": "onnxruntime-weight-only",
+            "precision": "w8",
+            "weight_only": {"algorithm": "gptq", "block_size": 128, "symmetric": False, "format": "dequantize_linear"},
+        },
     ],
 )
 def test_valid_recipes_translate_to_a_valid_config(recipe: dict) -> None:
@@ -66,6 +72,7 @@ def test_a_recipe_without_precision_gets_its_platforms_own() -> None:
         "fp8",
         "int8",
         "int8",
+        "w4",
         "int8",
     ]
     assert [QuantizeConfig(platform=p).precision for p in PLATFORM_PRECISIONS] == [
@@ -73,6 +80,7 @@ def test_a_recipe_without_precision_gets_its_platforms_own() -> None:
         "fp8",
         "int8",
         "int8",
+        "w4",
         "int8",
     ]
 
@@ -146,6 +154,27 @@ def test_overrides_translate_in_order() -> None:
             "cannot be combined with a target",
         ),
         ({"strategy": "greedy"}, "strategy", "'fixed' or 'auto'"),
+        (
+            {"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 48}},
+            "weight_only.block_size",
+            "power of two",
+        ),
+        ({"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 8}}, "weight_only.block_size", "16"),
+        ({"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 512}}, "weight_only.block_size", "256"),
+        (
+            {"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": "awq"}},
+            "weight_only.algorithm",
+            "'rtn'",
+        ),
+        (
+            {"platform": "onnxruntime-weight-only", "weight_only": {"format": "gguf"}},
+            "weight_only.format",
+            "'matmulnbits'",
+        ),
+        ({"platform": "onnxruntime", "weight_only": {}}, "weight_only", "needs platform onnxruntime-weight-only"),
+        ({"platform": "onnxruntime-weight-only", "precision": "int8"}, "precision", "accepts precision w4 or w8"),
+        ({"platform": "academic", "precision": "w4"}, "precision", "weight-only"),
+        ({"platform": "onnxruntime-weight-only", "smoothquant": True}, "", "smoothquant do not apply"),
         ({"strategy": "auto", "auto": {"candidates": ["gptq"]}}, "auto.candidates.0", "'minmax'"),
         ({"strategy": "auto", "auto": {"candidates": []}}, "auto.candidates", "at least 1"),
         ({"strategy": "auto", "auto": {"budget_seconds": 5}}, "auto.budget_seconds", "greater than or equal to 10"),
@@ -200,6 +229,15 @@ def test_strategy_and_auto_translate() -> None:
     config = to_quantize_config(Recipe.model_validate(recipe))
     assert config.strategy == "auto"
     assert config.auto == AutoOptions(60.0, AccuracyTarget("sqnr", 25.0), ("kl", "mse"))
+
+
+def test_weight_only_translates() -> None:
+    assert to_quantize_config(Recipe.model_validate({})).weight_only is None
+    default = to_quantize_config(Recipe.model_validate({"platform": "onnxruntime-weight-only"}))
+    assert default.precision == "w4" and default.weight_only is not None and default.weight_only.algorithm == "rtn"
+    spec = {"algorithm": "gptq", "block_size": 64, "symmetric": False, "format": "dequantize_linear", "act_order": True}
+    chosen = to_quantize_config(Recipe.model_validate({"platform": "onnxruntime-weight-only", "weight_only": spec}))
+    assert chosen.to_dict()["weight_only"] == {**spec, "damping": 0.01, "quantize_lm_head": False}
 
 
 def test_smoothquant_translates_off_by_default() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from jobs.recipe import Recipe
 from quantcore import NodeOverride, QuantizeConfig, ReconstructionConfig
-from quantcore.config import AccuracyTarget, AnalysisOptions, AutoOptions
+from quantcore.config import AccuracyTarget, AnalysisOptions, AutoOptions, WeightOnlyConfig
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Path | None = None) -> QuantizeConfig:
@@ -17,7 +17,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
     accuracy target, the reconstruction (seeded with the recipe's seed), equalization, bias correction and
     SmoothQuant, the strategy and the auto search's budget, objective and candidates, the CPU deployment's
     objective, threads and batch sizes (the placement's timings kept in ``timing_cache``, a directory of the
-    worker's; None: not kept)."""
+    worker's; None: not kept), and the weight-only options (None: the platform's defaults, where it applies)."""
     spec = recipe.reconstruction
     reconstruction = (
         None
@@ -34,8 +34,22 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
             seed=recipe.seed,
         )
     )
+    wo = recipe.weight_only
+    weight_only = (
+        None
+        if wo is None
+        else WeightOnlyConfig(
+            algorithm=wo.algorithm,
+            block_size=wo.block_size,
+            symmetric=wo.symmetric,
+            format=wo.format,
+            act_order=wo.act_order,
+            quantize_lm_head=wo.quantize_lm_head,
+        )
+    )
     return QuantizeConfig(
         platform=recipe.platform,
+        weight_only=weight_only,
         precision=recipe.precision,
         observer=recipe.calibration.observer,
         percentile=recipe.calibration.percentile,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from quantcore.config import QuantizeConfig
+from quantcore.config import WEIGHT_ONLY_PLATFORM, QuantizeConfig
 from quantcore.export import checkpoint
 from quantcore.export.qdq import ExportResult
 from quantcore.pipeline.deployment import engine_stage, evaluate_stage, latency_stage, place_stage
@@ -41,6 +41,7 @@ from quantcore.pipeline.quantization import (
     restore_checkpoint,
 )
 from quantcore.pipeline.run import Run, StageClock
+from quantcore.pipeline.weight_only import quantize_weight_only
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.report.document import build_report, write_report
 from quantcore.tensorrt.engine import EngineResult, build_engine
@@ -124,6 +125,10 @@ def quantize(
     ``config.strategy`` must be ``fixed``: ``strategy="auto"`` runs through ``quantcore.auto.quantize_auto``,
     which calls this with the config it chose and its search's report section as ``auto`` (the report's
     ``auto``; None otherwise).
+
+    Platform ``onnxruntime-weight-only`` runs its own stages (``quantcore.pipeline.weight_only``: the
+    weights at 4 or 8 bits blockwise, activations float, ``config.weight_only``); ``resume_from`` and
+    ``engine_builder`` do not apply to it.
     """
     if config.strategy != "fixed":
         raise ValueError(f"quantize runs strategy 'fixed'; strategy {config.strategy!r} runs through quantize_auto")
@@ -131,6 +136,9 @@ def quantize(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     run = Run(model_path, calibration, evaluation, labels, out_dir, monitor, StageClock(monitor))
+    if config.platform == WEIGHT_ONLY_PLATFORM:
+        exported, report = quantize_weight_only(run, config)
+        return QuantizeResult.of(exported, None, write_report(out_dir, report), report)
 
     inputs = prepare_stage(run, config)
     annotation = annotate_stage(run, inputs, config)

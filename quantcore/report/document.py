@@ -6,7 +6,9 @@ annotation (``Annotation.summary``), calibration (with the clip stage's ``percen
 reconstruction, evaluation, parity, analysis, target, latency, engine, stage_seconds, resumed, warnings
 (every stage's, in stage order), auto (the search that chose the config, ``quantcore.auto``; null for
 strategy ``fixed``), placement (the place stage's regions and timings, ``quantcore.analysis.placement``; null
-where it did not run).
+where it did not run), weight_only (platform ``onnxruntime-weight-only``: its options, the layers
+quantized and kept float, sizes and next-token agreement, ``quantcore.pipeline.weight_only``; null
+elsewhere).
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ def build_report(
     engine: EngineResult | None,
     stage_seconds: Mapping[str, float],
     auto: Mapping[str, Any] | None = None,
+    *,
+    weight_only: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report of a finished run, JSON-ready: ``inputs`` from prepare, ``evaluated`` for the model kept
-    last (after the parity remedy and the accuracy target), ``analyzed``, the latency stage's dict and the
-    engine stage's result (None: the stage did not run), each stage's wall-clock seconds, and the auto
-    search's section (``quantcore.auto.search_report``; None: the config was not searched)."""
+        last (after the parity remedy and the accuracy target), ``analyzed``, the latency stage's dict and the
+        engine stage's result (None: the stage did not run), each stage's wall-clock seconds, and the auto
+        search's section (``quantcore.auto.search_report``; None: the config was not searched), and the weight-only
+    run's section (None: a Q/DQ run)."""
     model = evaluated.model
     prepared, calibrated, reconstruction = model.prepared, model.calibrated, model.reconstruction
     return jsonable(
@@ -80,6 +85,7 @@ def build_report(
             ],
             "auto": auto,
             "placement": model.placement,
+            "weight_only": weight_only,
         }
     )
 

@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import PLATFORMS, QuantizeConfig, annotate, prepare
+from quantcore.config import default_precision
 from tests.quantcore.test_robustness import _model
 
 
@@ -63,8 +64,7 @@ def test_tensors_with_no_element_are_never_quantized() -> None:
     for node in ("ones", "pad"):
         assert prepared.float_nodes[node] == f"output with no element ({node} ['N', 0, 1]): nothing to quantize"
     for platform in PLATFORMS:
-        precision = "fp8" if platform == "tensorrt-fp8" else "int8"
-        annotation = annotate(prepared, QuantizeConfig(platform=platform, precision=precision))
+        annotation = annotate(prepared, QuantizeConfig(platform=platform, precision=default_precision(platform)))
         assert not {"ones", "pad", "minus"} & set(annotation.configs), platform
         assert annotation.decisions["ones"] == annotation.decisions["pad"] == "float"
 

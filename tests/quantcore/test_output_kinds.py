@@ -16,6 +16,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from quantcore import PLATFORMS, AnalysisOptions, QuantizeConfig, quantize
+from quantcore.config import WEIGHT_ONLY_PLATFORM
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,9 @@ def test_a_converted_sklearn_classifier_is_quantized_and_scored_on_its_labels(
     exported = onnx.load(result.model_path)
     onnx.checker.check_model(exported)
     assert [o.name for o in exported.graph.output] == ["output_label", "output_probability"]
-    assert any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in exported.graph.node)
+    # weight-only: no quantizer node, its weights go into MatMulNBits
+    quantizers = ("MatMulNBits",) if platform == WEIGHT_ONLY_PLATFORM else ("QuantizeLinear", "DynamicQuantizeLinear")
+    assert any(n.op_type in quantizers for n in exported.graph.node)
 
     evaluation = result.report["evaluation"]
     fp32_top1 = evaluation["fp32"]["top1"]  # scored on the ZipMap's probabilities, classes in label order
@@ -61,10 +64,15 @@ def test_a_converted_sklearn_classifier_is_quantized_and_scored_on_its_labels(
         assert probabilities["comparison"] == "numeric" and probabilities["nonfinite"] == 0
         # a label flips only where a probability's argmax does: the two measure the same rows
         assert labels["exact_match"] == pytest.approx(probabilities["argmax_agreement"])
-        # 8-bit: at most 2 of the 597 held-out digits change class (measured 0.992-1.0 across the presets)
-        assert labels["exact_match"] >= 1 - 5 / 597
-        assert evaluation[mode]["top1"] >= fp32_top1 - 5 / 597
+        # 8-bit: at most 2 of the 597 held-out digits change class (measured 0.992-1.0 across the presets);
+        # the weight-only default, 4-bit weights in blocks of 32: 7 (measured 0.988)
+        flips = 10 if platform == WEIGHT_ONLY_PLATFORM else 5
+        assert labels["exact_match"] >= 1 - flips / 597
+        assert evaluation[mode]["top1"] >= fp32_top1 - flips / 597
     assert result.report["parity"]["agree"] is not False
+    if platform == WEIGHT_ONLY_PLATFORM:  # no Q/DQ tensor for the layer-wise analysis to measure: not run
+        assert result.report["analysis"] is None
+        return
     layerwise = [row for row in result.report["analysis"]["layers"] if row["analyzed"]]
     assert layerwise and all(row["sqnr_db"] is not None for row in layerwise)
 

@@ -77,8 +77,10 @@ def test_report_files_and_json(digits_run) -> None:
         "warnings",
         "auto",
         "placement",
+        "weight_only",
     }
     assert result.report["auto"] is None  # strategy fixed: no search
+    assert result.report["weight_only"] is None  # a Q/DQ run
     latency = result.report["latency"]["cpu"]  # measured by default; no engine unless asked for
     assert latency["fp32"]["batch_1"]["p50_ms"] > 0 and latency["quantized"]["batch_32"]["p50_ms"] > 0
     assert result.report["engine"] is None and result.engine_path is None and result.report["target"] is None

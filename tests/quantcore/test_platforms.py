@@ -77,7 +77,16 @@ def depthwise_concat_head() -> onnx.ModelProto:
 
 
 def test_registry_names_and_precisions() -> None:
-    assert set(PLATFORMS) == {"tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "academic"}
+    assert set(PLATFORMS) == {
+        "tensorrt",
+        "tensorrt-fp8",
+        "onnxruntime",
+        "onnxruntime-dynamic",
+        "onnxruntime-weight-only",
+        "academic",
+    }
+    assert accepts_precision("onnxruntime-weight-only", "w4") and not accepts_precision("academic", "w4")
+    assert not accepts_precision("onnxruntime-weight-only", "int8")
     assert not accepts_precision("onnxruntime-dynamic", "w4a8")  # DynamicQuantizeLinear is uint8 only
     assert accepts_precision("tensorrt-fp8", "fp8") and not accepts_precision("tensorrt-fp8", "int8")
     assert not accepts_precision("tensorrt", "fp8") and not accepts_precision("onnxruntime", "w4a8")

@@ -7,6 +7,9 @@ with ``quantcore.quantize``, and the result
   as exact Q/DQ arithmetic;
 - keeps the graph input/output names, ranks, fixed sizes and symbolic (dynamic) dimensions, and runs
   on a batch with other sizes on those dimensions;
+- on ``onnxruntime-weight-only`` (MatMulNBits by default, no Q/DQ pairs): quantizes the MatMul/Gemm weights
+  when the model has one that is not its LM head, else fails at once saying it found none; its blockwise
+  numerics are tested against a numpy reference in test_weight_only.py, not here;
 - agrees with the torch fake-quant kernels (``quantcore.numerics.fake_quant``) tensor by tensor: for every
   DequantizeLinear of the exported model, ONNX Runtime's exact-QDQ output equals fake-quantizing
   the float tensor the QuantizeLinear read in that same run (for a weight: the prepared FP32
@@ -27,7 +30,8 @@ from onnx import TensorProto, numpy_helper
 
 from quantcore import QuantizeConfig, prepare, quantize
 from quantcore.annotate.platforms import PLATFORMS
-from quantcore.config import default_precision
+from quantcore.config import WEIGHT_ONLY_PLATFORM, default_precision
+from quantcore.errors import UnsupportedModelError
 from quantcore.runtime.session import open_session
 from samples.zoo import EXPORTED, ZOO, ZooModel, build
 
@@ -73,6 +77,19 @@ def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray], names: list
 def _weighted_matmuls(model: onnx.ModelProto) -> int:
     initializers = {t.name for t in model.graph.initializer}
     return sum(n.op_type == "MatMul" and n.input[1] in initializers for n in model.graph.node)
+
+
+def _weight_only_layers(model: onnx.ModelProto) -> int:
+    """MatMul/Gemm nodes with a 2-D initializer weight that do not write a graph output (an LM head)."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    return sum(
+        n.op_type in ("MatMul", "Gemm")
+        and n.input[1] in initializers
+        and len(initializers[n.input[1]].dims) == 2
+        and n.output[0] not in outputs
+        for n in model.graph.node
+    )
 
 
 def _simulate_dynamic(x: np.ndarray) -> tuple:
@@ -169,6 +186,10 @@ def test_zoo_model_quantizes(zoo_model: ZooModel, platform: str, tmp_path: Path)
     source = tmp_path / "model.onnx"
     onnx.save(zoo_model.model, str(source))
     config = QuantizeConfig(platform=platform, precision=default_precision(platform), batch_size=8)
+    if platform == WEIGHT_ONLY_PLATFORM and not _weight_only_layers(prepare(source).model):
+        with pytest.raises(UnsupportedModelError, match="no MatMul or Gemm with a constant 2-D float32 weight"):
+            quantize(source, zoo_model.calibration, zoo_model.evaluation, config, tmp_path / "out")
+        return
     result = quantize(source, zoo_model.calibration, zoo_model.evaluation, config, tmp_path / "out")
 
     # structure: checker, names, ranks, fixed and symbolic dimensions
@@ -184,7 +205,8 @@ def test_zoo_model_quantizes(zoo_model: ZooModel, platform: str, tmp_path: Path)
     ]
     for before, after in pairs:
         assert _dims(after) == _dims(before), f"{before.name}: dimensions changed"
-    dequantized = sum(n.op_type == "DequantizeLinear" for n in exported.graph.node)
+    dequantize_op = "MatMulNBits" if platform == WEIGHT_ONLY_PLATFORM else "DequantizeLinear"
+    dequantized = sum(n.op_type == dequantize_op for n in exported.graph.node)
     prepared = prepare(source)
     if platform == "onnxruntime-dynamic" and not _weighted_matmuls(prepared.model):  # its only quantized op
         assert dequantized == 0 and any("found nothing to quantize" in w for w in result.report["warnings"])
@@ -206,5 +228,7 @@ def test_zoo_model_quantizes(zoo_model: ZooModel, platform: str, tmp_path: Path)
         resized = _run(str(result.model_path), zoo_model.resized, **deployment)
         assert {k: v.shape for k, v in resized.items()} == expected_shapes
 
+    if platform == WEIGHT_ONLY_PLATFORM:
+        return  # no Q/DQ pair to compare; blockwise numerics: test_weight_only.py
     # numerics: every quantized tensor within one step of the torch fake-quant simulation
     assert check_against_fake_quant(result.model_path, prepared.model, feeds) > 0

@@ -1,0 +1,119 @@
+"""The weight-only run (platform ``onnxruntime-weight-only``):
+
+    prepare → annotate → calibrate (GPTQ's XᵀX; RTN: skipped) → export (quantize and write) → evaluate → latency
+
+prepare, evaluate and latency are the Q/DQ run's own stages (``quantcore.pipeline.quantization``,
+``deployment``); annotate is too, and fails at once when the platform finds no MatMul/Gemm weight to
+quantize (``quantcore.weight_only.layers.weight_layers``). There is no clip, reconstruct, place, analyze
+(its per-tensor Q/DQ measurements have no Q/DQ to read), target or engine stage, and no resume
+checkpoint. The report is ``build_report``'s with its ``weight_only`` section (``weight_only_section``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+
+from quantcore.annotate.annotation import Annotation
+from quantcore.config import QuantizeConfig
+from quantcore.export.qdq import ExportResult
+from quantcore.pipeline.deployment import evaluate_stage, latency_stage
+from quantcore.pipeline.quantization import annotate_stage, prepare_stage
+from quantcore.pipeline.run import Run
+from quantcore.report.document import build_report
+from quantcore.report.stage_results import Analyzed, PreparedInputs, QuantizedModel
+from quantcore.weight_only import collect_grams, quantize_layers, weight_layers, write
+
+FUSED_NOTE = (
+    "deployed, ONNX Runtime fuses each DequantizeLinear -> MatMul into MatMulNBits with accuracy_level 4 (its "
+    "session option session.qdq_matmulnbits_accuracy_level): activations are quantized to int8 per block inside "
+    "the kernel; qdq_exact measures the weights' quantization alone"
+)
+ANALYSIS_SKIPPED = "the layer-wise analysis measures Q/DQ tensors; a weight-only model has none (not run)"
+KEPT_FLOAT_OPS = ("MatMul", "Gemm", "Gather")
+
+
+def kept_float(model: onnx.ModelProto, annotation: Annotation) -> list[dict[str, str]]:
+    """The MatMul/Gemm/Gather nodes with a constant weight that stay float, and why (the annotation's reason)."""
+    initializers = {t.name for t in model.graph.initializer}
+    rows = []
+    for node in model.graph.node:
+        weight = node.input[0] if node.op_type == "Gather" else (node.input[1] if len(node.input) > 1 else "")
+        if node.op_type not in KEPT_FLOAT_OPS or weight not in initializers or weight in annotation.parameters:
+            continue
+        reason = annotation.reasons.get(node.name) or annotation.decisions.get(node.name, "float")
+        rows.append({"node": node.name, "op_type": node.op_type, "weight": weight, "reason": reason})
+    return rows
+
+
+def weight_only_section(
+    config: QuantizeConfig,
+    model: onnx.ModelProto,
+    layers: list[dict[str, Any]],
+    floats: list[dict[str, str]],
+    evaluation: dict[str, Any],
+) -> dict[str, Any]:
+    """The report's ``weight_only``: the options, each layer quantized and kept float, the sizes, the
+    next-token agreement (the deployed model's argmax agreement over the last axis of each output of rank
+    >= 3, a (batch, positions, vocabulary) logits output), and notes on what the deployment computes."""
+    options = config.weight_only
+    assert options is not None
+    fp32 = sum(row["fp32_bytes"] for row in layers)
+    stored = sum(row["stored_bytes"] for row in layers)
+    outputs = evaluation["qdq_deployed"]["outputs"] or evaluation["qdq_exact"]["outputs"]
+    ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in model.graph.output}
+    kernels = evaluation["qdq_deployed"]["kernels"] or {}
+    fused = options.format == "dequantize_linear" and any(op.endswith("MatMulNBits") for op in kernels)
+    return {
+        **options.to_dict(),
+        "bits": config.precision_spec.weight_bits,
+        "layers": layers,
+        "kept_float": floats,
+        "size": {
+            "fp32_model_bytes": evaluation["model"]["fp32_bytes"],
+            "model_bytes": evaluation["model"]["qdq_bytes"],
+            "quantized_layers_fp32_bytes": fp32,
+            "quantized_layers_bytes": stored,
+            "quantized_layers_ratio": stored / fp32 if fp32 else None,
+        },
+        "next_token_agreement": {
+            name: metrics["argmax_agreement"]
+            for name, metrics in outputs.items()
+            if ranks.get(name, 0) >= 3 and metrics["argmax_agreement"] is not None
+        },
+        "notes": [FUSED_NOTE] if fused else [],
+    }
+
+
+def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult, dict[str, Any]]:
+    """Run the stages of the module docstring; returns the exported files and the report."""
+    inputs: PreparedInputs = prepare_stage(run, config)
+    annotation = annotate_stage(run, inputs, config)
+    model = inputs.prepared.model
+    layers = weight_layers(model, annotation)  # no weight to quantize: fails here, before calibrate
+
+    started = run.clock.begin("calibrate")
+    options = config.weight_only
+    assert options is not None
+    grams = None
+    if options.algorithm == "gptq":
+        grams = collect_grams(model, layers, inputs.calibration, config, run.monitor)
+        done = f"XᵀX of {len(grams)} layer inputs on {inputs.calibration.num_samples} samples"
+    else:
+        done = "skipped: round-to-nearest needs no calibration data"
+    run.clock.end("calibrate", started, done)
+
+    started = run.clock.begin("export")
+    quantized, rows = quantize_layers(layers, grams, config, run.monitor)
+    table = {"weight_only": options.to_dict(), "bits": config.precision_spec.weight_bits, "layers": rows}
+    exported = write(model, quantized, config, run.out_dir, table)
+    run.clock.end("export", started, f"{len(quantized)} weights at {table['bits']} bit as {options.format}")
+
+    product = QuantizedModel(config, inputs.prepared, annotation, annotation, exported, None, None, resumed=())
+    evaluated = evaluate_stage(run, inputs, product)
+    latency = latency_stage(run, inputs, evaluated)
+    section = weight_only_section(config, model, rows, kept_float(model, annotation), evaluated.evaluation)
+    analyzed = Analyzed(None, (ANALYSIS_SKIPPED,))
+    report = build_report(inputs, evaluated, analyzed, latency, None, run.clock.seconds, weight_only=section)
+    return evaluated.model.exported, report

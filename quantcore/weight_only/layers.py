@@ -1,0 +1,88 @@
+"""The layers a weight-only run quantizes, read from the annotation, and their inputs' XᵀX on the
+calibration data.
+
+A layer is a MatMul or Gemm whose weight (input 1) the ``onnxruntime-weight-only`` platform annotated.
+Its weight is handled as W (K, N), K the reduction axis: a MatMul's B as stored, a Gemm's B transposed
+back when ``transB=1``. ``collect_grams`` streams the calibration batches through ONNX Runtime with every
+layer input exposed as an extra output and sums XᵀX in float64 per input tensor (the q, k and v
+projections reading one tensor share it); only the current batch's activations are ever held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from quantcore.annotate.annotation import Annotation
+from quantcore.annotate.rules import attribute
+from quantcore.config import QuantizeConfig
+from quantcore.errors import UnsupportedModelError
+from quantcore.progress import Monitor
+from quantcore.runtime.batching import Batches
+from quantcore.runtime.session import open_session
+from quantcore.weight_only.gptq import Gram
+
+STAGE = "calibrate"
+
+
+@dataclass(frozen=True)
+class WeightLayer:
+    """One quantized layer: its node, its activation input, its weight initializer and W (K, N)."""
+
+    node: str
+    op_type: str
+    activation: str
+    weight_name: str
+    transposed: bool  # a Gemm with transB=1: the initializer holds Wᵀ (N, K)
+    weight: np.ndarray  # W (K, N) float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape
+
+
+def weight_layers(model: onnx.ModelProto, annotation: Annotation) -> list[WeightLayer]:
+    """The annotated MatMul/Gemm weights of ``model`` in graph order. Raises ``UnsupportedModelError``
+    when there is none (the platform found no MatMul/Gemm with a constant 2-D float weight to quantize)."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    layers = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in annotation.parameters:
+            continue
+        transposed = node.op_type == "Gemm" and bool(attribute(node, "transB", 0))
+        stored = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float32)
+        layers.append(
+            WeightLayer(
+                node.name, node.op_type, node.input[0], node.input[1], transposed, stored.T if transposed else stored
+            )
+        )
+    if not layers:
+        kept = "; ".join(sorted({r for r in annotation.reasons.values() if r})[:3])
+        raise UnsupportedModelError(
+            "weight-only quantization found no MatMul or Gemm with a constant 2-D float32 weight to quantize"
+            + (f" (kept float: {kept})" if kept else "")
+        )
+    return layers
+
+
+def collect_grams(
+    model: onnx.ModelProto, layers: list[WeightLayer], batches: Batches, config: QuantizeConfig, monitor: Monitor
+) -> dict[str, Gram]:
+    """Input tensor → its XᵀX over every calibration batch (X: the tensor reshaped to (-1, K))."""
+    names = list(dict.fromkeys(layer.activation for layer in layers))
+    width = {layer.activation: layer.shape[0] for layer in layers}
+    xtx = {name: np.zeros((width[name], width[name])) for name in names}
+    rows = dict.fromkeys(names, 0)
+    count = len(batches)
+    with open_session(model, device=config.device, outputs=names) as session:
+        for done, batch in enumerate(batches, start=1):
+            monitor.check(STAGE)
+            for name, value in zip(names, session.run(names, batch), strict=True):
+                x = np.asarray(value, dtype=np.float64).reshape(-1, width[name])
+                xtx[name] += x.T @ x
+                rows[name] += x.shape[0]
+            monitor.report(STAGE, done / (count + 1), f"batch {done}/{count}: XᵀX of {len(names)} layer inputs")
+    return {name: Gram(xtx[name], rows[name]) for name in names}

@@ -1,0 +1,200 @@
+"""Weight-only quantization (platform ``onnxruntime-weight-only``) of the small GPT-style decoder of
+``samples.decoder`` (trained for a few seconds, exported with dynamic batch and sequence): structure
+(checker, op counts, layers kept float and why, file size) and numerics (ONNX Runtime against a numpy
+blockwise reference; GPTQ against round-to-nearest on its own objective) tested separately.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from jobs.report_schema import Report
+from quantcore import QuantizeConfig, quantize
+from quantcore.config import WeightOnlyConfig
+from quantcore.errors import UnsupportedModelError
+from quantcore.numerics.precision import parse_precision
+from quantcore.runtime.session import open_session
+from samples.decoder import DecoderModel, build_decoder
+from tests.test_report_schema import undocumented
+
+PLATFORM = "onnxruntime-weight-only"
+QUANTIZED_LAYERS = 8  # 2 blocks x (qkv, proj, mlp.0, mlp.2); the LM head stays float
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[DecoderModel, Path]:
+    built = build_decoder()
+    path = tmp_path_factory.mktemp("decoder") / "decoder.onnx"
+    onnx.save(built.model, str(path))
+    return built, path
+
+
+def _quantize(decoder, out: Path, precision: str = "w4", **options) -> dict:
+    built, path = decoder
+    config = QuantizeConfig(
+        platform=PLATFORM,
+        precision=precision,
+        batch_size=16,
+        cpu_latency=False,
+        weight_only=WeightOnlyConfig(**options),
+    )
+    return quantize(path, built.calibration, built.evaluation, config, out).report
+
+
+def _run(model: onnx.ModelProto | str, feeds: dict, outputs: list[str] = (), **options) -> dict[str, np.ndarray]:
+    with open_session(model, outputs=outputs, **options) if outputs else open_session(model, **options) as session:
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def reference_rtn(w: np.ndarray, bits: int, block: int, symmetric: bool) -> np.ndarray:
+    """Blockwise round-to-nearest of W (K, N) along K, written out independently of quantcore:
+    symmetric s = 2·max|w| / (2^b - 1), z = 2^(b-1); asymmetric s = (max - min) / (2^b - 1) over the block
+    widened to 0, z = round(-min / s); ŵ = (clip(round(w / s) + z, 0, 2^b - 1) - z) · s."""
+    levels = 2**bits - 1
+    out = np.empty_like(w, dtype=np.float64)
+    for start in range(0, w.shape[0], block):
+        part = w[start : start + block].astype(np.float64)
+        if symmetric:
+            scale = (2 * np.abs(part).max(0) / levels).astype(np.float32).astype(np.float64)
+            zero = 2.0 ** (bits - 1)
+        else:
+            low, high = np.minimum(part.min(0), 0), np.maximum(part.max(0), 0)
+            scale = ((high - low) / levels).astype(np.float32).astype(np.float64)
+            zero = np.clip(np.round(-low / scale), 0, levels)
+        out[start : start + block] = (np.clip(np.round(part / scale) + zero, 0, levels) - zero) * scale
+    return out.astype(np.float32)
+
+
+def test_precisions_and_config_validation() -> None:
+    assert parse_precision("w4").weight_only and parse_precision("w8").weight_bits == 8
+    assert QuantizeConfig(platform=PLATFORM).precision == "w4"
+    for bad in ({"block_size": 48}, {"block_size": 8}, {"block_size": 512}, {"algorithm": "awq"}, {"format": "gguf"}):
+        with pytest.raises(ValueError, match="weight_only"):
+            WeightOnlyConfig(**bad)
+    with pytest.raises(ValueError, match="needs platform 'onnxruntime-weight-only'"):
+        QuantizeConfig(platform="onnxruntime", weight_only=WeightOnlyConfig())
+    with pytest.raises(ValueError, match="not available on platform"):
+        QuantizeConfig(platform="academic", precision="w4")
+
+
+@pytest.mark.parametrize(
+    ("precision", "form", "symmetric"),
+    [
+        ("w4", "matmulnbits", True),
+        ("w4", "matmulnbits", False),
+        ("w4", "dequantize_linear", True),
+        ("w4", "dequantize_linear", False),
+        ("w8", "matmulnbits", True),
+        ("w8", "dequantize_linear", False),
+    ],
+)
+def test_rtn_export_structure_and_numerics(decoder, tmp_path: Path, precision: str, form: str, symmetric: bool) -> None:
+    built, path = decoder
+    report = _quantize(decoder, tmp_path, precision, format=form, symmetric=symmetric, block_size=32)
+    exported_path = tmp_path / "model.qdq.onnx"
+    onnx.checker.check_model(str(exported_path), full_check=True)
+    exported = onnx.load(str(exported_path))
+    op = "MatMulNBits" if form == "matmulnbits" else "DequantizeLinear"
+    assert sum(n.op_type == op for n in exported.graph.node) == QUANTIZED_LAYERS
+    section = report["weight_only"]
+    assert len(section["layers"]) == QUANTIZED_LAYERS
+    assert {row["op_type"]: row["reason"] for row in section["kept_float"]}.keys() == {"Gather", "MatMul"}
+    assert any("LM head" in row["reason"] for row in section["kept_float"])
+    assert section["next_token_agreement"]["logits"] is not None
+    assert undocumented(Report.model_validate(report)) == []
+
+    # size: what the file spends on the quantized layers (its bytes less the float ones it keeps)
+    quantized_fp32 = section["size"]["quantized_layers_fp32_bytes"]
+    spent = exported_path.stat().st_size - (path.stat().st_size - quantized_fp32)
+    if precision == "w4":
+        assert spent <= 0.35 * quantized_fp32, f"{spent} bytes for {quantized_fp32} FP32 bytes"
+
+    # numerics: the FP32 graph with each quantized weight replaced by the numpy reference's ŵ
+    reference = onnx.load(str(path))
+    initializers = {t.name: t for t in reference.graph.initializer}
+    bits = parse_precision(precision).weight_bits
+    for row in section["layers"]:
+        tensor = initializers[row["weight"]]
+        w = numpy_helper.to_array(tensor)
+        tensor.CopyFrom(numpy_helper.from_array(reference_rtn(w, bits, 32, symmetric), tensor.name))
+    feeds = {"tokens": built.evaluation["tokens"][:8]}
+    expected = _run(reference, feeds)["logits"]
+    # exact_qdq: DequantizeLinear → MatMul as written (MatMulNBits is unaffected: it computes in float32)
+    actual = _run(str(exported_path), feeds, exact_qdq=True)["logits"]
+    scale = float(np.abs(expected).max())
+    # the same float32 ŵ on both sides: only the summation order differs (MatMulNBits' kernel blocks K)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4 * scale + 1e-5)
+    if form == "dequantize_linear":
+        # deployed, ONNX Runtime fuses DequantizeLinear → MatMul into MatMulNBits with accuracy_level 4
+        # (int8 activations per block): measured 0.6 % of max|logits| apart at w4; the report says so
+        deployed = _run(str(exported_path), feeds)["logits"]
+        np.testing.assert_allclose(deployed, expected, rtol=0, atol=0.03 * scale)
+        assert any("accuracy_level 4" in note for note in section["notes"])
+
+
+def _layer_errors(decoder, report: dict, out: Path) -> dict[str, float]:
+    """‖XW - XŴ‖_F per layer on the calibration data: X from the FP32 model, Ŵ as ONNX Runtime
+    dequantizes it (the DequantizeLinear outputs of the exported model)."""
+    built, path = decoder
+    model = onnx.load(str(path))
+    nodes = {n.name: n for n in model.graph.node}
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    rows = report["weight_only"]["layers"]
+    feeds = dict(built.calibration)
+    inputs = _run(model, feeds, [nodes[r["node"]].input[0] for r in rows])
+    dequantized = _run(onnx.load(str(out / "model.qdq.onnx")), feeds, [f"{r['weight']}_dequantized" for r in rows])
+    errors = {}
+    for row in rows:
+        x = inputs[nodes[row["node"]].input[0]].reshape(-1, row["shape"][0]).astype(np.float64)
+        w, w_hat = weights[row["weight"]], dequantized[f"{row['weight']}_dequantized"]
+        errors[row["node"]] = float(np.linalg.norm(x @ w - x @ w_hat.astype(np.float64)))
+    return errors
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_beats_rtn(decoder, tmp_path: Path, act_order: bool) -> None:
+    common = {"format": "dequantize_linear", "block_size": 32, "symmetric": True}
+    rtn = _quantize(decoder, tmp_path / "rtn", algorithm="rtn", **common)
+    gptq = _quantize(decoder, tmp_path / "gptq", algorithm="gptq", act_order=act_order, **common)
+    rtn_errors = _layer_errors(decoder, rtn, tmp_path / "rtn")
+    gptq_errors = _layer_errors(decoder, gptq, tmp_path / "gptq")
+    for node, error in gptq_errors.items():  # GPTQ's objective: it must hold on every layer
+        assert error < rtn_errors[node], f"{node}: GPTQ {error} >= RTN {rtn_errors[node]}"
+    for row in gptq["weight_only"]["layers"]:  # the report's own figure, from XᵀX, says the same
+        assert row["output_error"] < row["rtn_output_error"]
+    sqnr = {
+        name: report["evaluation"]["qdq_deployed"]["outputs"]["logits"]["sqnr_db"]
+        for name, report in (("rtn", rtn), ("gptq", gptq))
+    }
+    # measured 27.0 dB (RTN) vs 30.4 dB (GPTQ) on this decoder (bench/weight_only.py): ask for 1 dB of the 3.4
+    assert sqnr["gptq"] > sqnr["rtn"] + 1.0, sqnr
+
+
+def test_model_without_matmul_weight_fails_in_annotate(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")],
+        "conv_only",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 2, 4, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 3, 2, 2])],
+        [numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "w")],
+    )
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    data = {"x": np.ones((4, 2, 4, 4), np.float32)}
+    stages: list[str] = []
+    with pytest.raises(UnsupportedModelError, match="no MatMul or Gemm with a constant 2-D float32 weight"):
+        quantize(
+            path,
+            data,
+            data,
+            QuantizeConfig(platform=PLATFORM),
+            tmp_path / "out",
+            progress=lambda s, f, m: stages.append(s),
+        )
+    assert "calibrate" not in stages
