@@ -38,3 +38,13 @@ def string_tuple(name: str, value: object) -> tuple[str, ...]:
         if not isinstance(item, str) or not item:
             raise ValueError(f"{name} entries must be non-empty strings, got {item!r}")
     return tuple(value)
+
+
+def require_range(name: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
+    """``lo <= value <= hi`` (an int when ``integer``), else ValueError naming the field."""
+    if integer:
+        require_int(name, value)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")

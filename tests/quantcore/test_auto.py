@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import quantcore.auto
-import quantcore.config
+import quantcore.config.auto
 from quantcore import AnalysisOptions, AutoOptions, Canceled, QuantizeConfig, quantize, quantize_auto
 from quantcore.auto import search as search_module
 from quantcore.auto.candidates import CANDIDATES
@@ -127,7 +127,7 @@ def test_the_job_fails_only_when_no_candidate_produced_a_model(small, tmp_path, 
 
 def test_the_budget_stops_the_search_after_the_first_candidate(small, tmp_path, monkeypatch, recorded_runs) -> None:
     path, calibration, evaluation = small
-    monkeypatch.setattr(quantcore.config, "AUTO_BUDGET_SECONDS", (1e-3, 86_400.0))  # a budget smaller than any run
+    monkeypatch.setattr(quantcore.config.auto, "AUTO_BUDGET_SECONDS", (1e-3, 86_400.0))  # a budget smaller than any run
     result = quantize_auto(path, calibration, evaluation, auto_config(budget_seconds=1e-3), tmp_path / "out")
     section = result.report["auto"]
     assert [name for name, _, _ in recorded_runs] == ["as_given"]

@@ -1,0 +1,71 @@
+"""The names a run chooses among: platforms and the precisions each accepts, observers' clips, devices,
+reconstruction methods, strategies and their candidates, CPU objectives; each a tuple a field is checked
+against (the recipe in ``jobs`` keeps copies, pinned to these by tests)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from quantcore.numerics.precision import parse_precision
+
+# The platforms a run may name: the keys of ``quantcore.annotate.platforms.PLATFORMS``, whose rule sets sit
+# above config (they read it); a test pins the two together.
+PlatformName = Literal[
+    "tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "onnxruntime-weight-only", "academic"
+]
+PLATFORM_NAMES: tuple[PlatformName, ...] = get_args(PlatformName)
+# platform -> the precisions it accepts, its default first; None: int8 and any integer wXaY. Here, not in
+# the platforms' rule sets, so that a run's precision is checked and defaulted with its other options.
+PLATFORM_PRECISIONS: dict[PlatformName, tuple[str, ...] | None] = {
+    "tensorrt": ("int8", "w8a8"),
+    "tensorrt-fp8": ("fp8",),
+    "onnxruntime": ("int8", "w8a8"),
+    "onnxruntime-dynamic": ("int8", "w8a8"),  # DynamicQuantizeLinear is uint8 only
+    "onnxruntime-weight-only": ("w4", "w8"),  # activations stay float (``WeightOnlyConfig``)
+    "academic": None,
+}
+WEIGHT_ONLY_PLATFORM: PlatformName = "onnxruntime-weight-only"
+WEIGHT_ONLY_ALGORITHMS = ("rtn", "gptq")
+WEIGHT_ONLY_FORMATS = ("matmulnbits", "dequantize_linear")
+WEIGHT_ONLY_BLOCK_SIZES = (16, 256)  # a power of two in this range
+DEVICES = ("cpu", "cuda")
+CLIPS = ("percentile", "mse")  # where a percentile-observed tensor is clipped (QuantizeConfig.clip)
+RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
+MAX_RECONSTRUCTION_ITERS = 100_000
+# fixed: the run quantizes with the config as given (``quantcore.quantize``); auto: a search tries variations
+# of it and keeps the best (``quantcore.auto.quantize_auto``, settings ``AutoOptions``).
+STRATEGIES = ("fixed", "auto")
+# The candidates the auto search may try, cheapest first: the names of ``quantcore.auto.candidates.CANDIDATES``,
+# which sit above config (they build configs); a test pins the two together.
+AUTO_CANDIDATES = (
+    "as_given",
+    "minmax",
+    "mse",
+    "kl",
+    "floating",
+    "equalization",
+    "bias_correction",
+    "smoothquant",
+    "adaround",
+)
+AUTO_BUDGET_SECONDS = (10.0, 86_400.0)
+# What the onnxruntime platform's deployment favours (``QuantizeConfig.cpu_objective``): latency places
+# quantized regions by measured speed (``quantcore.analysis.placement``); accuracy and size keep every
+# region the rules quantize (no placement: the export is that of a run without the option).
+CPU_OBJECTIVES = ("accuracy", "latency", "size")
+MAX_CPU_BATCH = 4096
+
+
+def default_precision(platform: PlatformName) -> str:
+    """The precision a run gets when it names none: the platform's first, int8 where it takes any."""
+    accepted = PLATFORM_PRECISIONS[platform]
+    return accepted[0] if accepted else "int8"
+
+
+def accepts_precision(platform: PlatformName, precision: str) -> bool:
+    """Whether ``platform`` runs ``precision`` (a valid precision name, see ``PLATFORM_PRECISIONS``)."""
+    accepted = PLATFORM_PRECISIONS[platform]
+    if accepted is None:
+        spec = parse_precision(precision)
+        return not (spec.floating or spec.weight_only)
+    return precision in accepted

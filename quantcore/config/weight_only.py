@@ -1,0 +1,50 @@
+"""Options of weight-only quantization on the onnxruntime-weight-only platform (``quantcore.weight_only``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from quantcore.checks import require_bool, require_choice, require_range
+from quantcore.config.choices import WEIGHT_ONLY_ALGORITHMS, WEIGHT_ONLY_BLOCK_SIZES, WEIGHT_ONLY_FORMATS
+
+
+@dataclass(frozen=True)
+class WeightOnlyConfig:
+    """Weight-only quantization of MatMul/Gemm weights (platform ``onnxruntime-weight-only``,
+    ``quantcore.weight_only``); the bits are the precision's (``w4``, ``w8``).
+
+    algorithm: ``rtn`` (round to nearest) or ``gptq`` (Frantar et al. 2022: column by column with the
+    rounding error compensated through H = 2·XᵀX/n of the calibration data). block_size: weights per
+    scale along the reduction axis K, a power of two in [16, 256]; K need not be a multiple (the last
+    block is padded with zeros, as MatMulNBits pads). symmetric: zero point fixed at 2^(bits-1) (codes
+    stored signed in ``dequantize_linear``), else a zero point per block. format: ``matmulnbits``
+    (``com.microsoft.MatMulNBits``, ONNX Runtime's CPU kernel) or ``dequantize_linear`` (opset-21 blocked
+    DequantizeLinear of int4/uint4/int8/uint8 codes before the float MatMul/Gemm; the model is converted
+    to opset 21). act_order: GPTQ visits the columns by decreasing H diagonal (the block scales are then
+    computed from the original weights first, GPTQ's ``static_groups``, so that blocks stay contiguous).
+    damping: λ = damping·mean(diag H) added to H's diagonal. quantize_lm_head: also quantize the last
+    MatMul/Gemm writing a graph output (kept float by default: its error reaches the logits unfiltered).
+    """
+
+    algorithm: str = "rtn"
+    block_size: int = 32
+    symmetric: bool = True
+    format: str = "matmulnbits"
+    act_order: bool = False
+    damping: float = 0.01
+    quantize_lm_head: bool = False
+
+    def __post_init__(self) -> None:
+        require_choice("weight_only.algorithm", self.algorithm, WEIGHT_ONLY_ALGORITHMS)
+        require_range("weight_only.block_size", self.block_size, *WEIGHT_ONLY_BLOCK_SIZES, integer=True)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"weight_only.block_size must be a power of two, got {self.block_size}")
+        require_bool("weight_only.symmetric", self.symmetric)
+        require_choice("weight_only.format", self.format, WEIGHT_ONLY_FORMATS)
+        require_bool("weight_only.act_order", self.act_order)
+        require_range("weight_only.damping", self.damping, 1e-6, 1.0)
+        require_bool("weight_only.quantize_lm_head", self.quantize_lm_head)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
