@@ -1,9 +1,10 @@
 """Peak memory of the API process while it receives uploads of growing size.
 
-    .venv/bin/python bench/upload_memory.py [--sizes 8,128,512]   (MiB)
+    .venv/bin/python -m bench.upload_memory [--sizes 8,128,512] [--store local|s3]   (MiB)
 
 Starts the real API and a validation worker (SQLite, the local Redis or the embedded broker, a
-temporary storage root), uploads a body of each size as a streamed raw request (the body is not
+temporary storage root; with ``--store s3`` the uploads stream into a bucket of moto's S3 server on
+127.0.0.1, as multipart uploads), uploads a body of each size as a streamed raw request (the body is not
 a valid model, so validation refuses it and the upload is discarded), and reads the API process's
 peak resident memory (VmHWM) after each one. Streaming to disk means the peak must not grow with
 the upload size; buffering would add the upload's size to it. Prints a table.
@@ -22,6 +23,7 @@ import httpx
 
 from jobs.config import Settings
 from jobs.queue import resolve_broker_url
+from launcher.servers import S3_CREDENTIALS, S3Server, new_bucket
 from launcher.stack import Stack
 
 CHUNK = 1024 * 1024
@@ -44,8 +46,21 @@ def body(size_mib: int):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,128,512", help="upload sizes in MiB, comma-separated")
+    parser.add_argument("--store", choices=("local", "s3"), default="local", help="where uploads are stored")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    s3 = S3Server() if args.store == "s3" else None
+    if s3 is not None:
+        s3.start()
+    try:
+        return measure(sizes, s3)
+    finally:
+        if s3 is not None:
+            s3.stop()
+
+
+def measure(sizes: list[int], s3: S3Server | None) -> int:
+    """Print the API's peak RSS after each upload of ``sizes`` MiB (into ``s3`` when given)."""
     with tempfile.TemporaryDirectory(prefix="bench-upload-") as var_dir:
         settings = Settings(var_dir=Path(var_dir))
         env = dict(
@@ -55,6 +70,9 @@ def main() -> int:
             DATABASE_URL=settings.resolved_database_url,
             QUANT_MAX_MODEL_BYTES=str((max(sizes) + 1) * CHUNK),
         )
+        if s3 is not None:
+            bucket = new_bucket(s3.endpoint)
+            env.update(S3_CREDENTIALS, QUANT_STORAGE_URL=f"s3://{bucket}/bench", QUANT_STORAGE_ENDPOINT_URL=s3.endpoint)
         stack = Stack(env=env, log_dir=Path(var_dir) / "logs")
         try:
             stack.migrate()

@@ -1,4 +1,4 @@
-"""Throwaway Redis and PostgreSQL servers on free loopback ports, for fault tests and benchmarks.
+"""Throwaway Redis, PostgreSQL and S3 servers on free loopback ports, for fault tests and benchmarks.
 
 Each keeps its state in a temporary place and can be stopped and started again (a restart), so
 a test can take a server away from the service without touching the shared ones.
@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import redis
 
 from launcher.stack import free_port
@@ -106,3 +109,65 @@ class PostgresCluster:
             self._run("pg_ctl", "-D", str(self.data / "db"), "-m", "immediate", "stop", check=False)
             shutil.rmtree(self.data, ignore_errors=True)
             self.data = None
+
+
+# Credentials moto's server accepts (any); set for every client and every process a service starts.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@dataclass
+class S3Server:
+    """A real S3 API: moto's standalone server (``moto[server]``, a dev dependency), in memory; clients
+    and buckets of its ``endpoint`` come from ``s3_client`` and ``new_bucket``."""
+
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                httpx.get(f"{self.endpoint}/moto-api/", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    message = f"moto's S3 server did not answer on port {self.port} within {timeout} s"
+                    raise TimeoutError(message) from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+            self.process = None
+
+
+def s3_client(endpoint: str):
+    """A boto3 client of the S3 server at ``endpoint`` (boto3 is imported here: only S3's callers need it)."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"],
+    )
+
+
+def new_bucket(endpoint: str) -> str:
+    """An empty bucket of its own on the S3 server at ``endpoint``."""
+    name = f"quant-{uuid.uuid4().hex[:12]}"
+    s3_client(endpoint).create_bucket(Bucket=name)
+    return name

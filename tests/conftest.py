@@ -8,9 +8,6 @@ and its own processes, started the way `make run` starts them (`launcher.stack`)
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +21,8 @@ from sqlalchemy import create_engine, text
 
 from jobs import keys, queries
 from jobs.db import session_scope
-from launcher.stack import Stack, free_port
+from launcher.servers import S3Server
+from launcher.stack import Stack
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS_LOCK = "quant-test:lock"
@@ -32,55 +30,20 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 
 
-# Credentials moto accepts; set for the test's own clients and every process a service starts.
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 API (moto's standalone server) on a free 127.0.0.1 port, stopped at the end."""
+    server = S3Server()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """A real S3 API (moto's standalone server) on a free 127.0.0.1 port, stopped at the end."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{endpoint}/moto-api/", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto_server did not start within 30 s") from None
-                time.sleep(0.2)
-        yield endpoint
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
-
-
-def new_bucket(endpoint: str) -> str:
-    """An empty bucket of its own on the test's S3 server."""
-    import boto3
-
-    name = f"quant-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=endpoint, **_boto_credentials()).create_bucket(Bucket=name)
-    return name
-
-
-def _boto_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": S3_ENV["AWS_SECRET_ACCESS_KEY"],
-        "region_name": S3_ENV["AWS_DEFAULT_REGION"],
-    }
+def s3_endpoint(s3_server: S3Server) -> str:
+    return s3_server.endpoint
 
 
 @pytest.fixture(scope="session")

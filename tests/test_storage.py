@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import httpx
 import pytest
 
@@ -23,7 +22,7 @@ from jobs.local_store import LocalStore
 from jobs.models import JobStatus
 from jobs.object_store import PART_BYTES, ObjectStore
 from jobs.storage import Store
-from tests.conftest import S3_ENV, _boto_credentials, new_bucket
+from launcher.servers import S3_CREDENTIALS, new_bucket, s3_client
 from worker.inputs import InputCache, JobInputs, StoredInput
 
 # Each child of the cache race waits this long at most for the other to start (bounded, not forever).
@@ -33,7 +32,7 @@ RACE_TIMEOUT = 60.0
 def make_store(kind: str, tmp_path: Path, endpoint: str | None) -> Store:
     if kind == "local":
         return LocalStore(tmp_path / "store")
-    client = boto3.client("s3", endpoint_url=endpoint, **_boto_credentials())
+    client = s3_client(endpoint)
     return ObjectStore(client, new_bucket(endpoint), "deployment/a", tmp_path / "scratch")
 
 
@@ -155,7 +154,7 @@ def _race(
     if kind == "local":
         store: Store = LocalStore(Path(tmp_path) / "store")
     else:
-        client = boto3.client("s3", endpoint_url=endpoint, **_boto_credentials())
+        client = s3_client(endpoint)
         store = ObjectStore(client, bucket, "deployment/a", Path(tmp_path) / "scratch")
     barrier.wait(RACE_TIMEOUT)
     with InputCache(store, Path(tmp_path) / "cache", max_bytes=10**9).use(item) as (path, downloaded):
@@ -201,7 +200,7 @@ def swept_store(
     monkeypatch.setattr(settings, "database_url", database)
     monkeypatch.setattr(settings, "var_dir", tmp_path / "var")
     if store_kind == "s3":
-        for name, value in S3_ENV.items():
+        for name, value in S3_CREDENTIALS.items():
             monkeypatch.setenv(name, value)
         monkeypatch.setattr(settings, "storage_url", f"s3://{new_bucket(endpoint)}/sweep")
         monkeypatch.setattr(settings, "storage_endpoint_url", endpoint)

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import httpx
 import pytest
 
@@ -21,8 +20,9 @@ from cli.transfer import download
 from jobs.db import session_scope
 from jobs.keys import create_api_key
 from jobs.queries import create_project, events_after, get_project_by_name
+from launcher.servers import S3_CREDENTIALS, new_bucket, s3_client
 from launcher.stack import Stack
-from tests.conftest import ARTIFACTS, S3_ENV, SERVICE_ENV, _boto_credentials, make_database, new_bucket, redis_database
+from tests.conftest import ARTIFACTS, SERVICE_ENV, make_database, redis_database
 from tests.test_api import assert_problem
 
 RECIPE = {"calibration": {"num_samples": 64}, "evaluation": {"holdout_fraction": 0.3}}
@@ -47,7 +47,7 @@ class StoredService:
         if self.bucket is None:
             root = self.api_var / "storage"
             return sorted(str(p.relative_to(root)) for p in (root / prefix).rglob("*") if p.is_file())
-        s3 = boto3.client("s3", endpoint_url=self.endpoint, **_boto_credentials())
+        s3 = s3_client(self.endpoint)
         listed = s3.list_objects_v2(Bucket=self.bucket, Prefix=f"svc/{prefix}").get("Contents", [])
         return sorted(item["Key"].removeprefix("svc/") for item in listed)
 
@@ -62,7 +62,7 @@ def stored(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with make_database("sqlite") as database_url, redis_database() as broker_url:
         env = dict(os.environ, DATABASE_URL=database_url, BROKER_URL=broker_url, **SERVICE_ENV)
         if bucket is not None:
-            env.update(S3_ENV, QUANT_STORAGE_URL=f"s3://{bucket}/svc", QUANT_STORAGE_ENDPOINT_URL=endpoint)
+            env.update(S3_CREDENTIALS, QUANT_STORAGE_URL=f"s3://{bucket}/svc", QUANT_STORAGE_ENDPOINT_URL=endpoint)
         logs = ARTIFACTS / "logs" / f"storage-{kind}-{os.getpid()}"
         api = Stack(env=dict(env, QUANT_VAR_DIR=str(api_var)), log_dir=logs / "api")
         workers = Stack(env=dict(env, QUANT_VAR_DIR=str(worker_var)), log_dir=logs / "workers")
@@ -195,5 +195,5 @@ def test_an_upload_past_the_quota_is_cut_off_and_leaves_nothing(
     assert stored.objects(f"{project_id}/") == []
     assert not [key for key in stored.objects() if key.startswith(".uploads/")]
     if stored.bucket is not None:
-        s3 = boto3.client("s3", endpoint_url=stored.endpoint, **_boto_credentials())
+        s3 = s3_client(stored.endpoint)
         assert s3.list_multipart_uploads(Bucket=stored.bucket).get("Uploads", []) == []
