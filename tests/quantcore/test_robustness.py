@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import PLATFORMS, QuantizeConfig, annotate, prepare, quantize
+from quantcore.prepare import shapes
 from quantcore.prepare.float_regions import NORMALIZATION_REASON, POWER_REASON
 
 RNG = np.random.default_rng(0)
@@ -439,7 +440,8 @@ def test_failing_shape_inference_is_tolerated(monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("[ShapeInferenceError] unsupported op")
 
-    monkeypatch.setattr("quantcore.prepare.shapes.shape_inference.infer_shapes", broken)
+    # through the module: the attribute quantcore.prepare is the verb, not the stage's package
+    monkeypatch.setattr(shapes.shape_inference, "infer_shapes", broken)
     model = paddle_style()
     prepared = prepare(model)
     assert any("shape inference failed, continuing without it" in w for w in prepared.warnings)
@@ -501,7 +503,7 @@ def test_model_local_functions_are_inlined_so_their_convs_are_quantized(tmp_path
     prepared = prepare(model)
     assert not prepared.model.functions
     assert [n.op_type for n in prepared.model.graph.node] == ["Conv", "Relu", "Conv", "Relu"]
-    assert any("model-local function(s) inlined" in w and "blocks.ConvRelu" in w for w in prepared.warnings)
+    assert any("1 model-local function inlined" in w and "blocks.ConvRelu" in w for w in prepared.warnings)
     _same_outputs(model, prepared.model, feeds)
     onnx.save(model, tmp_path / "functions.onnx")
     result = quantize(tmp_path / "functions.onnx", feeds, feeds, QuantizeConfig(cpu_latency=False), tmp_path / "out")
