@@ -51,8 +51,11 @@ class ObjectUpload(StagedUpload):
 
     def send(self) -> None:
         while len(self.buffer) >= PART_BYTES:
-            self._part(bytes(self.buffer[:PART_BYTES]))
+            # one copy of the part (a bytearray slice, then bytes(), would be two: 16 MiB more at the peak)
+            with memoryview(self.buffer) as view:
+                part = bytes(view[:PART_BYTES])
             del self.buffer[:PART_BYTES]
+            self._part(part)
 
     def _part(self, body: bytes) -> None:
         number = len(self.parts) + 1
