@@ -12,131 +12,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-# ---- config (quantcore.config.QuantizeConfig.to_dict) ----
-
-
-class WeightOnlyConfig(_Section):
-    algorithm: Literal["rtn", "gptq"]
-    block_size: int = Field(description="Weights per scale along the reduction axis K (the last block may be short).")
-    symmetric: bool = Field(description="true: zero point 2^(bits-1) for every block; false: one per block.")
-    format: Literal["matmulnbits", "dequantize_linear"]
-    act_order: bool = Field(description="gptq: rows visited by decreasing H diagonal (block scales computed first).")
-    damping: float = Field(description="gptq: λ = damping · mean(diag H) added to H's diagonal.")
-    quantize_lm_head: bool = Field(description="Whether the LM head was quantized too (kept float by default).")
-
-
-class OverrideConfig(_Section):
-    pattern: str
-    bits: int | None
-    observer: str | None
-
-
-class AnalysisConfig(_Section):
-    enabled: bool
-    graphwise_samples: int | None
-    layerwise_samples: int
-    max_layers: int
-    layerwise_seconds: float | None = None
-
-
-class TargetConfig(_Section):
-    metric: Literal["top1_drop", "cosine", "sqnr"]
-    threshold: float
-    max_float_layers: int | None
-
-
-class AutoConfig(_Section):
-    budget_seconds: float
-    objective: TargetConfig
-    candidates: list[str] | None = Field(description="The candidates asked for; null: all that apply.")
-
-
-class ReconstructionConfig(_Section):
-    method: Literal["adaround", "brecq", "qdrop"]
-    iters: int = Field(description="Optimizer steps per block.")
-    batch_size: int
-    num_samples: int = Field(description="Calibration samples whose block inputs and outputs were cached.")
-    weight_lr: float | None
-    activation_lr: float
-    rounding_loss_weight: float = Field(description="λ of the rounding regularizer Σ(1 - |2h(V) - 1|^β).")
-    warmup: float = Field(description="Fraction of the steps without the rounding regularizer.")
-    beta_start: float
-    beta_end: float
-    drop_prob: float = Field(description="qdrop: probability of dropping an activation's quantization.")
-    cache_bytes: int
-    seed: int
-    threads: int
-
-
-class RunConfig(_Section):
-    platform: str
-    precision: str
-    observer: str
-    percentile: float = Field(description="The percentile the run used: the one the search kept, if it ran.")
-    percentile_candidates: list[float] = Field(default_factory=list)
-    clip: Literal["percentile", "mse"] = Field(
-        "percentile",
-        description="Where tensors observed by percentile were clipped: at the percentile, or at the threshold "
-        "minimising their quantization error estimated on the same histogram (kept by the search).",
-    )
-    batch_size: int
-    exclude_op_types: list[str]
-    exclude_node_patterns: list[str] = Field(description="Includes the layers the accuracy-target mode kept in float.")
-    overrides: list[OverrideConfig]
-    reduce_range: str
-    device: str
-    disabled_optimizers: list[str] = Field(
-        default_factory=list, description="ONNX Runtime graph rewrites the deployed session skips (see parity)."
-    )
-    cpu_latency: bool = Field(title="CPU latency")
-    tensorrt_engine: bool = Field(title="TensorRT engine")
-    analysis: AnalysisConfig | None = None
-    target: TargetConfig | None = None
-    reconstruction: ReconstructionConfig | None = None
-    equalization: bool = Field(
-        False, description="Whether cross-layer equalization rescaled the prepared model's layer pairs."
-    )
-    bias_correction: bool = Field(
-        False, description="Whether the quantized layers' biases were corrected for their weights' mean shift."
-    )
-    smoothquant: bool = Field(
-        False,
-        description="Whether SmoothQuant was asked for: MatMul/Gemm inputs' outlier channels moved into their "
-        "weights (the prepare stage's message gives the layers smoothed and the alpha kept).",
-    )
-    strategy: Literal["fixed", "auto"] = Field(
-        "fixed",
-        description="fixed for the files written, also after an auto search: this config, run again, gives them "
-        "(the search itself is the report's auto section).",
-    )
-    auto: AutoConfig | None = Field(None, description="The auto search's settings (read with strategy auto only).")
-    cpu_objective: Literal["accuracy", "latency", "size"] = Field(
-        "accuracy",
-        title="CPU objective",
-        description="latency: the place stage kept in float the regions that ran slower quantized (see placement).",
-    )
-    cpu_threads: int | None = Field(None, title="CPU threads", description="null: every core of the worker.")
-    cpu_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], title="CPU batch sizes")
-    weight_only: WeightOnlyConfig | None = Field(None, description="Platform onnxruntime-weight-only only.")
-
+from jobs.report_config import AnalysisConfig, ReconstructionConfig, RunConfig, Section, WeightOnlyConfig
+from jobs.report_searches import AutoSearch, Placement, TargetOutcome
 
 # ---- prepare, annotate, calibrate ----
 
 
-class FoldedBatchNorm(_Section):
+class FoldedBatchNorm(Section):
     node: str
     batchnorm: str
     output: str
 
 
-class Preparation(_Section):
+class Preparation(Section):
     source_opset: int
     opset: int
     folded_batchnorms: list[FoldedBatchNorm]
@@ -150,13 +40,13 @@ class Preparation(_Section):
     )
 
 
-class NodeDecision(_Section):
+class NodeDecision(Section):
     node: str
     decision: Literal["quantized", "pass_through", "float", "excluded"]
     reason: str
 
 
-class AnnotationSummary(_Section):
+class AnnotationSummary(Section):
     platform: str | None
     quantized_activations: int
     quantized_weights: int
@@ -172,20 +62,20 @@ class AnnotationSummary(_Section):
     )
 
 
-class PercentileCandidate(_Section):
+class PercentileCandidate(Section):
     clip: Literal["percentile", "mse"] = "percentile"
     percentile: float | None = Field(description="The candidate's percentile (null: the MSE threshold).")
     sqnr_db: float | None = Field(description="Worst output SQNR on the search samples (null: exact, or not finite).")
 
 
-class PercentileSearch(_Section):
+class PercentileSearch(Section):
     chosen: float = Field(description="The percentile the run went on with (with clip mse: the configured one).")
     clip: Literal["percentile", "mse"] = Field("percentile", description="The kind of candidate kept.")
     samples: int
     candidates: list[PercentileCandidate]
 
 
-class CalibrationSummary(_Section):
+class CalibrationSummary(Section):
     num_samples: int
     batch_size: int
     num_batches: int
@@ -199,7 +89,7 @@ class CalibrationSummary(_Section):
 # ---- evaluate ----
 
 
-class OutputMetrics(_Section):
+class OutputMetrics(Section):
     sqnr_db: float | None = Field(description="10·log10(Σx² / Σ(x - x̂)²); null for a perfect match.")
     cosine: float | None
     max_abs_error: float | None
@@ -220,14 +110,14 @@ class OutputMetrics(_Section):
     )
 
 
-class ModelSizes(_Section):
+class ModelSizes(Section):
     fp32_bytes: int
     qdq_bytes: int
     quantize_linear_nodes: int = Field(description="QuantizeLinear and DynamicQuantizeLinear nodes.")
     dequantize_linear_nodes: int
 
 
-class TaskScores(_Section):
+class TaskScores(Section):
     top1: float | None
     task_metrics: dict[str, float | None] = Field(
         default_factory=dict, description="Every registered task metric (top1, top5, ...); empty without labels."
@@ -250,7 +140,7 @@ class DeployedResult(ModeResult):
     )
 
 
-class Evaluation(_Section):
+class Evaluation(Section):
     model: ModelSizes
     num_samples: int
     batch_size: int
@@ -262,7 +152,7 @@ class Evaluation(_Section):
     deployed_vs_exact: dict[str, OutputMetrics]
 
 
-class Parity(_Section):
+class Parity(Section):
     agree: bool | None
     min_sqnr_db: float | None
     top1_gap: float | None
@@ -275,13 +165,13 @@ class Parity(_Section):
 # ---- analyze ----
 
 
-class GraphwiseBounds(_Section):
+class GraphwiseBounds(Section):
     samples: int
     runs_per_batch: int
     batch_size: int | None = Field(None, description="Samples a run took.")
 
 
-class LayerwiseBounds(_Section):
+class LayerwiseBounds(Section):
     samples: int
     layers_total: int
     layers_analyzed: int
@@ -296,7 +186,7 @@ class LayerwiseBounds(_Section):
     statement: str
 
 
-class LayerHarm(_Section):
+class LayerHarm(Section):
     rank: int = Field(description="1 = the most harmful layer.")
     node: str
     op_type: str
@@ -308,7 +198,7 @@ class LayerHarm(_Section):
     local_sqnr_db: float | None
 
 
-class TensorStats(_Section):
+class TensorStats(Section):
     tensor: str
     kind: Literal["activation", "weight"]
     graphwise_sqnr_db: float | None = Field(description="At this tensor, fully quantized model vs FP32.")
@@ -321,98 +211,17 @@ class TensorStats(_Section):
     channel_range_ratio: float | None = Field(description="Weights: max / median of the per-channel |max|.")
 
 
-class Analysis(_Section):
+class Analysis(Section):
     graphwise: GraphwiseBounds
     layerwise: LayerwiseBounds
     layers: list[LayerHarm] = Field(description="Ranked by harm, most harmful first.")
     tensors: list[TensorStats]
 
 
-# ---- target ----
-
-
-class TargetStep(_Section):
-    step: int
-    float_layers: list[str]
-    value: float | None = Field(description="The target metric after this step.")
-    met: bool
-    top1: float | None
-    qdq_bytes: int
-    latency_ms_per_sample: float | None
-    calibration: Literal["reused", "recalibrated"] | None
-    seconds: float
-
-
-class TargetOutcome(TargetConfig):
-    statement: str
-    measured_on: Literal["qdq_deployed", "qdq_exact"]
-    met: bool
-    verdict: str
-    chosen_step: int
-    float_layers: list[str]
-    ranked_layers: int
-    search: str
-    steps: list[TargetStep]
-
-
-# ---- auto (quantcore.auto) ----
-
-
-class AutoObjective(TargetConfig):
-    statement: str
-
-
-class AutoSelection(_Section):
-    calibration_samples: int = Field(description="Calibration samples each candidate calibrated on.")
-    selection_samples: int = Field(description="The last calibration samples, held out and scored on.")
-    fraction: float
-
-
-class AutoCandidateResult(_Section):
-    name: str
-    change: str = Field(description="What the candidate changed in the recipe, in words.")
-    value: float | None = Field(description="The objective's metric on the selection split; null: undefined or failed.")
-    met: bool
-    qdq_bytes: int | None
-    latency_p50_ms: float | None = Field(
-        description="The deployed model's CPU EP latency at batch 1 (p50, ms); null: not measured."
-    )
-    seconds: float
-    error: str | None = Field(description="Why the candidate produced no model (it was skipped); null: it did.")
-    pareto: bool = Field(description="On the accuracy/size Pareto front of the candidates that produced a model.")
-
-
-class AutoFallback(_Section):
-    from_: str = Field(alias="from", description="The best candidate the accuracy-target method started from.")
-    dropped: list[str] = Field(description="What the target method cannot be combined with, dropped from it.")
-    float_layers: list[str] = Field(description="Layers kept in float (added to config.exclude_node_patterns).")
-    value: float | None
-    met: bool
-    verdict: str | None
-    seconds: float
-    error: str | None
-
-
-class AutoSearch(_Section):
-    """The search of strategy auto: every candidate tried on the selection split, the one chosen and why."""
-
-    objective: AutoObjective
-    measured_on: str
-    selection: AutoSelection
-    budget_seconds: float
-    candidates: list[AutoCandidateResult]
-    stopped: str | None = Field(description="Why the search stopped before its last candidate (the budget); null.")
-    chosen: str
-    fallback: AutoFallback | None = Field(description="Null when a candidate met the objective (or no time was left).")
-    met: bool = Field(description="Whether the objective was met on the selection split.")
-    reason: str = Field(description="The choice in one sentence.")
-    seconds: float
-
-
 # ---- reconstruction ----
 
 
-class ReconstructedBlock(_Section):
+class ReconstructedBlock(Section):
     name: str
     kind: Literal["layer", "layers", "residual"]
     nodes: list[str]
@@ -436,12 +245,12 @@ class Reconstruction(ReconstructionConfig):
 # ---- dataset split (written by the service) ----
 
 
-class SplitPart(_Section):
+class SplitPart(Section):
     count: int
     sha256: str
 
 
-class DatasetSplit(_Section):
+class DatasetSplit(Section):
     kind: Literal["arrays", "images"]
     seed: int
     num_samples: int
@@ -460,7 +269,7 @@ class DatasetSplit(_Section):
 # ---- latency, engine ----
 
 
-class LatencyStats(_Section):
+class LatencyStats(Section):
     batch: int
     runs: int
     p50_ms: float
@@ -472,7 +281,7 @@ class LatencyStats(_Section):
     throughput_samples_per_s: float | None
 
 
-class CpuLatency(_Section):
+class CpuLatency(Section):
     device: str
     provider: str
     onnxruntime: str
@@ -490,62 +299,11 @@ class CpuLatency(_Section):
     notes: list[str]
 
 
-class PlacementTiming(_Section):
-    p25_ms: float
-    p50_ms: float = Field(description="The median of the interleaved runs.")
-    p75_ms: float = Field(description="p25 to p75 is the spread a decision must exceed.")
-    runs: int
-
-
-class PlacementPair(_Section):
-    quantized: PlacementTiming | None = Field(description="The model with the region quantized; null: refused.")
-    float: PlacementTiming | None = Field(description="The same model with the region's nodes float; null: refused.")
-
-
-class PlacementRegion(_Section):
-    round: int
-    nodes: list[str] = Field(description="The region's quantized nodes, joined by quantized tensors.")
-    op_types: dict[str, int]
-    timings: dict[str, PlacementPair] = Field(description="Per batch size (batch_1, ...).")
-    cached: bool = Field(description="Timings read from the worker's timing cache instead of measured.")
-    kept: Literal["quantized", "float"]
-    reason: str
-
-
-class PlacementFinal(_Section):
-    fp32: PlacementTiming | None = Field(None, title="FP32", description="The prepared model, nothing quantized.")
-    quantized: PlacementTiming | None = Field(None, description="Every region quantized (accuracy's model).")
-    placed: PlacementTiming | None = Field(None, description="The model with the regions slower quantized in float.")
-    speedup_p50: float | None = Field(description="FP32 p50 / the kept model's p50.")
-
-
-class Placement(_Section):
-    objective: Literal["latency"]
-    threads: int = Field(description="ONNX Runtime intra-op threads of every measurement.")
-    batch_sizes: list[int]
-    cpu: str = Field(title="CPU", description="The CPU model the timings are of.")
-    onnxruntime: str
-    rounds: int
-    stopped: str = Field(description="Why the search stopped: no region changed, the round limit, the time budget.")
-    regions: list[PlacementRegion] = Field(description="Every region measured, round by round.")
-    kept: Literal["quantized", "placed", "fp32"] = Field(
-        description="The model kept: quantized (every region), placed, or fp32 (every region float): the most "
-        "quantized one that no less quantized one is clearly faster than."
-    )
-    float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
-    final: dict[str, PlacementFinal] = Field(description="FP32, all quantized and placed timed together, per batch.")
-    final_cached: bool
-    measurements: int = Field(description="Timer calls made (0 on a cached rerun).")
-    cached_measurements: int
-    measured_seconds: float
-    statement: str
-
-
-class Latency(_Section):
+class Latency(Section):
     cpu: CpuLatency | None = Field(title="CPU latency")
 
 
-class EngineSummary(_Section):
+class EngineSummary(Section):
     status: str = Field(description="built, skipped or failed.")
     reason: str | None
     engine_path: str | None
@@ -562,7 +320,7 @@ class EngineSummary(_Section):
 # ---- weight-only (quantcore.pipeline.weight_only) ----
 
 
-class WeightOnlyLayer(_Section):
+class WeightOnlyLayer(Section):
     node: str
     op_type: Literal["MatMul", "Gemm"]
     weight: str = Field(description="The FP32 initializer replaced by the stored codes.")
@@ -577,14 +335,14 @@ class WeightOnlyLayer(_Section):
     damping: float | None = Field(None, description="gptq: the damping used (raised x10 when H was not definite).")
 
 
-class WeightOnlyFloatLayer(_Section):
+class WeightOnlyFloatLayer(Section):
     node: str
     op_type: str
     weight: str
     reason: str = Field(description="Why it stays float (LM head, embedding, tied weight, shape).")
 
 
-class WeightOnlySize(_Section):
+class WeightOnlySize(Section):
     fp32_model_bytes: int
     model_bytes: int = Field(description="The exported model's file(s).")
     quantized_layers_fp32_bytes: int
@@ -604,7 +362,7 @@ class WeightOnlySection(WeightOnlyConfig):
     notes: list[str] = Field(description="What the deployed model computes beyond the stored weights.")
 
 
-class Report(_Section):
+class Report(Section):
     """A job's report.json."""
 
     format: str

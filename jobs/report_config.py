@@ -1,0 +1,124 @@
+"""The run's configuration as report.json records it (``quantcore.config.QuantizeConfig.to_dict``), and
+``Section``, the base of every report section (``jobs.report_schema``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """A report section: fields it does not list are kept (a report written by a newer engine is served)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- config (quantcore.config.QuantizeConfig.to_dict) ----
+
+
+class WeightOnlyConfig(Section):
+    algorithm: Literal["rtn", "gptq"]
+    block_size: int = Field(description="Weights per scale along the reduction axis K (the last block may be short).")
+    symmetric: bool = Field(description="true: zero point 2^(bits-1) for every block; false: one per block.")
+    format: Literal["matmulnbits", "dequantize_linear"]
+    act_order: bool = Field(description="gptq: rows visited by decreasing H diagonal (block scales computed first).")
+    damping: float = Field(description="gptq: λ = damping · mean(diag H) added to H's diagonal.")
+    quantize_lm_head: bool = Field(description="Whether the LM head was quantized too (kept float by default).")
+
+
+class OverrideConfig(Section):
+    pattern: str
+    bits: int | None
+    observer: str | None
+
+
+class AnalysisConfig(Section):
+    enabled: bool
+    graphwise_samples: int | None
+    layerwise_samples: int
+    max_layers: int
+    layerwise_seconds: float | None = None
+
+
+class TargetConfig(Section):
+    metric: Literal["top1_drop", "cosine", "sqnr"]
+    threshold: float
+    max_float_layers: int | None
+
+
+class AutoConfig(Section):
+    budget_seconds: float
+    objective: TargetConfig
+    candidates: list[str] | None = Field(description="The candidates asked for; null: all that apply.")
+
+
+class ReconstructionConfig(Section):
+    method: Literal["adaround", "brecq", "qdrop"]
+    iters: int = Field(description="Optimizer steps per block.")
+    batch_size: int
+    num_samples: int = Field(description="Calibration samples whose block inputs and outputs were cached.")
+    weight_lr: float | None
+    activation_lr: float
+    rounding_loss_weight: float = Field(description="λ of the rounding regularizer Σ(1 - |2h(V) - 1|^β).")
+    warmup: float = Field(description="Fraction of the steps without the rounding regularizer.")
+    beta_start: float
+    beta_end: float
+    drop_prob: float = Field(description="qdrop: probability of dropping an activation's quantization.")
+    cache_bytes: int
+    seed: int
+    threads: int
+
+
+class RunConfig(Section):
+    platform: str
+    precision: str
+    observer: str
+    percentile: float = Field(description="The percentile the run used: the one the search kept, if it ran.")
+    percentile_candidates: list[float] = Field(default_factory=list)
+    clip: Literal["percentile", "mse"] = Field(
+        "percentile",
+        description="Where tensors observed by percentile were clipped: at the percentile, or at the threshold "
+        "minimising their quantization error estimated on the same histogram (kept by the search).",
+    )
+    batch_size: int
+    exclude_op_types: list[str]
+    exclude_node_patterns: list[str] = Field(description="Includes the layers the accuracy-target mode kept in float.")
+    overrides: list[OverrideConfig]
+    reduce_range: str
+    device: str
+    disabled_optimizers: list[str] = Field(
+        default_factory=list, description="ONNX Runtime graph rewrites the deployed session skips (see parity)."
+    )
+    cpu_latency: bool = Field(title="CPU latency")
+    tensorrt_engine: bool = Field(title="TensorRT engine")
+    analysis: AnalysisConfig | None = None
+    target: TargetConfig | None = None
+    reconstruction: ReconstructionConfig | None = None
+    equalization: bool = Field(
+        False, description="Whether cross-layer equalization rescaled the prepared model's layer pairs."
+    )
+    bias_correction: bool = Field(
+        False, description="Whether the quantized layers' biases were corrected for their weights' mean shift."
+    )
+    smoothquant: bool = Field(
+        False,
+        description="Whether SmoothQuant was asked for: MatMul/Gemm inputs' outlier channels moved into their "
+        "weights (the prepare stage's message gives the layers smoothed and the alpha kept).",
+    )
+    strategy: Literal["fixed", "auto"] = Field(
+        "fixed",
+        description="fixed for the files written, also after an auto search: this config, run again, gives them "
+        "(the search itself is the report's auto section).",
+    )
+    auto: AutoConfig | None = Field(None, description="The auto search's settings (read with strategy auto only).")
+    cpu_objective: Literal["accuracy", "latency", "size"] = Field(
+        "accuracy",
+        title="CPU objective",
+        description="latency: the place stage kept in float the regions that ran slower quantized (see placement).",
+    )
+    cpu_threads: int | None = Field(None, title="CPU threads", description="null: every core of the worker.")
+    cpu_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], title="CPU batch sizes")
+    weight_only: WeightOnlyConfig | None = Field(None, description="Platform onnxruntime-weight-only only.")
+
+

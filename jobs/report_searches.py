@@ -1,0 +1,146 @@
+"""The report's sections of the searches that run stages again: the accuracy target, strategy auto and
+the CPU placement (part of ``jobs.report_schema``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from jobs.report_config import Section, TargetConfig
+
+# ---- target ----
+
+
+class TargetStep(Section):
+    step: int
+    float_layers: list[str]
+    value: float | None = Field(description="The target metric after this step.")
+    met: bool
+    top1: float | None
+    qdq_bytes: int
+    latency_ms_per_sample: float | None
+    calibration: Literal["reused", "recalibrated"] | None
+    seconds: float
+
+
+class TargetOutcome(TargetConfig):
+    statement: str
+    measured_on: Literal["qdq_deployed", "qdq_exact"]
+    met: bool
+    verdict: str
+    chosen_step: int
+    float_layers: list[str]
+    ranked_layers: int
+    search: str
+    steps: list[TargetStep]
+
+
+# ---- auto (quantcore.auto) ----
+
+
+class AutoObjective(TargetConfig):
+    statement: str
+
+
+class AutoSelection(Section):
+    calibration_samples: int = Field(description="Calibration samples each candidate calibrated on.")
+    selection_samples: int = Field(description="The last calibration samples, held out and scored on.")
+    fraction: float
+
+
+class AutoCandidateResult(Section):
+    name: str
+    change: str = Field(description="What the candidate changed in the recipe, in words.")
+    value: float | None = Field(description="The objective's metric on the selection split; null: undefined or failed.")
+    met: bool
+    qdq_bytes: int | None
+    latency_p50_ms: float | None = Field(
+        description="The deployed model's CPU EP latency at batch 1 (p50, ms); null: not measured."
+    )
+    seconds: float
+    error: str | None = Field(description="Why the candidate produced no model (it was skipped); null: it did.")
+    pareto: bool = Field(description="On the accuracy/size Pareto front of the candidates that produced a model.")
+
+
+class AutoFallback(Section):
+    from_: str = Field(alias="from", description="The best candidate the accuracy-target method started from.")
+    dropped: list[str] = Field(description="What the target method cannot be combined with, dropped from it.")
+    float_layers: list[str] = Field(description="Layers kept in float (added to config.exclude_node_patterns).")
+    value: float | None
+    met: bool
+    verdict: str | None
+    seconds: float
+    error: str | None
+
+
+class AutoSearch(Section):
+    """The search of strategy auto: every candidate tried on the selection split, the one chosen and why."""
+
+    objective: AutoObjective
+    measured_on: str
+    selection: AutoSelection
+    budget_seconds: float
+    candidates: list[AutoCandidateResult]
+    stopped: str | None = Field(description="Why the search stopped before its last candidate (the budget); null.")
+    chosen: str
+    fallback: AutoFallback | None = Field(description="Null when a candidate met the objective (or no time was left).")
+    met: bool = Field(description="Whether the objective was met on the selection split.")
+    reason: str = Field(description="The choice in one sentence.")
+    seconds: float
+
+
+# ---- placement (quantcore.analysis.placement) ----
+
+
+class PlacementTiming(Section):
+    p25_ms: float
+    p50_ms: float = Field(description="The median of the interleaved runs.")
+    p75_ms: float = Field(description="p25 to p75 is the spread a decision must exceed.")
+    runs: int
+
+
+class PlacementPair(Section):
+    quantized: PlacementTiming | None = Field(description="The model with the region quantized; null: refused.")
+    float: PlacementTiming | None = Field(description="The same model with the region's nodes float; null: refused.")
+
+
+class PlacementRegion(Section):
+    round: int
+    nodes: list[str] = Field(description="The region's quantized nodes, joined by quantized tensors.")
+    op_types: dict[str, int]
+    timings: dict[str, PlacementPair] = Field(description="Per batch size (batch_1, ...).")
+    cached: bool = Field(description="Timings read from the worker's timing cache instead of measured.")
+    kept: Literal["quantized", "float"]
+    reason: str
+
+
+class PlacementFinal(Section):
+    fp32: PlacementTiming | None = Field(None, title="FP32", description="The prepared model, nothing quantized.")
+    quantized: PlacementTiming | None = Field(None, description="Every region quantized (accuracy's model).")
+    placed: PlacementTiming | None = Field(None, description="The model with the regions slower quantized in float.")
+    speedup_p50: float | None = Field(description="FP32 p50 / the kept model's p50.")
+
+
+class Placement(Section):
+    objective: Literal["latency"]
+    threads: int = Field(description="ONNX Runtime intra-op threads of every measurement.")
+    batch_sizes: list[int]
+    cpu: str = Field(title="CPU", description="The CPU model the timings are of.")
+    onnxruntime: str
+    rounds: int
+    stopped: str = Field(description="Why the search stopped: no region changed, the round limit, the time budget.")
+    regions: list[PlacementRegion] = Field(description="Every region measured, round by round.")
+    kept: Literal["quantized", "placed", "fp32"] = Field(
+        description="The model kept: quantized (every region), placed, or fp32 (every region float): the most "
+        "quantized one that no less quantized one is clearly faster than."
+    )
+    float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
+    final: dict[str, PlacementFinal] = Field(description="FP32, all quantized and placed timed together, per batch.")
+    final_cached: bool
+    measurements: int = Field(description="Timer calls made (0 on a cached rerun).")
+    cached_measurements: int
+    measured_seconds: float
+    statement: str
+
+
