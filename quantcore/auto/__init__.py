@@ -36,6 +36,7 @@ from quantcore.pipeline import QuantizeResult, quantize
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.runtime.batching import input_specs
 from quantcore.tensorrt.engine import EngineResult, build_engine
+from quantcore.wording import counted
 
 __all__ = ["quantize_auto"]
 
@@ -114,8 +115,8 @@ def _reason(
     done = sum(t.error is None for t in tried)
     if best.met:
         return (
-            f"{best.name} has the best {metric} on the selection split ({shown}) of {done} candidate(s) that produced "
-            f"a model, and meets the objective {objective_statement}",
+            f"{best.name} has the best {metric} on the selection split ({shown}) of {counted(done, 'candidate')} "
+            f"that produced a model, and meets the objective {objective_statement}",
             True,
         )
     head = f"no candidate met the objective {objective_statement}; the best was {best.name} ({metric} {shown})"
@@ -127,7 +128,8 @@ def _reason(
     value = "undefined" if fallen_back["value"] is None else f"{fallen_back['value']:.6g}"
     met = "meets" if fallen_back["met"] else "still does NOT meet"
     return (
-        f"{head}; with {layers} layer(s) kept in float by the accuracy-target method it {met} it ({metric} {value})",
+        f"{head}; with {counted(layers, 'layer')} kept in float by the accuracy-target method it {met} it "
+        f"({metric} {value})",
         bool(fallen_back["met"]),
     )
 

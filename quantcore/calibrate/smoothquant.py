@@ -61,6 +61,7 @@ from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import EXPOSED_BYTES_PER_BATCH, Batches
 from quantcore.runtime.session import open_session
+from quantcore.wording import counted
 
 STAGE = "prepare"
 ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -98,13 +99,13 @@ class Smoothing:
         if self.alpha is None:
             if not self.ratios:
                 return "smoothquant: no layer with outlier channels"
-            return (
-                f"smoothquant: {len(self.ratios)} outlier group(s), none smoothed (no alpha beat the unsmoothed model)"
-            )
+            groups = counted(len(self.ratios), "outlier group")
+            return f"smoothquant: {groups}, none smoothed (no alpha beat the unsmoothed model)"
         layers = sum(len(g.layers) for g in self.groups)
         inserted = sum(g.absorbed is None for g in self.groups)
+        smoothed = f"{counted(layers, 'layer')} smoothed in {counted(len(self.groups), 'group')}"
         return (
-            f"smoothquant: {layers} layers smoothed in {len(self.groups)} group(s), alpha = {self.alpha:g} "
+            f"smoothquant: {smoothed}, alpha = {self.alpha:g} "
             f"({self.scores[self.alpha]:.1f} dB vs {self.scores[None]:.1f} dB unsmoothed on {self.samples} "
             f"calibration samples; {inserted} Mul inserted)"
         )

@@ -217,7 +217,7 @@ def test_quantize_reports_smoothquant_and_runs_nothing_when_off(tmp_path, monkey
         tmp_path / "on",
         progress=lambda stage, fraction, message: messages.__setitem__(stage, message),
     )
-    assert "smoothquant: 4 layers smoothed in 2 group(s), alpha = " in messages["prepare"]
+    assert "smoothquant: 4 layers smoothed in 2 groups, alpha = " in messages["prepare"]
     assert result.report["config"]["smoothquant"] is True
 
     def refuse(*args, **kwargs):
