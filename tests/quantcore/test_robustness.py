@@ -19,6 +19,14 @@ from quantcore.prepare.float_regions import NORMALIZATION_REASON, POWER_REASON
 RNG = np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_stream() -> None:
+    """Each test draws its weights and data from the same fresh stream, whatever ran (or failed) before it:
+    with one stream shared by the module, a test that stopped early handed the next ones other weights."""
+    global RNG
+    RNG = np.random.default_rng(0)
+
+
 def _init(name: str, shape: tuple[int, ...], std: float = 0.3) -> onnx.TensorProto:
     return numpy_helper.from_array(RNG.normal(0, std, shape).astype(np.float32), name)
 
