@@ -115,7 +115,9 @@ def build_mobilenet(out_dir: Path) -> Path:
 def train_and_export(make: Callable[[], nn.Module], path: Path, *, epochs: int = 15, seed: int = 0) -> Path:
     """Train ``make()`` (built after seeding torch) on the digits training split (SGD, momentum 0.9,
     cosine schedule, batch 64) and export it to ONNX (BN kept) at ``path``."""
-    with torch_threads(1):  # float sums in one order: the same model whatever the machine's cores
+    # float sums in one order: the same model whatever the machine's cores. oneDNN off: its convolution
+    # backward aborts the process (a double free) on some AVX2-only CPUs; the native kernels train the same net.
+    with torch_threads(1), torch.backends.mkldnn.flags(enabled=False):
         model = _train(make, seed=seed, epochs=epochs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

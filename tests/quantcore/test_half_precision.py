@@ -161,7 +161,13 @@ def test_a_torch_half_export_with_dynamic_axes_quantizes_like_its_float32_export
         }
         half, single = (runs[name].report["evaluation"] for name in ("half", "single"))
         assert half["model"]["quantize_linear_nodes"] == single["model"]["quantize_linear_nodes"] > 0
-        assert half["qdq_deployed"]["integer_kernels"] == single["qdq_deployed"]["integer_kernels"] > 0
+        deployed = {name: runs[name].report["evaluation"]["qdq_deployed"] for name in runs}
+        assert deployed["half"]["integer_kernels"] == deployed["single"]["integer_kernels"]
+        assert deployed["half"]["disabled_optimizers"] == deployed["single"]["disabled_optimizers"]
+        # On a CPU without VNNI the tensorrt preset's full-range int8 weights saturate ONNX Runtime's u8s8
+        # kernels, and the parity remedy turns the Q/DQ fusions off: then no integer kernel runs, in both.
+        if not deployed["single"]["disabled_optimizers"]:
+            assert deployed["single"]["integer_kernels"] > 0
         exported = onnx.load(runs["half"].model_path)
         (output,) = _run(exported, zoo.resized)
         assert output.dtype == np.float16 and output.shape == (*zoo.resized["tokens"].shape, 4)
