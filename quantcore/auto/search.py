@@ -12,15 +12,16 @@ ties go to the smaller model, then to the cheaper (earlier) candidate.
 Budget: the first candidate (the config as given) always runs whole: without it there is nothing to
 compare with. Every later one runs while the search is within ``budget_seconds``: it starts only if the
 time left is at least what the first took (no candidate does less work), and it is stopped inside, at
-the next batch, once the budget is spent (recorded as stopped). A candidate that raises a
-``QuantcoreError`` or an ONNX Runtime error is recorded with the error and skipped; cancellation is not
-an error and ends the search.
+the next batch, once the budget is spent (recorded as stopped). A candidate whose run raises anything
+(a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not suit) is
+recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
+worker's time limit), is not an error of the candidate and ends the search.
 
 Fallback: when no candidate meets the objective, the best one is run again with
-``target = objective`` (``quantcore.analysis.accuracy_target``: without the bias correction and the
-reconstruction it cannot be combined with), still on the selection split; the float layers it keeps
-are added to the chosen config's ``exclude_node_patterns``, so the final run, which never sees a target,
-keeps them in float too.
+``target = objective`` (``quantcore.analysis.accuracy_target``: without the bias correction, the
+reconstruction and the mixed precision it cannot be combined with), still on the selection split; the
+float layers it keeps are added to the chosen config's ``exclude_node_patterns``, so the final run, which
+never sees a target, keeps them in float too.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ from quantcore.analysis.accuracy_target import measure
 from quantcore.auto.candidates import Candidate
 from quantcore.auto.selection import SelectionSplit
 from quantcore.config import QuantizeConfig
-from quantcore.errors import Canceled, QuantcoreError
+from quantcore.errors import Canceled
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
 from quantcore.pipeline import STAGES, quantize
 from quantcore.progress import Monitor
-from quantcore.runtime.session import RUNTIME_ERRORS, error_line
+from quantcore.runtime.session import error_line
 
 STAGE = "auto"
 BUDGET_SPENT = "stopped: the search's budget was spent during this candidate"
@@ -58,9 +59,15 @@ class Deadline:
         self.monitor = monitor
         self.deadline = deadline
         self.user_asked = False
+        self.raised: BaseException | None = None  # what the caller's check raised (e.g. a worker's time limit)
 
     def __call__(self) -> bool:
-        if self.monitor.should_cancel is not None and self.monitor.should_cancel():
+        try:
+            asked = self.monitor.should_cancel is not None and self.monitor.should_cancel()
+        except BaseException as error:
+            self.raised = error
+            raise
+        if asked:
             self.user_asked = True
             return True
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -163,7 +170,9 @@ def try_candidate(
         if should_cancel.user_asked or deadline is None:
             raise
         return tried(None, None, None, BUDGET_SPENT)
-    except (QuantcoreError, *RUNTIME_ERRORS) as error:
+    except Exception as error:  # any fault of one candidate's run is that candidate's; the caller's own stop is not
+        if error is should_cancel.raised:
+            raise
         return tried(None, None, None, error_line(error))
     evaluation = result["evaluation"]
     latency = None
@@ -241,12 +250,20 @@ def fallback(search: Search, best: Tried, deadline: float) -> tuple[QuantizeConf
     config with its float layers excluded, and the report's ``fallback`` entry. Raises ``Canceled`` when
     the caller asked to stop; a failure or a budget spent keeps ``best``'s config, the entry saying why."""
     objective = best.config.auto.objective
-    config = replace(best.config, target=objective, bias_correction=False, reconstruction=None, strategy="fixed")
+    config = replace(
+        best.config,
+        target=objective,
+        bias_correction=False,
+        reconstruction=None,
+        mixed_precision=None,
+        strategy="fixed",
+    )
     dropped = [
         name
         for name, on in (
             ("bias correction", best.config.bias_correction),
             ("reconstruction", best.config.reconstruction is not None),
+            ("mixed precision", best.config.mixed_precision is not None),
         )
         if on
     ]
@@ -265,9 +282,7 @@ def fallback(search: Search, best: Tried, deadline: float) -> tuple[QuantizeConf
         search.monitor.report(STAGE, 0.95, f"accuracy-target fallback from {best.name}: {stage} {fraction:.0%}")
 
     try:
-        result = search.run(
-            _quiet(config), "fallback", should_cancel, report
-        )
+        result = search.run(_quiet(config), "fallback", should_cancel, report)
     except Canceled:
         if should_cancel.user_asked:
             raise
@@ -276,7 +291,9 @@ def fallback(search: Search, best: Tried, deadline: float) -> tuple[QuantizeConf
             "seconds": round(time.perf_counter() - started, 3),
             "error": "stopped: the budget was spent",
         }
-    except (QuantcoreError, *RUNTIME_ERRORS) as error:
+    except Exception as error:  # as a candidate's: the fallback's own fault, recorded; the caller's stop raised
+        if error is should_cancel.raised:
+            raise
         return best.config, {**entry, "seconds": round(time.perf_counter() - started, 3), "error": error_line(error)}
     target = result["target"]
     layers = target["float_layers"]

@@ -98,20 +98,40 @@ def test_the_chosen_candidate_is_the_best_by_the_recorded_metric(small, tmp_path
     assert result.report["evaluation"]["num_samples"] == 16  # the final run evaluates on the user's data
 
 
-def test_a_candidate_that_raises_is_recorded_and_skipped(small, tmp_path, monkeypatch) -> None:
+# ValueError: what a method raises on a model it does not suit (AdaRound's sample cache on a model whose
+# activations are sequence-first), not one of quantcore's own errors
+@pytest.mark.parametrize("error", [UnsupportedModelError, ValueError])
+def test_a_candidate_that_raises_is_recorded_and_skipped(small, tmp_path, monkeypatch, error) -> None:
     path, calibration, evaluation = small
     original = Search.run
 
     def run(self, config, name, should_cancel, report):
         if name == "mse":
-            raise UnsupportedModelError("mse broke")
+            raise error("mse broke")
         return original(self, config, name, should_cancel, report)
 
     monkeypatch.setattr(Search, "run", run)
     result = quantize_auto(path, calibration, evaluation, auto_config("minmax", "mse"), tmp_path / "out")
     rows_by_name = {c["name"]: c for c in result.report["auto"]["candidates"]}
-    assert rows_by_name["mse"]["error"] == "UnsupportedModelError: mse broke" and rows_by_name["mse"]["value"] is None
+    assert rows_by_name["mse"]["error"] == f"{error.__name__}: mse broke" and rows_by_name["mse"]["value"] is None
     assert not rows_by_name["mse"]["pareto"] and result.report["auto"]["chosen"] != "mse"
+
+
+class TimeLimit(Exception):
+    """What a worker's cancellation check raises once its time limit has passed (Celery's is an Exception)."""
+
+
+def test_what_the_callers_check_raises_ends_the_search(small, tmp_path, recorded_runs) -> None:
+    path, calibration, evaluation = small
+
+    def should_cancel() -> bool:  # raises once the second candidate has started
+        if len(recorded_runs) >= 2:
+            raise TimeLimit()
+        return False
+
+    with pytest.raises(TimeLimit):
+        quantize_auto(path, calibration, evaluation, auto_config(), tmp_path / "out", should_cancel=should_cancel)
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "minmax"]
 
 
 def test_the_job_fails_only_when_no_candidate_produced_a_model(small, tmp_path, monkeypatch) -> None:
