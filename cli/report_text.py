@@ -3,7 +3,8 @@
 
 The report is read by its documented layout (`jobs/report_schema.py`, format ``quantcore.report/1``),
 section by section, in this order: the run's settings, the verdicts (deployment parity, accuracy
-target), what to try when the model is much worse or slower than FP32 (`cli.report_advice`), the
+target), what to try when the model is much worse or slower than FP32 and the platform to use on a CPU
+when no engine was built (`cli.report_advice`), the
 per-output error of the two quantized modes, the task metrics, the clip search, the layers ranked by
 harm (in the report's `rank` order), the target's steps, reconstruction, sizes, the CPU benchmark,
 stage times, the engine and the warnings. A section the report lacks (an older format, a stage the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.report_advice import advice
+from cli.report_advice import advice, platform_recommendation
 from cli.report_fields import QUANTIZED_MODES, as_dict, as_list, is_number, mode_outputs
 
 OUTPUT_METRICS = {
@@ -39,6 +40,7 @@ def render_report(report: Any) -> str:
         _header(report),
         _verdicts(report),
         advice(report),
+        platform_recommendation(report),
         _outputs_table(evaluation),
         _task_metrics(evaluation),
         _clip_search(as_dict(report.get("calibration")).get("percentile_search")),

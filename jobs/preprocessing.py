@@ -133,8 +133,11 @@ def job_input_mismatches(
     model_info: dict[str, Any], *, dataset: Dataset, recipe: Recipe, max_decoded_bytes: int
 ) -> list[tuple[str, str]]:
     """(field, reason) pairs why a job's data cannot feed the model: arrays checked by name, images
-    through the preprocessing they will get, and the decoded images against the worker's memory cap."""
+    through the preprocessing they will get, the decoded images against the worker's memory cap, and the
+    calibration samples against one QAT training batch."""
     preprocessing = recipe.preprocessing
+    shortfall = recipe.qat_shortfall(dataset.num_samples or 0)
+    qat = [] if shortfall is None else [("recipe.qat.batch_size", shortfall)]
     if dataset.kind == DatasetKind.images:
         problems = preprocessing_mismatches(model_info, preprocessing, dataset.num_samples)
         if preprocessing is not None and not problems:
@@ -149,8 +152,8 @@ def job_input_mismatches(
                         "evaluation.max_samples",
                     )
                 )
-        return problems
+        return problems + qat
     problems = [("dataset_id", p) for p in dataset_mismatches(model_info, dataset.arrays)]
     if preprocessing is not None:
         problems.append(("recipe.preprocessing", "applies to image datasets only; this dataset is an .npz of arrays"))
-    return problems
+    return problems + qat

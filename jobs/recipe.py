@@ -17,6 +17,10 @@ depend on each other are checked on the later field, so the error names it too:
     target.threshold  in [-1, 1] with metric cosine
     strategy        fixed | auto (auto: not with a target; its objective is a target of its own)
     auto.candidates names from AUTO_CANDIDATES
+    qat             not with a target, nor on onnxruntime-weight-only; batch_size at most the training part
+                    (1 - holdout) of min(qat.num_samples, calibration.num_samples)
+    mixed_precision not with a target, a reconstruction or bias_correction, nor on onnxruntime-weight-only;
+                    threshold in [-1, 1] with metric cosine
 
 The worker translates a `Recipe` into quantcore's own dataclasses in exactly one function
 (`worker.translate.to_quantize_config`).
@@ -227,7 +231,16 @@ class TargetSpec(_Spec):
 
 # The candidates strategy auto may try, cheapest first (quantcore.config.AUTO_CANDIDATES; a test pins the two).
 AutoCandidate = Literal[
-    "as_given", "minmax", "mse", "kl", "floating", "equalization", "bias_correction", "smoothquant", "adaround"
+    "as_given",
+    "minmax",
+    "mse",
+    "kl",
+    "floating",
+    "equalization",
+    "bias_correction",
+    "smoothquant",
+    "mixed_precision",
+    "adaround",
 ]
 
 
@@ -266,8 +279,30 @@ class AutoSpec(_Spec):
         min_length=1,
         description="Candidates to try, cheapest first whatever the order given (null: all that apply to the "
         "platform): as_given, the activation observers minmax, mse, kl (floating on tensorrt-fp8), "
-        "equalization, bias_correction, smoothquant, adaround.",
+        "equalization, bias_correction, smoothquant, mixed_precision, adaround.",
     )
+
+
+class MixedPrecisionSpec(_Spec):
+    max_fraction: float = Field(
+        0.05,
+        gt=0.0,
+        le=0.5,
+        description="At most this fraction of the quantizable layers (at least one) leaves the recipe's precision.",
+    )
+    metric: Literal["cosine", "sqnr"] = Field(
+        "cosine",
+        description="What stops the promotion: the worst float output's cosine / SQNR (dB) to FP32 on calibration "
+        "samples (top-1 needs labels, which calibration samples lack).",
+    )
+    threshold: float = Field(0.99, ge=-100.0, le=300.0, description="Promotion stops once the metric reaches this.")
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_fits_metric(cls, value: float, info: ValidationInfo) -> float:
+        if info.data.get("metric") == "cosine" and not -1.0 <= value <= 1.0:
+            raise ValueError("a cosine threshold must be in [-1, 1]")
+        return value
 
 
 class ReconstructionSpec(_Spec):
@@ -296,11 +331,58 @@ class ReconstructionSpec(_Spec):
     )
 
 
+class QatSpec(_Spec):
+    epochs: int = Field(10, ge=1, le=1000, description="Passes of training, each followed by the held-out metric.")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Optimizer steps per epoch (null: one pass over the training part of the calibration samples).",
+    )
+    lr: float = Field(1e-4, gt=0, le=1.0, description="Adam step on the weights and biases.")
+    scale_lr: float = Field(1e-3, ge=0, le=1.0, description="Adam step on the log of each learned scale.")
+    batch_size: int = Field(32, ge=1, le=1024, description="Samples per training step.")
+    num_samples: int = Field(
+        1024, ge=2, le=100_000, description="Calibration samples used: the training part and the held-out part."
+    )
+    holdout: float = Field(
+        0.2, ge=0.05, le=0.5, description="Fraction of those samples held out for the metric measured every epoch."
+    )
+    loss: Literal["mse", "kl"] = Field(
+        "mse",
+        description="mse: each output's squared error relative to its FP32 power; kl: the same, but the KL "
+        "divergence from FP32's distribution for class-score (batch, classes) and Softmax outputs.",
+    )
+    learn_scales: bool = Field(True, description="Also learn the activation and weight scales (LSQ).")
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Seeds the batch order (null: the recipe's seed).")
+    checkpoint_every: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description="Optimizer steps between two checkpoints: a job whose worker stops resumes training from the last.",
+    )
+
+
+def _qat_shortfall(qat: QatSpec, calibration_samples: int) -> str | None:
+    """Why ``calibration_samples`` cannot fill one QAT training batch once the held-out part is set aside
+    (None: they can): the rule quantcore.qat applies, checked before the job is queued."""
+    available = min(qat.num_samples, calibration_samples)
+    train = available - max(1, round(available * qat.holdout))
+    if qat.batch_size <= train:
+        return None
+    return (
+        f"qat.batch_size {qat.batch_size} exceeds the {train} training samples left of {available} "
+        f"calibration samples after holding out {qat.holdout:g}: lower batch_size or give more samples"
+    )
+
+
 class WeightOnlySpec(_Spec):
-    algorithm: Literal["rtn", "gptq"] = Field(
+    algorithm: Literal["rtn", "gptq", "awq", "hqq"] = Field(
         "rtn",
         description="rtn: round to nearest; gptq: column by column with the rounding error compensated through the "
-        "calibration data's second moments (Frantar et al. 2022).",
+        "calibration data's second moments (Frantar et al. 2022); awq: weight rows scaled by their input channel's "
+        "mean magnitude to a searched power before rounding, the input divided back (Lin et al. 2023); hqq: "
+        "data-free, each block's scale and zero point fitted to the weights (Badri & Shaji 2023).",
     )
     block_size: int = Field(
         32, ge=16, le=256, description="Weights per scale along the reduction axis: a power of two in 16..256."
@@ -365,6 +447,13 @@ class Recipe(_Spec):
     reconstruction: ReconstructionSpec | None = Field(
         None, description="Learned rounding after calibration (AdaRound, BRECQ, QDrop); null or method none for none."
     )
+    qat: QatSpec | None = Field(
+        None,
+        description="Quantization-aware training after calibration (and reconstruction), before export: the "
+        "whole quantized model trained to reproduce the FP32 model's outputs on the calibration samples, kept "
+        "only if it beats post-training quantization on the held-out part; a model with an op the trainer "
+        "cannot run stays post-training quantized, with the reason in the report.",
+    )
     equalization: bool = Field(
         False,
         description="Cross-layer equalization before quantizing: each Conv→Conv or Gemm→Gemm pair (through a "
@@ -383,17 +472,35 @@ class Recipe(_Spec):
         "activation scale is not spent on a few channels; the FP32 model computes the same function. The migration "
         "strength alpha is chosen on the calibration data; the report's prepare stage states it.",
     )
+    mixed_precision: MixedPrecisionSpec | None = Field(
+        None,
+        title="Mixed precision",
+        description="Sensitive layers out of the recipe's precision: the layers ranked most harmful on the "
+        "calibration data are promoted one more at a time until the metric reaches the threshold, at most "
+        "max_fraction of them. onnxruntime and academic: their activations and weights at 16 bits (int16/uint16 "
+        "Q/DQ, opset 21; the layer runs in float between them); tensorrt platforms and onnxruntime-dynamic, which "
+        "take no 16-bit tensors: the layers kept float. The report's mixed_precision section lists them. Not with "
+        "a target, a reconstruction or bias_correction.",
+    )
     strategy: Literal["fixed", "auto"] = Field(
         "fixed",
         description="fixed: quantize with this recipe. auto: try variations of it (observers, equalization, "
-        "bias correction, SmoothQuant, AdaRound) within auto.budget_seconds, score each on calibration samples "
-        "held out from their calibration, and keep the best; the report's auto section lists every candidate.",
+        "bias correction, SmoothQuant, mixed precision, AdaRound) within auto.budget_seconds, score each on "
+        "calibration samples held out from their calibration, and keep the best; the report's auto section lists "
+        "every candidate.",
     )
     auto: AutoSpec = Field(default_factory=AutoSpec, description="With strategy auto: budget, objective, candidates.")
     weight_only: WeightOnlySpec | None = Field(
         None,
         description="Platform onnxruntime-weight-only only: algorithm, block size, zero points and export format "
         "(null: the defaults there). Embeddings and the LM head stay float unless quantize_lm_head.",
+    )
+    platform_named: bool | None = Field(
+        None,
+        json_schema_extra={"readOnly": True},
+        description="Recorded by the service (leave it out): whether the submitted recipe named its platform. A job "
+        "that left it out (so tensorrt) and finds no GPU worker also measures the onnxruntime platform's model on "
+        "the worker's CPU, and its summary recommends that platform (the report's cpu_alternative).",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds the calibration/evaluation split.")
     preprocessing: PreprocessingSpec | None = Field(
@@ -415,6 +522,15 @@ class Recipe(_Spec):
 
     @model_validator(mode="before")
     @classmethod
+    def _record_platform_named(cls, data: Any) -> Any:
+        """Record once whether the platform was named: the stored recipe, every field filled in, validates
+        again with the value recorded at submission."""
+        if isinstance(data, dict) and data.get("platform_named") is None:
+            return {**data, "platform_named": "platform" in data}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _platform_precision(cls, data: Any) -> Any:
         """A recipe that names no precision gets its platform's first (fp8 on tensorrt-fp8, its only one)."""
         if isinstance(data, dict) and "precision" not in data:
@@ -430,6 +546,13 @@ class Recipe(_Spec):
         num_eval = min(max(1, round(num_samples * self.evaluation.holdout_fraction)), num_samples - 1)
         num_eval = min(num_eval, self.evaluation.max_samples)
         return min(num_samples - num_eval, self.calibration.num_samples), num_eval
+
+    def qat_shortfall(self, num_samples: int) -> str | None:
+        """Why a dataset of ``num_samples`` leaves too few calibration samples for one QAT training batch
+        (None: it does not, or the recipe has no qat)."""
+        if self.qat is None or num_samples < 2:
+            return None
+        return _qat_shortfall(self.qat, self.split_sizes(num_samples)[0])
 
     @field_validator("precision")
     @classmethod
@@ -488,6 +611,20 @@ class Recipe(_Spec):
             )
         return value
 
+    @field_validator("qat")
+    @classmethod
+    def _qat_fits(cls, value: QatSpec | None, info: ValidationInfo) -> QatSpec | None:
+        """Not with a target (which re-calibrates), and a training batch must fit the calibration samples."""
+        if value is None:
+            return value
+        if info.data.get("target") is not None:
+            raise ValueError("qat cannot be combined with a target: the target search re-calibrates each candidate")
+        calibration = info.data.get("calibration")
+        shortfall = _qat_shortfall(value, value.num_samples if calibration is None else calibration.num_samples)
+        if shortfall is not None:
+            raise ValueError(shortfall)
+        return value
+
     @field_validator("weight_only")
     @classmethod
     def _weight_only_platform(cls, value: WeightOnlySpec | None, info: ValidationInfo) -> WeightOnlySpec | None:
@@ -506,9 +643,11 @@ class Recipe(_Spec):
             for name, set_ in (
                 ("target", self.target is not None),
                 ("reconstruction", self.reconstruction is not None and self.reconstruction.method != "none"),
+                ("qat", self.qat is not None),
                 ("equalization", self.equalization),
                 ("bias_correction", self.bias_correction),
                 ("smoothquant", self.smoothquant),
+                ("mixed_precision", self.mixed_precision is not None),
                 ("strategy auto", self.strategy == "auto"),
                 ("overrides.bits", any(o.bits is not None for o in self.overrides)),
             )
@@ -519,6 +658,32 @@ class Recipe(_Spec):
                 f"platform {WEIGHT_ONLY_PLATFORM} quantizes weights only: {', '.join(refused)} do not apply"
             )
         return self
+
+    @field_validator("mixed_precision")
+    @classmethod
+    def _mixed_precision_alone(
+        cls, value: MixedPrecisionSpec | None, info: ValidationInfo
+    ) -> MixedPrecisionSpec | None:
+        """Not after the options that re-annotate, or learn for, the layers as first quantized."""
+        if value is None:
+            return value
+        reconstruction = info.data.get("reconstruction")
+        for name, set_, why in (
+            ("a target", info.data.get("target") is not None, "it re-annotates and keeps layers float its own way"),
+            (
+                "a reconstruction",
+                reconstruction is not None and reconstruction.method != "none",
+                "a promoted layer would lose the rounding learned for its 8-bit grid",
+            ),
+            (
+                "bias_correction",
+                bool(info.data.get("bias_correction")),
+                "a layer kept float would keep the correction of a quantization it no longer has",
+            ),
+        ):
+            if set_:
+                raise ValueError(f"mixed_precision cannot be combined with {name}: {why}")
+        return value
 
     @field_validator("bias_correction")
     @classmethod

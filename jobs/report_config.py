@@ -18,7 +18,7 @@ class Section(BaseModel):
 
 
 class WeightOnlyConfig(Section):
-    algorithm: Literal["rtn", "gptq"]
+    algorithm: Literal["rtn", "gptq", "awq", "hqq"]
     block_size: int = Field(description="Weights per scale along the reduction axis K (the last block may be short).")
     symmetric: bool = Field(description="true: zero point 2^(bits-1) for every block; false: one per block.")
     format: Literal["matmulnbits", "dequantize_linear"]
@@ -70,6 +70,31 @@ class ReconstructionConfig(Section):
     threads: int
 
 
+class QatConfig(Section):
+    epochs: int
+    steps: int | None = Field(description="Optimizer steps per epoch; null: one pass over the training samples.")
+    lr: float = Field(description="Adam step on the weights and biases.")
+    scale_lr: float = Field(description="Adam step on the log of each learned scale.")
+    batch_size: int
+    num_samples: int = Field(description="Calibration samples used, training and held-out parts together.")
+    holdout: float = Field(description="Fraction of them held out for the metric measured every epoch.")
+    loss: Literal["mse", "kl"]
+    learn_scales: bool
+    seed: int
+    threads: int
+    checkpoint_every: int = Field(description="Optimizer steps between two resume checkpoints.")
+
+
+class MixedPrecisionObjective(Section):
+    metric: Literal["cosine", "sqnr"]
+    threshold: float
+
+
+class MixedPrecisionConfig(Section):
+    max_fraction: float = Field(description="At most this fraction of the quantizable layers (at least one).")
+    objective: MixedPrecisionObjective
+
+
 class RunConfig(Section):
     platform: str
     precision: str
@@ -83,7 +108,10 @@ class RunConfig(Section):
     )
     batch_size: int
     exclude_op_types: list[str]
-    exclude_node_patterns: list[str] = Field(description="Includes the layers the accuracy-target mode kept in float.")
+    exclude_node_patterns: list[str] = Field(
+        description="Includes the layers the accuracy-target mode and mixed precision (where it keeps layers float) "
+        "kept in float."
+    )
     overrides: list[OverrideConfig]
     reduce_range: str
     device: str
@@ -95,11 +123,20 @@ class RunConfig(Section):
     analysis: AnalysisConfig | None = None
     target: TargetConfig | None = None
     reconstruction: ReconstructionConfig | None = None
+    qat: QatConfig | None = None
     equalization: bool = Field(
         False, description="Whether cross-layer equalization rescaled the prepared model's layer pairs."
     )
     bias_correction: bool = Field(
         False, description="Whether the quantized layers' biases were corrected for their weights' mean shift."
+    )
+    mixed_precision: MixedPrecisionConfig | None = Field(
+        None, description="The mixed-precision search's settings (the report's mixed_precision section: its outcome)."
+    )
+    wide_tensors: list[str] = Field(
+        default_factory=list,
+        description="Tensors quantized at 16 bits (int16/uint16) instead of the precision's width: mixed "
+        "precision's promotions on the platforms that run them.",
     )
     smoothquant: bool = Field(
         False,

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from jobs.report_config import AnalysisConfig, ReconstructionConfig, RunConfig, Section, WeightOnlyConfig
-from jobs.report_searches import AutoSearch, Placement, TargetOutcome
+from jobs.report_config import AnalysisConfig, QatConfig, ReconstructionConfig, RunConfig, Section, WeightOnlyConfig
+from jobs.report_searches import AutoSearch, MixedPrecisionOutcome, Placement, PlacementTiming, TargetOutcome
 
 # ---- prepare, annotate, calibrate ----
 
@@ -242,6 +242,42 @@ class Reconstruction(ReconstructionConfig):
     blocks: list[ReconstructedBlock]
 
 
+# ---- qat ----
+
+
+class QatEpoch(Section):
+    epoch: int
+    steps: int
+    loss: float = Field(description="Mean distillation loss over the epoch's steps.")
+    heldout_sqnr_db: float | None = Field(description="Held-out SQNR after the epoch; null where infinite.")
+
+
+class QatSqnr(Section):
+    before: float | None = Field(description="Of the post-training model.")
+    after: float | None = Field(description="Of the model kept (the post-training one unless status is trained).")
+
+
+class Qat(QatConfig):
+    device: str
+    status: Literal["trained", "kept_ptq", "skipped", "diverged"] = Field(
+        description="kept_ptq: no epoch beat the post-training model on the held-out samples; skipped: nothing "
+        "trained (reason); diverged: a non-finite loss stopped training and the post-training model was kept."
+    )
+    reason: str | None
+    num_train: int
+    num_heldout: int
+    outputs: dict[str, Literal["probabilities", "scores", "values"]] = Field(
+        description="The outputs distilled and their kind (the loss kl treats probabilities and scores)."
+    )
+    heldout_sqnr_db: QatSqnr = Field(description="SQNR of the outputs against FP32 on the held-out samples.")
+    best_epoch: int = Field(description="The epoch whose parameters were kept; 0: the post-training model.")
+    curve: list[QatEpoch] = Field(description="The loss curve, one point per epoch.")
+    resumed_from: int | None = Field(
+        None, description="The step training went on from, resumed from an earlier attempt's checkpoint; null: none."
+    )
+    seconds: float
+
+
 # ---- dataset split (written by the service) ----
 
 
@@ -299,8 +335,39 @@ class CpuLatency(Section):
     notes: list[str]
 
 
+class AlternativeTimings(Section):
+    fp32: PlacementTiming | None = Field(title="FP32", description="The prepared model; null: refused.")
+    default: PlacementTiming | None = Field(description="The model kept (its Q/DQ as ONNX Runtime runs them).")
+    onnxruntime: PlacementTiming | None = Field(description="The onnxruntime platform's model.")
+
+
+class CpuAlternative(Section):
+    """The onnxruntime platform measured beside a tensorrt model no engine was built for
+    (``quantcore.pipeline.cpu_alternative``)."""
+
+    platform: Literal["onnxruntime"]
+    why: str = Field(description="Why it was measured: the engine stage's reason and the unnamed platform.")
+    objective: str = Field(description="How it was quantized: every region its rules quantize, no placement.")
+    threads: int = Field(description="ONNX Runtime intra-op threads of every measurement.")
+    batch_sizes: list[int]
+    timings: dict[str, AlternativeTimings] = Field(description="Per batch size (batch_1, ...), timed interleaved.")
+    speedup_p50: dict[str, dict[str, float | None]] = Field(
+        description="default and onnxruntime: per batch size, FP32 p50 / the model's p50."
+    )
+    output: str | None = Field(description="The output whose cosine is given: the top-1 output, else the first.")
+    cosine: dict[str, float | None] = Field(
+        description="default and onnxruntime: that output's cosine to FP32, as deployed on the CPU EP."
+    )
+
+
 class Latency(Section):
     cpu: CpuLatency | None = Field(title="CPU latency")
+    cpu_alternative: CpuAlternative | None = Field(
+        None,
+        title="CPU alternative",
+        description="A tensorrt model no engine was built for, whose recipe named no platform: the onnxruntime "
+        "platform measured beside it. null: not measured.",
+    )
 
 
 class EngineSummary(Section):
@@ -329,10 +396,14 @@ class WeightOnlyLayer(Section):
     stored_bytes: int = Field(description="Packed codes, scales and zero points of this layer.")
     output_error: float | None = Field(
         None,
-        description="gptq: ||XW - XŴ||² / ||XW||² on the calibration data (X the layer's input), of the weight kept.",
+        description="gptq, awq: ||XW - XŴ||² / ||XW||² on the calibration data (X the layer's input), of the "
+        "weight the layer computes with (awq: its stored weight divided back by the channel scales).",
     )
-    rtn_output_error: float | None = Field(None, description="gptq: the same of round-to-nearest, for comparison.")
+    rtn_output_error: float | None = Field(None, description="gptq, awq: the same of round-to-nearest, for comparison.")
     damping: float | None = Field(None, description="gptq: the damping used (raised x10 when H was not definite).")
+    awq_alpha: float | None = Field(
+        None, description="awq: the exponent chosen for this layer's group (0: its weights kept round-to-nearest)."
+    )
 
 
 class WeightOnlyFloatLayer(Section):
@@ -350,6 +421,18 @@ class WeightOnlySize(Section):
     quantized_layers_ratio: float | None = Field(description="quantized_layers_bytes / quantized_layers_fp32_bytes.")
 
 
+class NextTokenScores(Section):
+    perplexity: float | None = Field(description="exp of the mean next-token negative log-likelihood (nats).")
+    next_token_accuracy: float | None = Field(description="Fraction of positions whose argmax is the next token.")
+
+
+class LanguageModelMetrics(Section):
+    fp32: NextTokenScores
+    quantized: NextTokenScores = Field(description="The exported model as deployed (ONNX Runtime, all fusions).")
+    positions: int = Field(description="Positions scored: every t < T-1 (where attention_mask marks t and t+1).")
+    perplexity_increase: float | None = Field(description="quantized perplexity / FP32 perplexity - 1.")
+
+
 class WeightOnlySection(WeightOnlyConfig):
     bits: Literal[4, 8]
     layers: list[WeightOnlyLayer] = Field(description="The layers quantized, in graph order.")
@@ -358,6 +441,11 @@ class WeightOnlySection(WeightOnlyConfig):
     next_token_agreement: dict[str, float] = Field(
         description="Per output of rank >= 3 (batch, positions, vocabulary): the fraction of positions whose "
         "argmax (the next token) the deployed model shares with FP32."
+    )
+    language_model: LanguageModelMetrics | None = Field(
+        None,
+        description="Causal LMs (output logits (batch, positions, vocabulary), tokens as input_ids or the only "
+        "2-D integer input): perplexity and next-token accuracy on the evaluation data; null for other models.",
     )
     notes: list[str] = Field(description="What the deployed model computes beyond the stored weights.")
 
@@ -371,6 +459,7 @@ class Report(Section):
     annotation: AnnotationSummary
     calibration: CalibrationSummary
     reconstruction: Reconstruction | None = Field(None, description="Null without reconstruction in the recipe.")
+    qat: Qat | None = Field(None, description="Null without qat in the recipe.")
     evaluation: Evaluation
     parity: Parity
     analysis: Analysis | None = Field(
@@ -387,6 +476,7 @@ class Report(Section):
     warnings: list[str]
     auto: AutoSearch | None = Field(None, description="Null for strategy fixed.")
     placement: Placement | None = Field(None, description="Null unless deploy.cpu_objective is latency.")
+    mixed_precision: MixedPrecisionOutcome | None = Field(None, description="Null without recipe mixed_precision.")
     weight_only: WeightOnlySection | None = Field(
         None, description="Platform onnxruntime-weight-only: options, layers quantized and kept float, sizes."
     )

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from jobs.report_config import Section, TargetConfig
+from jobs.report_config import MixedPrecisionObjective, Section, TargetConfig
 
 # ---- target ----
 
@@ -107,7 +107,11 @@ class PlacementPair(Section):
 
 class PlacementRegion(Section):
     round: int
-    nodes: list[str] = Field(description="The region's quantized nodes, joined by quantized tensors.")
+    move: str = Field(
+        description="region (quantized nodes joined by quantized tensors) or 'op class <kind>' (every quantized "
+        "node of one op type, grouped Convs apart, across regions or splitting one)."
+    )
+    nodes: list[str] = Field(description="The nodes the move returns to float.")
     op_types: dict[str, int]
     timings: dict[str, PlacementPair] = Field(description="Per batch size (batch_1, ...).")
     cached: bool = Field(description="Timings read from the worker's timing cache instead of measured.")
@@ -129,11 +133,15 @@ class Placement(Section):
     cpu: str = Field(title="CPU", description="The CPU model the timings are of.")
     onnxruntime: str
     rounds: int
-    stopped: str = Field(description="Why the search stopped: no region changed, the round limit, the time budget.")
-    regions: list[PlacementRegion] = Field(description="Every region measured, round by round.")
+    stopped: str = Field(
+        description="Why the search stopped: no move changed the model, the round limit, the time budget."
+    )
+    regions: list[PlacementRegion] = Field(description="Every move measured (regions, op classes), round by round.")
     kept: Literal["quantized", "placed", "fp32"] = Field(
-        description="The model kept: quantized (every region), placed, or fp32 (every region float): the most "
-        "quantized one that no less quantized one is clearly faster than."
+        description="The model kept: quantized (every region), placed, or fp32 (every region float): of the two "
+        "quantized ones the placed one only where clearly faster, and that one only where it is clearly slower than "
+        "FP32 at no batch size and its median within 2 % of FP32's at every one (or it is clearly faster at one), "
+        "else the other, else FP32."
     )
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
     final: dict[str, PlacementFinal] = Field(description="FP32, all quantized and placed timed together, per batch.")
@@ -144,3 +152,56 @@ class Placement(Section):
     statement: str
 
 
+# ---- mixed precision (quantcore.analysis.mixed_precision) ----
+
+
+class MixedPrecisionStep(Section):
+    promoted: int = Field(
+        description="How many of the ranked layers this step promoted (0: the baseline, calibrated like the steps)."
+    )
+    layers: list[str]
+    value: float | None = Field(description="The objective's metric on the scored calibration samples.")
+    calibration: Literal["reused", "recalibrated"] | None = Field(
+        description="reused: the baseline's scales; recalibrated: on the calibration part the steps share; null: "
+        "the run's own calibration (no sample could be held out)."
+    )
+    seconds: float
+
+
+class MixedPrecisionLayer(Section):
+    layer: str
+    op_type: str
+    layer_sqnr_db: float | None = Field(description="Its layer-wise SQNR when it alone was quantized (the ranking).")
+    tensors: dict[str, str] = Field(
+        description="Tensor it reads → what it became: int16 or uint16, or float32 where the layer is kept float."
+    )
+
+
+class MixedPrecisionObjectiveStated(MixedPrecisionObjective):
+    statement: str
+
+
+class MixedPrecisionOutcome(Section):
+    form: Literal["int16", "float"] = Field(
+        description="int16: the layers' tensors at 16 bits (ONNX Runtime runs the layer in float between 16-bit "
+        "Q/DQ); float: the layers kept float32 (TensorRT takes no 16-bit tensors)."
+    )
+    max_fraction: float
+    objective: MixedPrecisionObjectiveStated
+    measured_on: str
+    ranking_samples: int | None = Field(
+        description="Calibration samples the layer-wise ranking ran on; null (and the three below): the model met "
+        "the objective as quantized, and nothing was ranked."
+    )
+    quantizable_layers: int | None
+    cap: int | None = Field(description="At most this many layers promoted: max_fraction of the quantizable, >= 1.")
+    candidates: int | None = Field(description="Ranked layers whose quantization changed the outputs.")
+    steps: list[MixedPrecisionStep] = Field(description="Empty when the model met the objective as quantized.")
+    promoted: list[MixedPrecisionLayer]
+    before: float | None = Field(description="The metric of the model as the run quantized it, on the scored samples.")
+    after: float | None = Field(
+        description="The metric of the step kept (as the search calibrated it; the exported model is calibrated on "
+        "every calibration sample)."
+    )
+    met: bool
+    statement: str

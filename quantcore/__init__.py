@@ -17,12 +17,16 @@ or compose the stages::
     annotation = calibrate(prepared, annotation, calibration, config)
     result = reconstruct(prepared, annotation, calibration, config)   # optional: AdaRound/BRECQ/QDrop
     prepared, annotation = result.prepared, result.annotation
+    result = qat(prepared, annotation, calibration, config)           # optional: QAT (``QatConfig``)
+    prepared, annotation = result.prepared, result.annotation
     exported = export(prepared, annotation, "out/")
     report = evaluate("model.onnx", exported.model_path, evaluation, config)
 
 Where the error comes from: ``analyze(prepared, calibrated, evaluation, config)`` ranks the layers by
 harm (``AnalysisOptions`` bounds it); ``QuantizeConfig(target=AccuracyTarget("cosine", 0.999))`` keeps
-the most harmful layers in float until the target is met; ``QuantizeConfig(strategy="auto")`` with
+the most harmful layers in float until the target is met; ``QuantizeConfig(mixed_precision=MixedPrecisionConfig())``
+promotes the most harmful layers to 16 bits (or float, where the platform takes no 16-bit tensors) until an
+objective is met on the calibration data; ``QuantizeConfig(strategy="auto")`` with
 ``quantize_auto`` (same arguments as ``quantize``) tries variations of the config and keeps the best
 (``AutoOptions``: budget, objective, candidates); ``render_html(report)`` is the report as a
 standalone page.
@@ -41,7 +45,9 @@ from quantcore.config import (
     AccuracyTarget,
     AnalysisOptions,
     AutoOptions,
+    MixedPrecisionConfig,
     NodeOverride,
+    QatConfig,
     QuantizeConfig,
     ReconstructionConfig,
 )
@@ -62,6 +68,7 @@ from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 from quantcore.pipeline import STAGES, QuantizeResult, quantize
 from quantcore.prepare.preparation import PreparedModel, prepare
 from quantcore.prepare.validate import inspect_model
+from quantcore.qat import QatResult, qat
 from quantcore.reconstruction import ReconstructionResult, reconstruct
 from quantcore.report.html import render_html
 from quantcore.tensorrt.engine import build_engine, check_qdq, cpu_latency
@@ -77,10 +84,13 @@ __all__ = [
     "ExportResult",
     "InvalidDataError",
     "InvalidModelError",
+    "MixedPrecisionConfig",
     "NodeOverride",
     "ParityVerdict",
     "Platform",
     "PreparedModel",
+    "QatConfig",
+    "QatResult",
     "QuantPolicy",
     "QuantState",
     "QuantcoreError",
@@ -104,6 +114,7 @@ __all__ = [
     "fake_quantize_tensor",
     "inspect_model",
     "prepare",
+    "qat",
     "quantize",
     "quantize_auto",
     "reconstruct",

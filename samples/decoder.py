@@ -5,13 +5,15 @@ Linear), trained for a few hundred steps on a token stream drawn from a sparse r
 
 ``build_decoder()`` returns the ONNX model (input ``tokens`` (N, T) int64, output ``logits`` (N, T,
 VOCAB), batch and sequence dynamic) and token windows to calibrate and evaluate on. d_model 48 is not a
-multiple of 32, so blocks of 32 along K exercise the padded last block.
+multiple of 32, so blocks of 32 along K exercise the padded last block. ``train_on_text`` trains a larger
+``Shape`` byte by byte on text for a number of seconds (the weight-only bench's language model).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -25,34 +27,47 @@ FANOUT = 3
 OPSET = 17
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The decoder's sizes: the tests' defaults, larger for the bench's text model."""
+
+    vocab: int = VOCAB
+    d_model: int = D_MODEL
+    heads: int = HEADS
+    layers: int = LAYERS
+    max_len: int = MAX_LEN
+
+
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, shape: Shape) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(D_MODEL), nn.LayerNorm(D_MODEL)
-        self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL)
-        self.proj = nn.Linear(D_MODEL, D_MODEL)
-        self.mlp = nn.Sequential(nn.Linear(D_MODEL, 4 * D_MODEL), nn.GELU(), nn.Linear(4 * D_MODEL, D_MODEL))
-        self.register_buffer("mask", torch.tril(torch.ones(MAX_LEN, MAX_LEN)).bool(), persistent=False)
+        d = self.d_model = shape.d_model
+        self.heads = shape.heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.register_buffer("mask", torch.tril(torch.ones(shape.max_len, shape.max_len)).bool(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, t, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(D_MODEL, dim=2)
-        q, k, v = (z.reshape(n, t, HEADS, D_MODEL // HEADS).transpose(1, 2) for z in (q, k, v))  # (N, h, T, hs)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(D_MODEL // HEADS)
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.reshape(n, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))  # (N, h, T, hs)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
         scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
-        attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(n, t, D_MODEL)
+        attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(n, t, d)
         x = x + self.proj(attended)
         return x + self.mlp(self.ln2(x))
 
 
 class Decoder(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, shape: Shape = Shape()) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(VOCAB, D_MODEL)
-        self.positions = nn.Embedding(MAX_LEN, D_MODEL)
-        self.blocks = nn.Sequential(*(Block() for _ in range(LAYERS)))
-        self.norm = nn.LayerNorm(D_MODEL)
-        self.head = nn.Linear(D_MODEL, VOCAB, bias=False)
+        self.tokens = nn.Embedding(shape.vocab, shape.d_model)
+        self.positions = nn.Embedding(shape.max_len, shape.d_model)
+        self.blocks = nn.Sequential(*(Block(shape) for _ in range(shape.layers)))
+        self.norm = nn.LayerNorm(shape.d_model)
+        self.head = nn.Linear(shape.d_model, shape.vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -98,6 +113,47 @@ def build_decoder(*, seed: int = 0, steps: int = 120, calibration: int = 64, eva
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    return DecoderModel(
+        export_decoder(network),
+        {"tokens": windows(stream, calibration, 24, rng)},
+        {"tokens": windows(stream, evaluation, 24, rng)},
+        float(loss.detach()),
+    )
+
+
+def train_on_text(
+    text: bytes, shape: Shape, *, seconds: float, calibration: int, evaluation: int, length: int, seed: int = 0
+) -> DecoderModel:
+    """A byte-level decoder of ``shape`` (vocab 128: bytes past ASCII read as 0) trained with Adam for
+    ``seconds`` of wall clock (batch 32 windows of ``length`` + 1 bytes) on the first 90 % of ``text``;
+    calibration windows from that part, evaluation windows from the held-out last 10 %."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    stream = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+    stream[stream >= shape.vocab] = 0
+    split = int(0.9 * stream.size)
+    train, held_out = stream[:split], stream[split:]
+    network = Decoder(shape)
+    optimizer = torch.optim.AdamW(network.parameters(), lr=2e-3)
+    loss = torch.tensor(0.0)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        batch = torch.from_numpy(windows(train, 32, length + 1, rng))
+        logits = network(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, shape.vocab), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return DecoderModel(
+        export_decoder(network),
+        {"tokens": windows(train, calibration, length, rng)},
+        {"tokens": windows(held_out, evaluation, length, rng)},
+        float(loss.detach()),
+    )
+
+
+def export_decoder(network: Decoder) -> onnx.ModelProto:
+    """``network`` in eval mode exported as the module docstring says (tokens in, logits out)."""
     network.eval()
     buffer = io.BytesIO()
     with warnings.catch_warnings():
@@ -114,9 +170,4 @@ def build_decoder(*, seed: int = 0, steps: int = 120, calibration: int = 64, eva
         )
     model = onnx.load_from_string(buffer.getvalue())
     model.ir_version = min(model.ir_version, 10)
-    return DecoderModel(
-        model,
-        {"tokens": windows(stream, calibration, 24, rng)},
-        {"tokens": windows(stream, evaluation, 24, rng)},
-        float(loss.detach()),
-    )
+    return model

@@ -41,6 +41,10 @@ IDS = {"model_id": str(uuid.uuid4()), "dataset_id": str(uuid.uuid4())}
         ({"overrides": [{"pattern": f"/n{i}", "bits": 4} for i in range(257)]}, "recipe.overrides"),
         ({"exclude": {"op_types": ["Conv"] * 10_000}}, "recipe.exclude.op_types"),
         ({"exclude": {"node_patterns": [""]}}, "recipe.exclude.node_patterns"),
+        (
+            {"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": "squeezellm"}},
+            "recipe.weight_only.algorithm",
+        ),
     ],
 )
 def test_absurd_values_name_the_field(service: Service, recipe: dict, field: str) -> None:

@@ -228,6 +228,11 @@ def test_dataset_that_does_not_fit_the_model_names_the_input(service: Service, t
         ({"platform": "tpu"}, "recipe.platform", "tensorrt"),
         ({"evaluation": {"holdout_fraction": 0}}, "recipe.evaluation.holdout_fraction", "greater than 0"),
         ({"turbo": True}, "recipe.turbo", "unknown field"),
+        (
+            {"mixed_precision": {"max_fraction": 0.9}},
+            "recipe.mixed_precision.max_fraction",
+            "less than or equal to 0.5",
+        ),
     ],
 )
 def test_bad_recipes_name_the_field(service: Service, tiny: dict, recipe: dict, field: str, needle: str) -> None:

@@ -162,9 +162,9 @@ def test_overrides_translate_in_order() -> None:
         ({"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 8}}, "weight_only.block_size", "16"),
         ({"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 512}}, "weight_only.block_size", "256"),
         (
-            {"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": "awq"}},
+            {"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": "squeezellm"}},
             "weight_only.algorithm",
-            "'rtn'",
+            "'awq' or 'hqq'",
         ),
         (
             {"platform": "onnxruntime-weight-only", "weight_only": {"format": "gguf"}},
@@ -238,6 +238,9 @@ def test_weight_only_translates() -> None:
     spec = {"algorithm": "gptq", "block_size": 64, "symmetric": False, "format": "dequantize_linear", "act_order": True}
     chosen = to_quantize_config(Recipe.model_validate({"platform": "onnxruntime-weight-only", "weight_only": spec}))
     assert chosen.to_dict()["weight_only"] == {**spec, "damping": 0.01, "quantize_lm_head": False}
+    for algorithm in ("awq", "hqq"):
+        recipe = Recipe.model_validate({"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": algorithm}})
+        assert to_quantize_config(recipe).weight_only.algorithm == algorithm
 
 
 def test_smoothquant_translates_off_by_default() -> None:

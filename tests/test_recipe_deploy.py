@@ -49,3 +49,14 @@ def test_deploy_settings_translate(tmp_path: Path) -> None:
     )
     assert accuracy.cpu_objective == "accuracy" and accuracy.cpu_timing_cache is None
     assert to_quantize_config(Recipe()).cpu_objective == "accuracy"
+
+
+def test_the_onnxruntime_alternative_is_measured_only_for_an_unnamed_default_platform() -> None:
+    """Whether the platform was named is recorded at submission and survives the stored recipe (every field
+    filled in) being validated again on the worker."""
+    unnamed = Recipe.model_validate(Recipe().model_dump(mode="json"))
+    named = Recipe.model_validate(Recipe(platform="tensorrt").model_dump(mode="json"))
+    assert unnamed.platform_named is False and named.platform_named is True
+    assert to_quantize_config(unnamed).cpu_alternative is True
+    assert to_quantize_config(named).cpu_alternative is False
+    assert to_quantize_config(Recipe(platform="onnxruntime")).cpu_alternative is False

@@ -56,7 +56,8 @@ STAGE_WEIGHTS = {
     "annotate": 0.02,
     "calibrate": 0.21,
     "clip": 0.04,
-    "reconstruct": 0.12,
+    "reconstruct": 0.09,
+    "mixed_precision": 0.03,  # its ranking and steps, when asked for (skipped at once otherwise)
     "export": 0.04,
     "evaluate": 0.22,
     "analyze": 0.08,

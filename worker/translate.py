@@ -7,17 +7,26 @@ from typing import Any
 
 from jobs.recipe import Recipe
 from quantcore import NodeOverride, QuantizeConfig, ReconstructionConfig
-from quantcore.config import AccuracyTarget, AnalysisOptions, AutoOptions, WeightOnlyConfig
+from quantcore.config import (
+    AccuracyTarget,
+    AnalysisOptions,
+    AutoOptions,
+    MixedPrecisionConfig,
+    QatConfig,
+    WeightOnlyConfig,
+)
 
 
 def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Path | None = None) -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
     per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
-    deployment measurements (a TensorRT engine only for the tensorrt platforms), the analysis bounds, the
-    accuracy target, the reconstruction (seeded with the recipe's seed), equalization, bias correction and
-    SmoothQuant, the strategy and the auto search's budget, objective and candidates, the CPU deployment's
-    objective, threads and batch sizes (the placement's timings kept in ``timing_cache``, a directory of the
-    worker's; None: not kept), and the weight-only options (None: the platform's defaults, where it applies)."""
+    deployment measurements (a TensorRT engine only for the tensorrt platforms; the onnxruntime platform
+    measured beside it for a recipe that left the platform unnamed), the analysis bounds, the
+    accuracy target, the reconstruction (seeded with the recipe's seed), QAT (seeded with its own seed or the
+    recipe's), equalization, bias correction, SmoothQuant, mixed precision, the strategy and the auto search's
+    budget, objective and candidates, the CPU deployment's objective, threads and batch sizes (the placement's
+    timings kept in ``timing_cache``, a directory of the worker's; None: not kept), and the weight-only options
+    (None: the platform's defaults, where it applies)."""
     spec = recipe.reconstruction
     reconstruction = (
         None
@@ -32,6 +41,24 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
             drop_prob=spec.drop_prob,
             cache_bytes=spec.cache_mb * 2**20,
             seed=recipe.seed,
+        )
+    )
+    qat = recipe.qat
+    qat_config = (
+        None
+        if qat is None
+        else QatConfig(
+            epochs=qat.epochs,
+            steps=qat.steps,
+            lr=qat.lr,
+            scale_lr=qat.scale_lr,
+            batch_size=qat.batch_size,
+            num_samples=qat.num_samples,
+            holdout=qat.holdout,
+            loss=qat.loss,
+            learn_scales=qat.learn_scales,
+            seed=recipe.seed if qat.seed is None else qat.seed,
+            checkpoint_every=qat.checkpoint_every,
         )
     )
     wo = recipe.weight_only
@@ -66,6 +93,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
         cpu_threads=recipe.deploy.cpu_threads,
         cpu_batch_sizes=tuple(recipe.deploy.batch_sizes),
         cpu_timing_cache=None if timing_cache is None else str(timing_cache),
+        cpu_alternative=recipe.platform_named is False and recipe.platform == "tensorrt",
         analysis=AnalysisOptions(
             enabled=recipe.analysis.enabled,
             graphwise_samples=recipe.analysis.graphwise_samples,
@@ -77,9 +105,16 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
         if recipe.target is None
         else AccuracyTarget(recipe.target.metric, recipe.target.threshold, recipe.target.max_float_layers),
         reconstruction=reconstruction,
+        qat=qat_config,
         equalization=recipe.equalization,
         bias_correction=recipe.bias_correction,
         smoothquant=recipe.smoothquant,
+        mixed_precision=None
+        if recipe.mixed_precision is None
+        else MixedPrecisionConfig(
+            max_fraction=recipe.mixed_precision.max_fraction,
+            objective=AccuracyTarget(recipe.mixed_precision.metric, recipe.mixed_precision.threshold),
+        ),
         strategy=recipe.strategy,
         auto=AutoOptions(
             budget_seconds=recipe.auto.budget_seconds,

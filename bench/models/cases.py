@@ -91,10 +91,20 @@ def _fit(line: np.ndarray, height: int, width: int) -> np.ndarray:
     return canvas
 
 
-def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def ocr_inputs(
+    kind: str,
+    samples: int,
+    seed: int,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """PaddleOCR inputs (N, 3, H, W) float32 as its preprocessing makes them, and labels for ``cls``.
 
-    det: a 128x320 white page with 1-3 dark lines, ImageNet mean/std normalisation.
+    det: a 128x320 white page with 1-3 dark lines, normalised by ``mean`` and ``std`` per channel (PP-OCRv4's
+    detector: ImageNet's; PP-OCRv6's: 0.5 and 0.5).
     rec: one line on 48x320, (x - 0.5) / 0.5.  cls: one line on 48x192, upright (label 0) or rotated
     by 180 degrees (label 1), (x - 0.5) / 0.5.
     """
@@ -111,8 +121,7 @@ def ocr_inputs(kind: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarr
                 top, left = 8 + row * 40, int(rng.integers(0, 16))
                 page[top : top + 24, left : left + 300] = np.maximum(page[top : top + 24, left : left + 300], line)
             rgb = np.repeat((1.0 - page)[None], 3, axis=0)  # dark ink on white
-            mean, std = np.array([0.485, 0.456, 0.406])[:, None, None], np.array([0.229, 0.224, 0.225])[:, None, None]
-            images.append((rgb - mean) / std)
+            images.append((rgb - np.array(mean)[:, None, None]) / np.array(std)[:, None, None])
         else:
             width = 320 if kind == "rec" else 192
             line = _fit(text_line(rng, glyphs, int(rng.integers(4, 10)), 40), 48, width)

@@ -83,6 +83,26 @@ def captcha_text_inputs(samples: int, seed: int) -> tuple[np.ndarray, list[str]]
     return np.stack(images), texts
 
 
+def crnn_captcha_inputs(samples: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """captcha-whisperer's CRNN inputs (N, 3, 60, 160) and the texts drawn: 4-6 upper-case letters and
+    digits (``CAPTCHA_LETTERS``' upper half) on a light random background with noise strokes and dots, as
+    its ``preprocess`` presents an image: BGR, 0-255, unnormalised."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    letters = [c for c in CAPTCHA_LETTERS if not c.islower()]
+    images, texts = [], []
+    for _ in range(samples):
+        text = "".join(rng.choice(letters, int(rng.integers(4, 7))))
+        canvas = Image.new("RGB", (160, 60), tuple(int(v) for v in rng.integers(180, 256, 3)))
+        _clutter(rng, canvas, lines=3, dots=0)
+        _captcha_glyphs(rng, canvas, text, left=4, top=(0, 8), size=(28, 36), advance=22)
+        _clutter(rng, canvas, lines=0, dots=100)
+        images.append(np.asarray(canvas, np.float32)[..., ::-1].transpose(2, 0, 1))
+        texts.append(text)
+    return np.ascontiguousarray(np.stack(images)), texts
+
+
 def captcha_scene_inputs(samples: int, seed: int) -> np.ndarray:
     """ddddocr's detector inputs (N, 3, 416, 416): a click captcha, 3-5 letters (``CAPTCHA_LETTERS``, 40-56
     px) scattered over a ``photo_crops`` photograph, as ddddocr's ``DetectionEngine`` preprocessing makes
@@ -142,13 +162,14 @@ def slider_inputs(samples: int, seed: int) -> np.ndarray:
     return np.stack(images)
 
 
-def ctc_texts(outputs: list[np.ndarray], charset: list[str]) -> list[str]:
-    """Greedy CTC decoding of ddddocr's text model outputs, (T, N, classes) per batch, as its ``OCREngine``
-    decodes: argmax per step, repeats merged, class 0 (blank) dropped."""
+def ctc_texts(outputs: list[np.ndarray], charset: list[str], blank: int = 0) -> list[str]:
+    """Greedy CTC decoding of a captcha text model's outputs, (T, N, classes) per batch, as ddddocr's
+    ``OCREngine`` decodes: argmax per step, repeats merged, class ``blank`` dropped (ddddocr: 0;
+    captcha-whisperer: its last class)."""
     texts = []
     for output in outputs:
         for steps in np.argmax(output, axis=-1).T:  # (N, T)
-            kept = [int(k) for i, k in enumerate(steps) if k != 0 and (i == 0 or k != steps[i - 1])]
+            kept = [int(k) for i, k in enumerate(steps) if k != blank and (i == 0 or k != steps[i - 1])]
             texts.append("".join(charset[k] for k in kept))
     return texts
 
@@ -164,7 +185,7 @@ def ddddocr_charset(root: Path) -> list[str]:
     raise ValueError("ddddocr/charsets.py has no CHARSET_BETA")
 
 
-def text_accuracy(outputs: list[np.ndarray], charset: list[str], truth: list[str]) -> float:
+def text_accuracy(outputs: list[np.ndarray], charset: list[str], truth: list[str], blank: int = 0) -> float:
     """Share of ``truth`` texts that ``outputs`` read exactly, case aside (as captcha checks compare)."""
-    read = ctc_texts(outputs, charset)
+    read = ctc_texts(outputs, charset, blank)
     return float(np.mean([a.lower() == b.lower() for a, b in zip(read, truth, strict=True)]))

@@ -1,5 +1,6 @@
-// The report's `placement` section (deploy.cpu_objective latency): each quantized region timed
-// quantized against float on the worker's CPU, what was kept and why, and the final speed-up.
+// The report's `placement` section (deploy.cpu_objective latency): each move (a quantized region, or an
+// op class across regions) timed quantized against float on the worker's CPU, what was kept and why, and
+// the final speed-up.
 
 import type { Schemas } from "./api/client";
 import { h, num, scroll, table } from "./dom";
@@ -13,6 +14,7 @@ export function placementView(placement: Placement): HTMLElement {
   const batches = placement.batch_sizes;
   const regions = placement.regions.map((region) => [
     String(region.round),
+    region.move,
     h("span", { class: "names" }, region.nodes.flatMap((node, i) => [i ? ", " : "", h("code", {}, node)])),
     Object.entries(region.op_types).map(([op, count]) => `${op} ×${count}`).join(", "),
     ...batches.map((batch) => {
@@ -46,7 +48,7 @@ export function placementView(placement: Placement): HTMLElement {
     ),
     scroll(
       "Placement regions",
-      table(null, ["Round", "Nodes", "Ops", ...batches.map((b) => `Batch ${b}: quantized → float p50 ms`), "Region kept", "Why"], regions, {
+      table(null, ["Round", "Move", "Nodes", "Ops", ...batches.map((b) => `Batch ${b}: quantized → float p50 ms`), "Kept", "Why"], regions, {
         class: "data compact fit",
         id: "placement-regions",
       }),

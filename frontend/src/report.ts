@@ -1,12 +1,14 @@
 // Renders a job's report JSON (schema: the `Report` model of the OpenAPI document). Known sections
-// get purpose-built views (summary, automatic search, accuracy target, outputs, layers ranked by harm, CPU
-// latency and placement); anything else, such as sections a newer engine adds, falls through to a
-// generic, readable rendering: nothing in the report is ever hidden from the user.
+// get purpose-built views (summary, the onnxruntime platform recommended for a job with no engine, automatic
+// search, accuracy target, outputs, layers ranked by harm, CPU latency and placement); anything else, such
+// as sections a newer engine adds, falls through to a generic, readable rendering: nothing in the report is
+// ever hidden from the user.
 
 import type { Schemas } from "./api/client";
 import { autoSearchView } from "./autosearch";
 import { chart, PALETTE } from "./charts";
 import { bytes, h, label, num, percent, scroll, table } from "./dom";
+import { cpuAlternativeView } from "./cpualternative";
 import { placementView } from "./placement";
 
 type Analysis = Schemas["Analysis"];
@@ -36,6 +38,8 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     );
   }
   section.append(summary(evaluation, variants));
+  const latency = isObj(report.latency) ? report.latency : {};
+  if (isObj(latency.cpu_alternative)) section.append(cpuAlternativeView(latency.cpu_alternative as unknown as Schemas["CpuAlternative"]));
   if (isObj(report.parity)) section.append(parityView(report.parity as unknown as Parity, isObj(report.config) ? report.config : {}));
   if (isObj(report.auto)) {
     const view = autoSearchView(report.auto as unknown as Schemas["AutoSearch"]);
@@ -51,11 +55,10 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     destroyers.push(view.destroy);
   }
 
-  const latency = isObj(report.latency) ? report.latency : {};
   section.append(latencyView(isObj(latency.cpu) ? (latency.cpu as unknown as CpuLatency) : null, evaluation.latency_ms_per_sample));
   if (isObj(report.placement)) section.append(placementView(report.placement as unknown as Schemas["Placement"]));
   for (const [key, value] of Object.entries(latency)) {
-    if (key !== "cpu") section.append(h("details", { class: "generic" }, h("summary", {}, `Latency: ${label(key)}`), generic(value)));
+    if (key !== "cpu" && key !== "cpu_alternative") section.append(h("details", { class: "generic" }, h("summary", {}, `Latency: ${label(key)}`), generic(value)));
   }
 
   if (isObj(report.stage_seconds)) {

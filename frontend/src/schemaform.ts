@@ -23,6 +23,7 @@ interface Schema {
   items?: Schema;
   anyOf?: Schema[];
   allOf?: Schema[];
+  readOnly?: boolean; // set by the server (recipe.platform_named): no input
 }
 
 const schemas = (components as { schemas: Record<string, Schema> }).schemas;
@@ -55,8 +56,9 @@ export interface SchemaForm {
 type Reader = () => unknown;
 
 /**
- * Inputs for the properties of `schemaName` (minus `skip`), named by their dotted path under
- * `prefix` (the path the server's errors use: `recipe.calibration.percentile`, `webhook_url`).
+ * Inputs for the properties of `schemaName` (minus `skip` and the readOnly ones the server records itself),
+ * named by their dotted path under `prefix` (the path the server's errors use:
+ * `recipe.calibration.percentile`, `webhook_url`).
  */
 export function schemaForm(schemaName: string, prefix = "", skip: string[] = []): SchemaForm {
   const readers = new Map<string, Reader>();
@@ -253,7 +255,7 @@ export function schemaForm(schemaName: string, prefix = "", skip: string[] = [])
 
   const join = (key: string) => (prefix ? `${prefix}.${key}` : key);
   const root = resolve({ $ref: `#/components/schemas/${schemaName}` });
-  const entries = Object.entries(root.properties ?? {}).filter(([key]) => !skip.includes(key));
+  const entries = Object.entries(root.properties ?? {}).filter(([key, schema]) => !skip.includes(key) && !schema.readOnly);
   const isGroup = ([, schema]: [string, Schema]) => resolve(schema).type === "object" || isRowList(resolve(schema));
   const scalars = entries.filter((e) => !isGroup(e));
   // Top-level scalars (platform, precision, seed...) share one "General" group; specs get their own.

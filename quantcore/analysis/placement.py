@@ -2,24 +2,32 @@
 Q/DQ conversions on this CPU go back to float (``QuantizeConfig.cpu_objective == "latency"``).
 
 After export, the calibrated annotation is split into regions (``quantcore.analysis.regions``). A
-round times, for each region, the current model against the same model with that region's nodes
+round times, for each move, the current model against the same model with the move's nodes
 excluded (annotated again; calibration reused where exact, else calibrated on the first calibration
 batch: a kernel's speed does not depend on its scales), at ``config.cpu_batch_sizes`` with
-``config.cpu_threads`` (``quantcore.evaluate.paired_latency``: interleaved runs, quartiles). A region
-goes float when float is clearly faster (beyond the spread, at one batch size and slower at none);
-when in doubt it stays quantized. The losers of a round go float together, and the next round
-measures the regions of the model that leaves, until a round moves none, ``MAX_ROUNDS`` rounds, or
-``BUDGET_S`` seconds of measuring (the regions not yet measured then stay quantized).
+``config.cpu_threads`` (``quantcore.evaluate.paired_latency``: interleaved runs, quartiles). The moves
+are each region, then each op class (``regions.op_classes``: every depthwise Conv, say): where the
+quantized kernels lose only together, or a region pays for some of its op types and not others, no
+single region's move is faster. A move goes float when float is clearly faster (beyond the spread, at
+one batch size and slower at none); when in doubt it stays quantized. The winners of a round go float
+together, and the next round measures the moves of the model that leaves, until a round moves none,
+``MAX_ROUNDS`` rounds, or ``BUDGET_S`` seconds of timed runs (the moves not yet measured then stay
+quantized). The budget counts each measurement's runs times their median, cached or not, so a rerun
+from the cache stops where the first run stopped and measures nothing.
 
 A region ONNX Runtime refuses to run quantized (the session fails with it, runs without it) goes
 float with ONNX Runtime's message; a model it refuses to run either way is left as it is.
 
-Last, FP32 (the prepared model), the fully quantized model and the placed one are timed together and
-the model kept is the most quantized one that no less quantized one clearly beats: so the result is
-never clearly slower than FP32. Its configuration (the float regions added, escaped, to
-``exclude_node_patterns``) is calibrated on the full calibration data (unless the first calibration
-can be reused exactly, ``accuracy_target.reuse_calibration``) and exported into ``out_dir``; the
-evaluate stage then measures its accuracy as always.
+Last, FP32 (the prepared model), the fully quantized model and the placed one are timed together. Of
+the two quantized ones the placed one is preferred only when clearly faster than the fully quantized
+one; the preferred one is kept when it is no slower than FP32 (``paired_latency.no_slower``: clearly
+slower at no batch size, and its median within ``MIN_GAIN`` of FP32's or below at every one, or clearly
+faster at one), else the other one if it is, else FP32.
+The objective promises a model never slower than FP32, so FP32 need not be clearly faster to win: under
+load the spread of a run can swallow a 2x gap between medians. The kept configuration (the float nodes
+added, escaped, to ``exclude_node_patterns``) is calibrated on the full calibration data (unless the
+first calibration can be reused exactly, ``accuracy_target.reuse_calibration``) and exported into
+``out_dir``; the evaluate stage then measures its accuracy as always.
 
 Timings are read from and written to a ``TimingCache`` when the config names a directory
 (``config.cpu_timing_cache``): a rerun of the same models on the same machine measures nothing.
@@ -40,13 +48,13 @@ import onnx
 import onnxruntime as ort
 
 from quantcore.analysis.accuracy_target import reuse_calibration
-from quantcore.analysis.regions import Region, quantized_regions
+from quantcore.analysis.regions import count_op_types, op_classes, quantized_regions
 from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.calibrate.calibration import calibrate
 from quantcore.config import QuantizeConfig
 from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
 from quantcore.evaluate.latency_cache import Measured, TimingCache, timing_key
-from quantcore.evaluate.paired_latency import Timer, Timing, compare, interleaved_times, signature
+from quantcore.evaluate.paired_latency import Timer, Timing, compare, interleaved_times, no_slower, signature
 from quantcore.export.qdq import ExportResult, build_qdq_model, export
 from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import Monitor
@@ -55,7 +63,7 @@ from quantcore.runtime.cpu_features import cpu_model
 
 STAGE = "place"
 MAX_ROUNDS = 3
-BUDGET_S = 120.0  # seconds of region measurements; the final comparison comes on top
+BUDGET_S = 120.0  # seconds of timed runs (runs x p50) of the moves; the final comparison comes on top
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,8 @@ class _Search:
         self.timer = timer or functools.partial(interleaved_times, specs=specs, sample=run.sample, threads=self.threads)
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
-        self.seconds = 0.0
+        self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
+        self.spent = 0.0  # runs x p50 of every measurement, cached or not (the budget's)
 
     def variant(self, float_nodes: tuple[str, ...], *, full: bool = False) -> _Variant:
         """The model with ``float_nodes`` excluded; calibrated on the full data with ``full``, else on the
@@ -125,6 +134,7 @@ class _Search:
         key = timing_key([signature(onnx.load_from_string(m)) for m in models], self.batch_sizes, self.threads)
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             self.cached += 1
+            self.spent += _timed_seconds(hit)
             return hit, True
         started = time.perf_counter()
         raw = self.timer(models, self.batch_sizes)
@@ -135,7 +145,13 @@ class _Search:
         }
         if self.cache is not None:
             self.cache.put(key, measured)
+        self.spent += _timed_seconds(measured)
         return measured, False
+
+
+def _timed_seconds(measured: Measured) -> float:
+    """Seconds of timed runs a measurement stands for: each timing's runs times its median."""
+    return sum(t.runs * t.p50_ms / 1000.0 for models in measured.values() for t in models if isinstance(t, Timing))
 
 
 def _timings(measured: Measured, index: int) -> dict[int, Timing]:
@@ -146,11 +162,14 @@ def _refusal(measured: Measured, index: int) -> str | None:
     return next((m[index] for m in measured.values() if isinstance(m[index], str)), None)
 
 
-def _row(round_index: int, region: Region, graph: Any, measured: Measured, cached: bool) -> dict[str, Any]:
+def _row(
+    round_index: int, move: str, nodes: tuple[str, ...], graph: Any, measured: Measured, cached: bool
+) -> dict[str, Any]:
     return {
         "round": round_index,
-        "nodes": list(region.nodes),
-        "op_types": region.op_types(graph),
+        "move": move,
+        "nodes": list(nodes),
+        "op_types": count_op_types(graph, nodes),
         "timings": {
             f"batch_{b}": {
                 label: t.to_dict() if isinstance(t, Timing) else None
@@ -178,54 +197,76 @@ def place(
     for round_index in range(1, MAX_ROUNDS + 1):
         rounds = round_index
         regions = quantized_regions(graph, current.calibrated)
-        moved: list[Region] = []
-        for position, region in enumerate(regions):
-            if search.seconds >= BUDGET_S:
-                stopped = f"time budget ({BUDGET_S:g} s of measurements): the regions not measured stay quantized"
-                break
-            monitor.check(STAGE)
-            trial = search.variant((*current.float_nodes, *region.nodes))
-            measured, cached = search.measure([current.model, trial.model])
-            row = _row(round_index, region, graph, measured, cached)
-            refused, refused_float = _refusal(measured, 0), _refusal(measured, 1)
-            if refused is not None and refused_float is None:
-                row.update(kept="float", reason=f"ONNX Runtime refuses to run it quantized: {refused}")
-                moved.append(region)
-            elif refused is not None or refused_float is not None:
-                row.update(kept="quantized", reason=f"not measured: {refused or refused_float}")
-            elif compare(_timings(measured, 1), _timings(measured, 0)) == "faster":
-                row.update(kept="float", reason="faster in float beyond the spread")
-                moved.append(region)
-            else:
-                row.update(kept="quantized", reason="float is not clearly faster")
-            rows.append(row)
-            done = min(0.9, len(rows) / (len(regions) * MAX_ROUNDS + 1))
-            monitor.report(STAGE, done, f"round {round_index}, region {position + 1}/{len(regions)}: {row['kept']}")
-        else:
-            if not moved:
-                stopped = "no region changed"
+        region_moves = [("region", region.nodes) for region in regions]
+        class_moves = [(f"op class {kind}", nodes) for kind, nodes in op_classes(graph, regions).items()]
+        # op classes only once no region wins alone: a class holding a winning region would win through it
+        moved = _try(search, round_index, region_moves, current, rows)
+        if not moved and search.spent < BUDGET_S:
+            moved = _try(search, round_index, class_moves, current, rows)
+        if search.spent >= BUDGET_S:
+            stopped = f"time budget ({BUDGET_S:g} s of timed runs): the moves not measured stay quantized"
+        elif not moved:
+            stopped = "no move changed the model"
         if not moved:
             break
-        current = search.variant((*current.float_nodes, *(n for r in moved for n in r.nodes)))
+        float_nodes = dict.fromkeys((*current.float_nodes, *(n for nodes in moved for n in nodes)))  # ordered set
+        current = search.variant(tuple(float_nodes))
     return _choose(search, base, current, rows, rounds, stopped)
+
+
+def _try(
+    search: _Search,
+    round_index: int,
+    moves: Sequence[tuple[str, tuple[str, ...]]],
+    current: _Variant,
+    rows: list[dict[str, Any]],
+) -> list[tuple[str, ...]]:
+    """Time each of ``moves`` (name, nodes) against ``current`` until the budget is spent, append their rows,
+    and return the nodes of those that go float."""
+    graph = search.run.prepared.model.graph
+    moved: list[tuple[str, ...]] = []
+    for position, (move, nodes) in enumerate(moves):
+        if search.spent >= BUDGET_S:
+            break
+        search.monitor.check(STAGE)
+        trial = search.variant((*current.float_nodes, *nodes))
+        measured, cached = search.measure([current.model, trial.model])
+        row = _row(round_index, move, nodes, graph, measured, cached)
+        refused, refused_float = _refusal(measured, 0), _refusal(measured, 1)
+        if refused is not None and refused_float is None:
+            row.update(kept="float", reason=f"ONNX Runtime refuses to run it quantized: {refused}")
+            moved.append(nodes)
+        elif refused is not None or refused_float is not None:
+            row.update(kept="quantized", reason=f"not measured: {refused or refused_float}")
+        elif compare(_timings(measured, 1), _timings(measured, 0)) == "faster":
+            row.update(kept="float", reason="faster in float beyond the spread")
+            moved.append(nodes)
+        else:
+            row.update(kept="quantized", reason="float is not clearly faster")
+        rows.append(row)
+        done = min(0.9, round_index / (MAX_ROUNDS + 1))
+        search.monitor.report(STAGE, done, f"round {round_index}, {move} {position + 1}/{len(moves)}: {row['kept']}")
+    return moved
 
 
 def _choose(
     search: _Search, base: _Variant, placed: _Variant, rows: list[dict[str, Any]], rounds: int, stopped: str
 ) -> PlacementOutcome:
-    """Time FP32, all quantized and placed together, keep the most quantized one no less quantized one
-    clearly beats, and export it (see module)."""
+    """Time FP32, all quantized and placed together, keep the one the module's rule picks, and export it."""
     run, config = search.run, search.config
     every = tuple(n for r in quantized_regions(run.prepared.model.graph, base.calibrated) for n in r.nodes)
     fp32 = run.prepared.model.SerializeToString()
     labels = ("fp32", "quantized", "placed")
     measured, cached = search.measure([fp32, base.model, placed.model])
     timings = {label: _timings(measured, i) for i, label in enumerate(labels)}
-    kept, chosen = base, "quantized"
+    preferred = ["quantized", "placed"]
     if placed.float_nodes and compare(timings["placed"], timings["quantized"]) == "faster":
-        kept, chosen = placed, "placed"
-    if every and compare(timings["fp32"], timings[chosen]) == "faster":
-        kept, chosen = search.variant(every), "fp32"
+        preferred.reverse()
+    if not placed.float_nodes:
+        preferred.remove("placed")
+    variants = {"quantized": base, "placed": placed}
+    chosen = next((label for label in preferred if not every or no_slower(timings[label], timings["fp32"])), "fp32")
+    kept = search.variant(every) if chosen == "fp32" else variants[chosen]
     if kept is not base:
         kept = search.variant(kept.float_nodes, full=True)
     exported = (
@@ -240,7 +281,7 @@ def _choose(
         fp32_p50, kept_timing = entry["fp32"], timings[chosen].get(batch)
         speedup = None if fp32_p50 is None or kept_timing is None else fp32_p50["p50_ms"] / kept_timing.p50_ms
         final[key] = {**entry, "speedup_p50": speedup}
-    float_regions = sum(1 for row in rows if row["kept"] == "float")
+    float_moves = sum(1 for row in rows if row["kept"] == "float")
     report = {
         "objective": config.cpu_objective,
         "threads": search.threads,
@@ -257,18 +298,18 @@ def _choose(
         "measurements": search.measured,
         "cached_measurements": search.cached,
         "measured_seconds": round(search.seconds, 3),
-        "statement": _statement(chosen, float_regions, len(kept.float_nodes), final),
+        "statement": _statement(chosen, float_moves, len(kept.float_nodes), final),
     }
     return PlacementOutcome(kept.config, kept.annotation, kept.calibrated, exported, report)
 
 
-def _statement(chosen: str, float_regions: int, float_nodes: int, final: Mapping[str, Any]) -> str:
+def _statement(chosen: str, float_moves: int, float_nodes: int, final: Mapping[str, Any]) -> str:
     speedups = ", ".join(
         f"{key.removeprefix('batch_')}: {v['speedup_p50']:.2f}x" for key, v in final.items() if v["speedup_p50"]
     )
     what = {
         "quantized": "every region stays quantized",
-        "placed": f"{float_regions} region(s), {float_nodes} node(s), kept float for speed",
-        "fp32": "every region kept float: the quantized kernels do not pay on this CPU",
+        "placed": f"{float_moves} move(s), {float_nodes} node(s), kept float for speed",
+        "fp32": "every region kept float: no quantized model is as fast as FP32 on this CPU",
     }[chosen]
     return f"{what}; speed-up over FP32 (p50) at batch {speedups}" if speedups else what

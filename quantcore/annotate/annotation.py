@@ -12,7 +12,8 @@ bias, with TQCs built from the platform's presets at the bits resolved for this 
          | platform.boundary_bits         first/last compute layer (academic: 8)
          | precision.weight_bits / .activation_bits
 
-and the activation observer from the first matching override, else the run's ``observer``.
+and the activation observer from the first matching override, else the run's ``observer``. After the
+walk, the tensors named in ``config.wide_tensors`` go to 16 bits (``quantcore.annotate.widening``).
 
 A tensor read by several nodes gets one config and one Q/DQ pair shared by every annotated consumer.
 When two rules want a tensor quantized differently, the first wins and the later consumer reads the
@@ -40,6 +41,7 @@ from quantcore.annotate.rules import (
     keep_float,
     pass_through,
 )
+from quantcore.annotate.widening import widen
 from quantcore.config import QuantizeConfig
 from quantcore.graph.index import SUBGRAPH_INPUT, GraphIndex
 from quantcore.graph.ops import COMPUTE_OPS
@@ -322,20 +324,24 @@ def annotate(prepared: PreparedModel, config: QuantizeConfig) -> Annotation:
                 f"{platform.name} rule for {node.op_type} found nothing to quantize "
                 f"(constant, non-float32 or unquantized operands)"
             )
+    configs, biases, wide_notes, wide_warnings = widen(
+        state.configs, frozenset(state.parameters), state.biases, config.wide_tensors
+    )
+    state.warnings.extend(wide_warnings)
     if not state.configs:
         state.warnings.append(
             f"platform {platform.name} found nothing to quantize in this model: the exported model computes in "
             "float (the report's node decisions say why, node by node)"
         )
     return Annotation(
-        configs=state.configs,
+        configs=configs,
         consumers=state.consumers,
         parameters=frozenset(state.parameters),
         decisions=state.decisions,
         warnings=tuple(state.warnings),
         reasons=state.reasons,
-        biases=state.biases,
-        notes=tuple(platform.notes(config)),
+        biases=biases,
+        notes=(*platform.notes(config), *wide_notes),
         platform=platform.name,
         unsigned_weights=platform.unsigned_weights(config),
     )

@@ -12,6 +12,9 @@ with a reconstruction is not tried twice or at all.
     equalization     cross-layer equalization before calibration
     bias_correction  each quantized layer's bias corrected for its weight quantization's mean shift
     smoothquant      MatMul/Gemm inputs' outlier channels moved into their weights (``quantcore.calibrate.smoothquant``)
+    mixed_precision  the most sensitive layers promoted to 16 bits, or kept float where the platform takes no
+                     16-bit tensors (``quantcore.analysis.mixed_precision``), until the objective is met on the
+                     candidate's calibration samples, at most ``MixedPrecisionConfig``'s default fraction
     adaround         AdaRound learned rounding, ``ADAROUND_ITERS`` steps per layer (the costliest: last)
 """
 
@@ -20,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from quantcore.config import QuantizeConfig, ReconstructionConfig
+from quantcore.config import MixedPrecisionConfig, QuantizeConfig, ReconstructionConfig
+from quantcore.config.choices import MIXED_PRECISION_METRICS
 
 # AdaRound steps per layer in the search: a tenth of ReconstructionConfig's default, so that the candidate
 # fits a CPU budget of minutes on small models; the budget's deadline stops it where it does not.
@@ -65,6 +69,15 @@ def _observer(name: str) -> Candidate:
     return Candidate(name, f"activation observer {name}", vary)
 
 
+def _mixed_precision(config: QuantizeConfig) -> QuantizeConfig:
+    """Mixed precision aiming at the search's objective where calibration samples can measure it (cosine,
+    SQNR); a top-1 objective, which needs labels, aims at ``MixedPrecisionConfig``'s default instead."""
+    objective = config.auto.objective
+    if objective.metric in MIXED_PRECISION_METRICS:
+        return replace(config, mixed_precision=MixedPrecisionConfig(objective=objective))
+    return replace(config, mixed_precision=MixedPrecisionConfig())
+
+
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("as_given", "nothing: the config as given", lambda config: config),
     _observer("minmax"),
@@ -74,6 +87,11 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("equalization", "cross-layer equalization on", lambda config: replace(config, equalization=True)),
     Candidate("bias_correction", "bias correction on", lambda config: replace(config, bias_correction=True)),
     Candidate("smoothquant", "SmoothQuant on", lambda config: replace(config, smoothquant=True)),
+    Candidate(
+        "mixed_precision",
+        "the most sensitive layers at 16 bits (float on platforms without 16-bit tensors)",
+        _mixed_precision,
+    ),
     Candidate(
         "adaround",
         f"AdaRound learned rounding, {ADAROUND_ITERS} steps per layer",

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from quantcore.errors import InvalidDataError
-from quantcore.runtime.batching import Batches, InputSpec, take_window
+from quantcore.runtime.batching import Batches, InputSpec
 from quantcore.runtime.session import open_session
 
 SELECTION_FRACTION = 0.25
@@ -52,16 +52,7 @@ def split_selection(calibration: Mapping[str, np.ndarray], specs: list[InputSpec
             f"{count} out for choosing among its candidates, got {total}"
         )
     cut = total - count
-
-    def part(start: int, size: int) -> dict[str, np.ndarray]:
-        return {
-            spec.name: batches.arrays[spec.name]
-            if spec.batch_axis is None
-            else take_window(batches.arrays[spec.name], spec.batch_axis, start, size)
-            for spec in specs
-        }
-
-    return SelectionSplit(part(0, cut), part(cut, count), range(0, cut), range(cut, total))
+    return SelectionSplit(batches.window(0, cut), batches.window(cut, count), range(0, cut), range(cut, total))
 
 
 def fp32_predictions(model_path: str | Path, samples: Mapping[str, np.ndarray], specs: list[InputSpec]) -> np.ndarray:

@@ -5,7 +5,8 @@
   per-node choices, deployment, and the options below;
 - ``AnalysisOptions`` and ``AccuracyTarget`` (``analysis``): the layer-wise analysis and the target mode;
 - ``AutoOptions`` (``auto``): the budget, objective and candidates of ``strategy="auto"``;
-- ``ReconstructionConfig`` (``reconstruction``) and ``WeightOnlyConfig`` (``weight_only``);
+- ``MixedPrecisionConfig`` (``mixed_precision``): the promotion of sensitive layers;
+- ``ReconstructionConfig`` (``reconstruction``), ``QatConfig`` (``qat``) and ``WeightOnlyConfig`` (``weight_only``);
 - the names a field is checked against (``choices``): platforms and the precisions each accepts, and the
   other choices' tuples.
 
@@ -23,6 +24,8 @@ from quantcore.config.choices import (
     accepts_precision,
     default_precision,
 )
+from quantcore.config.mixed_precision import MixedPrecisionConfig
+from quantcore.config.qat import QatConfig
 from quantcore.config.reconstruction import ReconstructionConfig
 from quantcore.config.run import NodeOverride, QuantizeConfig
 from quantcore.config.weight_only import WeightOnlyConfig
@@ -36,8 +39,10 @@ __all__ = [
     "AccuracyTarget",
     "AnalysisOptions",
     "AutoOptions",
+    "MixedPrecisionConfig",
     "NodeOverride",
     "PlatformName",
+    "QatConfig",
     "QuantizeConfig",
     "ReconstructionConfig",
     "WeightOnlyConfig",

@@ -25,12 +25,13 @@ PLATFORM_PRECISIONS: dict[PlatformName, tuple[str, ...] | None] = {
     "academic": None,
 }
 WEIGHT_ONLY_PLATFORM: PlatformName = "onnxruntime-weight-only"
-WEIGHT_ONLY_ALGORITHMS = ("rtn", "gptq")
+WEIGHT_ONLY_ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
 WEIGHT_ONLY_FORMATS = ("matmulnbits", "dequantize_linear")
 WEIGHT_ONLY_BLOCK_SIZES = (16, 256)  # a power of two in this range
 DEVICES = ("cpu", "cuda")
 CLIPS = ("percentile", "mse")  # where a percentile-observed tensor is clipped (QuantizeConfig.clip)
 RECONSTRUCTION_METHODS = ("adaround", "brecq", "qdrop")
+QAT_LOSSES = ("mse", "kl")  # distillation losses of ``quantcore.qat`` (``QatConfig.loss``)
 MAX_RECONSTRUCTION_ITERS = 100_000
 # fixed: the run quantizes with the config as given (``quantcore.quantize``); auto: a search tries variations
 # of it and keeps the best (``quantcore.auto.quantize_auto``, settings ``AutoOptions``).
@@ -46,9 +47,24 @@ AUTO_CANDIDATES = (
     "equalization",
     "bias_correction",
     "smoothquant",
+    "mixed_precision",
     "adaround",
 )
 AUTO_BUDGET_SECONDS = (10.0, 86_400.0)
+# platform -> what mixed precision makes of a sensitive layer (``quantcore.analysis.mixed_precision``): "int16",
+# its activations and weights quantized to 16 bits (int16/uint16 Q/DQ at opset 21: ONNX Runtime's CPU EP runs
+# them, the layer itself in float between them); "float", the layer left un-quantized, float32 in the exported
+# graph (TensorRT takes no 16-bit activations; DynamicQuantizeLinear is uint8 only). Weight-only has none.
+MIXED_PRECISION_FORMS: dict[PlatformName, str] = {
+    "tensorrt": "float",
+    "tensorrt-fp8": "float",
+    "onnxruntime": "int16",
+    "onnxruntime-dynamic": "float",
+    "academic": "int16",
+}
+WIDE_BITS = 16  # the width of a promoted tensor (``QuantizeConfig.wide_tensors``)
+MIXED_PRECISION_FRACTION = (0.0, 0.5)  # max_fraction's bounds, the lower one excluded
+MIXED_PRECISION_METRICS = ("cosine", "sqnr")  # measured on calibration samples: no labels for top1_drop
 # What the onnxruntime platform's deployment favours (``QuantizeConfig.cpu_objective``): latency places
 # quantized regions by measured speed (``quantcore.analysis.placement``); accuracy and size keep every
 # region the rules quantize (no placement: the export is that of a run without the option).

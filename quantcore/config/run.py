@@ -17,6 +17,7 @@ from quantcore.config.choices import (
     CPU_OBJECTIVES,
     DEVICES,
     MAX_CPU_BATCH,
+    MIXED_PRECISION_FORMS,
     PLATFORM_NAMES,
     PLATFORM_PRECISIONS,
     STRATEGIES,
@@ -25,6 +26,8 @@ from quantcore.config.choices import (
     accepts_precision,
     default_precision,
 )
+from quantcore.config.mixed_precision import MixedPrecisionConfig
+from quantcore.config.qat import QatConfig
 from quantcore.config.reconstruction import ReconstructionConfig
 from quantcore.config.weight_only import WeightOnlyConfig
 from quantcore.numerics.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
@@ -95,6 +98,8 @@ class QuantizeConfig:
     session skips; set by the parity check when a rewrite of the installed ONNX Runtime changes the
     model's results (``quantcore.evaluate.parity``), and what users of the model must skip too.
     reconstruction: learned rounding after calibration (``ReconstructionConfig``), None for none.
+    qat: quantization-aware training of the whole graph by distillation from the FP32 model, after
+    calibration and reconstruction, before export (``QatConfig``, ``quantcore.qat``), None for none.
     equalization: cross-layer equalization of the prepared model (``quantcore.prepare.equalization``):
     consecutive Conv/Gemm pairs rescaled per channel to equal weight ranges, the same FP32 function.
     bias_correction: after calibration, each quantized Conv/Gemm's bias minus the mean shift its
@@ -103,6 +108,14 @@ class QuantizeConfig:
     smoothquant: SmoothQuant of the prepared model (``quantcore.calibrate.smoothquant``): MatMul/Gemm inputs
     with outlier channels divided per channel by s and their weights' rows multiplied by it, the same FP32
     function, alpha chosen by the quantized model's SQNR on the calibration data.
+    mixed_precision: promote the layers the layer-wise ranking of the calibration data finds most harmful
+    (``MixedPrecisionConfig``; ``quantcore.analysis.mixed_precision``), as the platform allows
+    (``MIXED_PRECISION_FORMS``): their tensors to 16 bits, or the layers kept float; the promotions land in
+    ``wide_tensors`` or ``exclude_node_patterns`` of the report's config. Not with ``target``,
+    ``reconstruction`` or ``bias_correction`` (each re-annotates, or is learned for, the layers as first quantized).
+    wide_tensors: tensors (activations and weights) quantized at 16 bits (int16/uint16 Q/DQ) instead of the
+    precision's width, an activation with the tensors sharing its scale (``quantcore.annotate.widening``); only
+    on the platforms whose mixed-precision form is ``int16``.
     cpu_latency: measure FP32 vs quantized latency on ONNX Runtime's CPU EP (stage ``latency``).
     tensorrt_engine: build a TensorRT engine from the QDQ model (stage ``engine``; ``skipped`` with
     the reason where CUDA or TensorRT is missing). analysis: what the layer-wise analysis may spend
@@ -115,6 +128,11 @@ class QuantizeConfig:
     cpu_batch_sizes: the batch sizes both measure at. cpu_timing_cache: a directory where the placement
     keeps its timings between runs (None: not kept); where timings are kept changes no result, so it is
     left out of ``to_dict`` (the report's config, the resume checkpoint's fingerprint).
+    cpu_alternative: when the engine stage is skipped (no TensorRT engine for this model), also quantize
+    the prepared model with the onnxruntime platform's rules and measure it on this CPU beside the model
+    kept (stage ``cpu_alternative``, ``quantcore.pipeline.cpu_alternative``); a service sets it for a recipe that
+    left the default tensorrt platform unnamed. It adds a report section and changes no file, so it is left
+    out of ``to_dict`` too.
     strategy: ``fixed`` (quantize with this config) or ``auto`` (search variations of it within
     ``auto``'s budget, ``quantcore.auto``; not with ``target``, which is the search's own fallback).
     weight_only: the weight-only options (``WeightOnlyConfig``), only with platform
@@ -141,15 +159,19 @@ class QuantizeConfig:
     analysis: AnalysisOptions = field(default_factory=AnalysisOptions)
     target: AccuracyTarget | None = None
     reconstruction: ReconstructionConfig | None = None
+    qat: QatConfig | None = None
     equalization: bool = False
     bias_correction: bool = False
     smoothquant: bool = False
+    mixed_precision: MixedPrecisionConfig | None = None
+    wide_tensors: tuple[str, ...] = ()
     strategy: str = "fixed"
     auto: AutoOptions = field(default_factory=AutoOptions)
     cpu_objective: str = "accuracy"
     cpu_threads: int | None = None
     cpu_batch_sizes: tuple[int, ...] = (1, 32)
     cpu_timing_cache: str | None = None
+    cpu_alternative: bool = False
     weight_only: WeightOnlyConfig | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +192,7 @@ class QuantizeConfig:
         require_choice("reduce_range", self.reduce_range, REDUCE_RANGE_CHOICES)
         require_bool("cpu_latency", self.cpu_latency)
         require_bool("tensorrt_engine", self.tensorrt_engine)
+        require_bool("cpu_alternative", self.cpu_alternative)
         require_bool("equalization", self.equalization)
         require_bool("bias_correction", self.bias_correction)
         require_bool("smoothquant", self.smoothquant)
@@ -203,11 +226,16 @@ class QuantizeConfig:
             raise ValueError(f"reconstruction must be a ReconstructionConfig or None, got {self.reconstruction!r}")
         if self.reconstruction is not None and self.target is not None:
             raise ValueError("reconstruction and target cannot be combined (the target search re-calibrates)")
+        if self.qat is not None and not isinstance(self.qat, QatConfig):
+            raise ValueError(f"qat must be a QatConfig or None, got {self.qat!r}")
+        if self.qat is not None and self.target is not None:
+            raise ValueError("qat and target cannot be combined (the target search re-calibrates)")
         if self.bias_correction and self.target is not None:
             raise ValueError(
                 "bias_correction and target cannot be combined (a layer the target keeps in float would keep "
                 "the correction of a weight quantization it no longer has)"
             )
+        self._check_mixed_precision()
         require_choice("strategy", self.strategy, STRATEGIES)
         if not isinstance(self.auto, AutoOptions):
             raise ValueError(f"auto must be an AutoOptions, got {self.auto!r}")
@@ -227,6 +255,26 @@ class QuantizeConfig:
             raise ValueError(f"cpu_timing_cache must be a directory path string or None, got {self.cpu_timing_cache!r}")
         self._check_weight_only()
 
+    def _check_mixed_precision(self) -> None:
+        """mixed_precision's type and the options it cannot follow; wide_tensors where 16 bits run."""
+        object.__setattr__(self, "wide_tensors", string_tuple("wide_tensors", self.wide_tensors))
+        if self.wide_tensors and MIXED_PRECISION_FORMS.get(self.platform) != "int16":
+            raise ValueError(
+                f"wide_tensors: platform {self.platform!r} takes no 16-bit tensors (its runtime does not run them; "
+                "mixed precision keeps its sensitive layers float instead)"
+            )
+        if self.mixed_precision is None:
+            return
+        if not isinstance(self.mixed_precision, MixedPrecisionConfig):
+            raise ValueError(f"mixed_precision must be a MixedPrecisionConfig or None, got {self.mixed_precision!r}")
+        for name, why in (
+            ("target", "the target search re-annotates the model and keeps layers float its own way"),
+            ("reconstruction", "a promoted layer would lose the rounding learned for its 8-bit grid"),
+            ("bias_correction", "a layer kept float would keep the correction of a quantization it no longer has"),
+        ):
+            if getattr(self, name) not in (None, False):
+                raise ValueError(f"mixed_precision and {name} cannot be combined ({why})")
+
     def _check_weight_only(self) -> None:
         """weight_only only on its platform (defaulted there), and none of the Q/DQ stages' options with it."""
         if self.platform != WEIGHT_ONLY_PLATFORM:
@@ -237,7 +285,7 @@ class QuantizeConfig:
             object.__setattr__(self, "weight_only", WeightOnlyConfig())
         if not isinstance(self.weight_only, WeightOnlyConfig):
             raise ValueError(f"weight_only must be a WeightOnlyConfig or None, got {self.weight_only!r}")
-        for name in ("target", "reconstruction"):
+        for name in ("target", "reconstruction", "qat", "mixed_precision"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is not available on platform {WEIGHT_ONLY_PLATFORM!r}")
         for name in ("equalization", "bias_correction", "smoothquant", "tensorrt_engine"):
@@ -273,9 +321,12 @@ class QuantizeConfig:
             "analysis": self.analysis.to_dict(),
             "target": None if self.target is None else self.target.to_dict(),
             "reconstruction": None if self.reconstruction is None else self.reconstruction.to_dict(),
+            "qat": None if self.qat is None else self.qat.to_dict(),
             "equalization": self.equalization,
             "bias_correction": self.bias_correction,
             "smoothquant": self.smoothquant,
+            "mixed_precision": None if self.mixed_precision is None else self.mixed_precision.to_dict(),
+            "wide_tensors": list(self.wide_tensors),
             "strategy": self.strategy,
             "auto": self.auto.to_dict(),
             "cpu_objective": self.cpu_objective,

@@ -14,8 +14,12 @@ class WeightOnlyConfig:
     """Weight-only quantization of MatMul/Gemm weights (platform ``onnxruntime-weight-only``,
     ``quantcore.weight_only``); the bits are the precision's (``w4``, ``w8``).
 
-    algorithm: ``rtn`` (round to nearest) or ``gptq`` (Frantar et al. 2022: column by column with the
-    rounding error compensated through H = 2·XᵀX/n of the calibration data). block_size: weights per
+    algorithm: ``rtn`` (round to nearest), ``gptq`` (Frantar et al. 2022: column by column with the
+    rounding error compensated through H = 2·XᵀX/n of the calibration data), ``awq`` (Lin et al. 2023:
+    weight rows scaled by mean|x|^alpha of their input channel before rounding, the input divided back,
+    alpha searched per group of layers sharing an input on the calibration data) or ``hqq`` (Badri & Shaji
+    2023, data-free: each block's scale and zero point fitted to the weights by half-quadratic
+    alternating minimisation). block_size: weights per
     scale along the reduction axis K, a power of two in [16, 256]; K need not be a multiple (the last
     block is padded with zeros, as MatMulNBits pads). symmetric: zero point fixed at 2^(bits-1) (codes
     stored signed in ``dequantize_linear``), else a zero point per block. format: ``matmulnbits``

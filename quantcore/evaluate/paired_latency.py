@@ -10,6 +10,10 @@ Each model's times are summarized by their quartiles (``Timing``: p25, p50, p75 
 the spread, do not overlap) and a's median is at least ``MIN_GAIN`` below b's; ``compare`` then weighs
 all batch sizes: ``faster`` when a is clearly faster at one and clearly slower at none. Anything else
 is ``same``: a caller that prefers one model unless another is clearly faster keeps its preference.
+``no_slower`` is the test a promise of "never slower than b" needs, since under load the spread can
+swallow a 2x gap between medians: a is clearly slower at no batch size, and either its median is at
+most ``MIN_GAIN`` above b's at every batch size, or a is clearly faster at one (a gain beyond the
+spread pays for a loss within it).
 
 ``signature(model)`` identifies what the timing depends on (each node's op type, attributes, inputs
 and outputs; each initializer's type and shape; the graph's inputs and outputs), not the weights' or
@@ -79,6 +83,16 @@ def compare(a: Mapping[int, Timing], b: Mapping[int, Timing]) -> str:
     if losses and not wins:
         return "slower"
     return "same"
+
+
+def no_slower(a: Mapping[int, Timing], b: Mapping[int, Timing]) -> bool:
+    """True when ``a`` may stand in for ``b`` under a promise of "never slower than b", over the batch sizes
+    both were timed at (see module)."""
+    batches = set(a) & set(b)
+    if any(clearly_faster(b[k], a[k]) for k in batches):
+        return False
+    within = all(a[k].p50_ms <= b[k].p50_ms * (1.0 + MIN_GAIN) for k in batches)
+    return within or any(clearly_faster(a[k], b[k]) for k in batches)
 
 
 def interleaved_times(

@@ -1,7 +1,7 @@
 """``quantize``: the stages in one call, with progress, cancellation and atomic outputs.
 
-    prepare → annotate → calibrate → clip → reconstruct → export → place → evaluate → analyze → target → latency
-    → engine
+    prepare → annotate → calibrate → clip → reconstruct → mixed_precision → qat → export → place → evaluate
+    → analyze → target → latency → engine → cpu_alternative
 
 One function per stage, each in the module of its concept: prepare to export (and resuming from a
 checkpoint) in ``quantization``, place, evaluate with the parity remedy, latency and engine in ``deployment``,
@@ -29,6 +29,7 @@ import numpy as np
 from quantcore.config import WEIGHT_ONLY_PLATFORM, QuantizeConfig
 from quantcore.export import checkpoint
 from quantcore.export.qdq import ExportResult
+from quantcore.pipeline.cpu_alternative import cpu_alternative_stage
 from quantcore.pipeline.deployment import engine_stage, evaluate_stage, latency_stage, place_stage
 from quantcore.pipeline.diagnosis import analyze_stage, target_stage
 from quantcore.pipeline.quantization import (
@@ -36,7 +37,9 @@ from quantcore.pipeline.quantization import (
     calibrate_stage,
     clip_stage,
     export_stage,
+    mixed_precision_stage,
     prepare_stage,
+    qat_stage,
     reconstruct_stage,
     restore_checkpoint,
 )
@@ -53,6 +56,8 @@ STAGES = (
     "calibrate",
     "clip",
     "reconstruct",
+    "mixed_precision",  # reports itself skipped unless config.mixed_precision (``quantcore.analysis.mixed_precision``)
+    "qat",  # reports itself skipped unless config.qat (``quantcore.qat``)
     "export",
     "place",  # cpu_objective latency only: regions kept float where faster (``quantcore.analysis.placement``)
     "evaluate",
@@ -60,6 +65,7 @@ STAGES = (
     "target",
     "latency",
     "engine",
+    "cpu_alternative",  # the onnxruntime platform measured beside a model no engine was built for
 )
 
 
@@ -120,7 +126,8 @@ def quantize(
     into, usually ``out_dir`` itself), a valid checkpoint there replaces calibrate and export (their
     calibrated configs are read back from its ``tqc.json``): those stages neither run nor report
     progress, and the report's ``resumed`` lists them. Runs with reconstruction always recompute (the
-    checkpoint does not hold the learned model).
+    checkpoint does not hold the learned model); QAT resumes from its own training checkpoint there
+    (``quantcore.qat.checkpoint``).
 
     ``config.strategy`` must be ``fixed``: ``strategy="auto"`` runs through ``quantcore.auto.quantize_auto``,
     which calls this with the config it chose and its search's report section as ``auto`` (the report's
@@ -148,14 +155,19 @@ def quantize(
         calibrated = calibrate_stage(run, inputs, annotation, config)
         calibrated = clip_stage(run, inputs, calibrated)
         calibrated = reconstruct_stage(run, inputs, calibrated)
-        model = export_stage(run, annotation, calibrated, key)
+        promoted, calibrated = mixed_precision_stage(run, inputs, annotation, calibrated)
+        calibrated = qat_stage(run, inputs, calibrated, key, resume_from)
+        model = export_stage(run, promoted, calibrated, key)
     model = place_stage(run, inputs, model)
     evaluated = evaluate_stage(run, inputs, model)
     analyzed = analyze_stage(run, inputs, evaluated)
     evaluated = target_stage(run, inputs, evaluated, analyzed)
     latency = latency_stage(run, inputs, evaluated)
     engine = engine_stage(run, inputs, evaluated, engine_builder)
+    alternative = cpu_alternative_stage(run, inputs, evaluated, engine)
 
-    report = build_report(inputs, evaluated, analyzed, latency, engine, run.clock.seconds, auto)
+    report = build_report(
+        inputs, evaluated, analyzed, latency, engine, run.clock.seconds, auto, cpu_alternative=alternative
+    )
     report_path = write_report(out_dir, report)
     return QuantizeResult.of(evaluated.model.exported, engine, report_path, report)

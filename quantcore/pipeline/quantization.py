@@ -1,12 +1,14 @@
 """The stages that make the quantized model: prepare → annotate → calibrate → clip → reconstruct →
-export, or, for a resumed run, prepare → annotate → the checkpoint in place of the rest.
+mixed_precision → qat → export, or, for a resumed run, prepare → annotate → the checkpoint in place of the rest.
 
 ``clip`` runs when activations are observed by ``percentile``, ``config.percentile_candidates`` names
 others and there are at least ``clip_search.MIN_SAMPLES`` calibration samples: it keeps the percentile,
 or the MSE threshold read from the same histograms, that reproduces the FP32 outputs best on the
 calibration data (``quantcore.calibrate.clip_search``), and the run goes on with it (re-calibrations too).
 ``reconstruct`` learns the rounding when ``config.reconstruction`` is set (otherwise it reports itself
-skipped at once).
+skipped at once), and so does ``mixed_precision`` when ``config.mixed_precision`` is set: it promotes the
+layers the calibration data finds most sensitive to 16 bits or float
+(``quantcore.analysis.mixed_precision``), and the run goes on with the config that names them.
 
 Three options change the model these stages hand on, each off by default (and then nothing of theirs
 runs): ``config.equalization`` equalizes the prepared model's layer pairs at the end of prepare
@@ -25,6 +27,7 @@ from typing import Any
 import onnx
 
 from quantcore.analysis.accuracy_target import check_target
+from quantcore.analysis.mixed_precision import PromotionRun, promote
 from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.calibrate.bias_correction import correct_biases
 from quantcore.calibrate.calibration import Clip, calibrate_clips, configured_clip
@@ -38,6 +41,9 @@ from quantcore.export.qdq import export
 from quantcore.pipeline.run import Run
 from quantcore.prepare.equalization import equalize
 from quantcore.prepare.preparation import PreparedModel, prepare
+from quantcore.qat import QatResult, qat
+from quantcore.qat.checkpoint import FILE as QAT_CHECKPOINT
+from quantcore.qat.checkpoint import Checkpointing
 from quantcore.reconstruction import ReconstructionResult, reconstruct
 from quantcore.report.stage_results import PreparedInputs, QuantizedModel
 from quantcore.runtime.batching import Batches, input_specs
@@ -54,6 +60,8 @@ class Calibration:
     calibrated: Annotation  # the configured clip's, then the clip kept, then reconstruct's
     percentile_search: dict[str, Any] | None = None  # the clip stage's choice, once it has run
     reconstruction: ReconstructionResult | None = None
+    mixed_precision: dict[str, Any] | None = None  # the mixed_precision stage's report, once it has promoted
+    qat: QatResult | None = None  # the qat stage's, once it has run
 
 
 def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
@@ -80,8 +88,9 @@ def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
         prepared, smoothing = smooth(prepared, calibration, config, run.monitor)
         done = f"{done}; {smoothing.statement()}"
     memory = plan_memory(prepared.model)  # priced now: a target that needs the analysis fails before the slow stages
-    if config.target is not None and memory.skip is not None:
-        raise UnsupportedModelError(f"the accuracy target needs the layer-wise ranking, but {memory.skip}")
+    for option, name in ((config.target, "the accuracy target"), (config.mixed_precision, "mixed precision")):
+        if option is not None and memory.skip is not None:
+            raise UnsupportedModelError(f"{name} needs the layer-wise ranking, but {memory.skip}")
     run.clock.end("prepare", started, done)
     return PreparedInputs(prepared, sample, calibration, evaluation, memory)
 
@@ -109,9 +118,11 @@ def restore_checkpoint(
     """The model a valid checkpoint in ``resume_from`` holds (``key``: ``checkpoint.fingerprint`` of this
     run), in place of calibrate, clip and export: no progress, the configs read back from its tqc.json,
     the clip it kept applied to ``config``. None (the stages run) without ``resume_from``, with a
-    reconstruction or a bias correction (the checkpoint holds neither the learned model nor the corrected
-    biases), or with no valid checkpoint there."""
+    reconstruction, QAT, a bias correction or mixed precision (the checkpoint holds neither the learned or
+    trained model, the corrected biases nor the promotions), or with no valid checkpoint there."""
     if resume_from is None or config.reconstruction is not None or config.bias_correction:
+        return None
+    if config.mixed_precision is not None or config.qat is not None:
         return None
     restored = checkpoint.load(Path(resume_from), run.out_dir, key)
     if restored is None:
@@ -196,6 +207,56 @@ def reconstruct_stage(run: Run, inputs: PreparedInputs, calibration: Calibration
     )
 
 
+def mixed_precision_stage(
+    run: Run, inputs: PreparedInputs, annotation: Annotation, calibration: Calibration
+) -> tuple[Annotation, Calibration]:
+    """With ``config.mixed_precision``: the promotion ``quantcore.analysis.mixed_precision`` keeps, as the
+    annotation (before calibration) and the calibration export writes, its config naming the promotions;
+    otherwise both unchanged (reported skipped)."""
+    started = run.clock.begin("mixed_precision")
+    config = calibration.config
+    if config.mixed_precision is None:
+        run.clock.end("mixed_precision", started, "skipped: no mixed precision in the config")
+        return annotation, calibration
+    promotion = promote(
+        PromotionRun(calibration.prepared, inputs.calibration, annotation, calibration.calibrated, inputs.memory.cones),
+        config,
+        run.monitor,
+    )
+    run.clock.end("mixed_precision", started, promotion.report["statement"])
+    return promotion.annotation, replace(
+        calibration, config=promotion.config, calibrated=promotion.calibrated, mixed_precision=promotion.report
+    )
+
+
+def qat_stage(
+    run: Run, inputs: PreparedInputs, calibration: Calibration, key: str, resume_from: str | Path | None
+) -> Calibration:
+    """``calibration`` with the model trained by distillation (``quantcore.qat``) when ``config.qat`` is set:
+    the weights and configs replaced by the ones trained, or left as they were when QAT kept the
+    post-training model or skipped (the reason in the stage's message and the report); otherwise
+    unchanged (reported skipped). Training is checkpointed in ``run.out_dir`` under ``key`` (this run's
+    ``checkpoint.fingerprint``) and resumed from a checkpoint of that key in ``resume_from``."""
+    started = run.clock.begin("qat")
+    config = calibration.config
+    if config.qat is None:
+        run.clock.end("qat", started, "skipped: no qat in the config")
+        return calibration
+    result = qat(
+        calibration.prepared,
+        calibration.calibrated,
+        inputs.calibration,
+        config,
+        progress=run.monitor.progress,
+        should_cancel=run.monitor.should_cancel,
+        checkpointing=Checkpointing(
+            run.out_dir / QAT_CHECKPOINT, None if resume_from is None else Path(resume_from) / QAT_CHECKPOINT, key
+        ),
+    )
+    run.clock.end("qat", started, result.statement())
+    return replace(calibration, prepared=result.prepared, calibrated=result.annotation, qat=result)
+
+
 def export_stage(run: Run, annotation: Annotation, calibration: Calibration, key: str) -> QuantizedModel:
     """Write the QDQ model and its tqc.json into ``run.out_dir``, then checkpoint.json (``key``: this run's
     ``checkpoint.fingerprint``), which a resumed run may reuse in place of calibrate, clip and export."""
@@ -217,4 +278,6 @@ def export_stage(run: Run, annotation: Annotation, calibration: Calibration, key
         calibration.percentile_search,
         calibration.reconstruction,
         resumed=(),
+        mixed_precision=calibration.mixed_precision,
+        qat=calibration.qat,
     )

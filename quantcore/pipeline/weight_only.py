@@ -1,6 +1,7 @@
 """The weight-only run (platform ``onnxruntime-weight-only``):
 
-    prepare → annotate → calibrate (GPTQ's XᵀX; RTN: skipped) → export (quantize and write) → evaluate → latency
+    prepare → annotate → calibrate (XᵀX for GPTQ and AWQ, AWQ's scale search; RTN, HQQ: skipped)
+        → export (quantize and write) → evaluate → latency
 
 prepare, evaluate and latency are the Q/DQ run's own stages (``quantcore.pipeline.quantization``,
 ``deployment``); annotate is too, and fails at once when the platform finds no MatMul/Gemm weight to
@@ -11,6 +12,7 @@ checkpoint. The report is ``build_report``'s with its ``weight_only`` section (`
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import onnx
@@ -23,7 +25,9 @@ from quantcore.pipeline.quantization import annotate_stage, prepare_stage
 from quantcore.pipeline.run import Run
 from quantcore.report.document import build_report
 from quantcore.report.stage_results import Analyzed, PreparedInputs, QuantizedModel
-from quantcore.weight_only import collect_grams, quantize_layers, weight_layers, write
+from quantcore.weight_only import awq_scaling, collect_grams, quantize_layers, weight_layers, write
+from quantcore.weight_only.language import language_metrics, token_input
+from quantcore.wording import counted
 
 FUSED_NOTE = (
     "deployed, ONNX Runtime fuses each DequantizeLinear -> MatMul into MatMulNBits with accuracy_level 4 (its "
@@ -32,6 +36,7 @@ FUSED_NOTE = (
 )
 ANALYSIS_SKIPPED = "the layer-wise analysis measures Q/DQ tensors; a weight-only model has none (not run)"
 KEPT_FLOAT_OPS = ("MatMul", "Gemm", "Gather")
+CALIBRATED = ("gptq", "awq")  # the algorithms that read XᵀX; rtn and hqq are data-free
 
 
 def kept_float(model: onnx.ModelProto, annotation: Annotation) -> list[dict[str, str]]:
@@ -53,10 +58,13 @@ def weight_only_section(
     layers: list[dict[str, Any]],
     floats: list[dict[str, str]],
     evaluation: dict[str, Any],
+    language: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The report's ``weight_only``: the options, each layer quantized and kept float, the sizes, the
     next-token agreement (the deployed model's argmax agreement over the last axis of each output of rank
-    >= 3, a (batch, positions, vocabulary) logits output), and notes on what the deployment computes."""
+    >= 3, a (batch, positions, vocabulary) logits output), a causal LM's perplexity and next-token accuracy
+    (``language``, ``quantcore.weight_only.language``; None for other models), and notes on what the
+    deployment computes."""
     options = config.weight_only
     assert options is not None
     fp32 = sum(row["fp32_bytes"] for row in layers)
@@ -82,6 +90,7 @@ def weight_only_section(
             for name, metrics in outputs.items()
             if ranks.get(name, 0) >= 3 and metrics["argmax_agreement"] is not None
         },
+        "language_model": language,
         "notes": [FUSED_NOTE] if fused else [],
     }
 
@@ -96,24 +105,36 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     started = run.clock.begin("calibrate")
     options = config.weight_only
     assert options is not None
-    grams = None
-    if options.algorithm == "gptq":
+    grams, scales, written = None, None, model
+    if options.algorithm in CALIBRATED:
         grams = collect_grams(model, layers, inputs.calibration, config, run.monitor)
         done = f"XᵀX of {len(grams)} layer inputs on {inputs.calibration.num_samples} samples"
+        if options.algorithm == "awq":
+            written, scales = awq_scaling(model, layers, grams, config, run.monitor)
+            done += f"; awq: {counted(len(scales), 'layer')} scaled"
     else:
-        done = "skipped: round-to-nearest needs no calibration data"
+        done = f"skipped: {options.algorithm} needs no calibration data"
     run.clock.end("calibrate", started, done)
 
     started = run.clock.begin("export")
-    quantized, rows = quantize_layers(layers, grams, config, run.monitor)
+    quantized, rows = quantize_layers(layers, grams, config, run.monitor, scales)
     table = {"weight_only": options.to_dict(), "bits": config.precision_spec.weight_bits, "layers": rows}
-    exported = write(model, quantized, config, run.out_dir, table)
+    exported = write(written, quantized, config, run.out_dir, table)
     run.clock.end("export", started, f"{len(quantized)} weights at {table['bits']} bit as {options.format}")
 
     product = QuantizedModel(config, inputs.prepared, annotation, annotation, exported, None, None, resumed=())
     evaluated = evaluate_stage(run, inputs, product)
+    tokens = token_input(model)
+    language = None
+    if tokens is not None:
+        started = time.perf_counter()
+        exported_path = evaluated.model.exported.model_path
+        language = language_metrics(model, exported_path, inputs.evaluation, tokens, config.device, run.monitor)
+        # one more pass of both models over the evaluation data: part of evaluating, so counted there
+        run.clock.seconds["evaluate"] = round(run.clock.seconds["evaluate"] + time.perf_counter() - started, 3)
     latency = latency_stage(run, inputs, evaluated)
-    section = weight_only_section(config, model, rows, kept_float(model, annotation), evaluated.evaluation)
+    floats = kept_float(model, annotation)
+    section = weight_only_section(config, model, rows, floats, evaluated.evaluation, language)
     analyzed = Analyzed(None, (ANALYSIS_SKIPPED,))
     report = build_report(inputs, evaluated, analyzed, latency, None, run.clock.seconds, weight_only=section)
     return evaluated.model.exported, report

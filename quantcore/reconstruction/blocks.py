@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
@@ -48,7 +48,7 @@ ACTIVATION_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Har
 class Block:
     """Nodes reconstructed together. inputs: activation tensors read from outside the block (graph
     inputs included); outputs: tensors produced inside and read outside or by the graph outputs;
-    weights: the annotated parameters its weighted nodes read; kind: layer | layers | residual."""
+    weights: the annotated parameters its weighted nodes read; kind: layer | layers | residual | graph."""
 
     name: str
     kind: str
@@ -175,6 +175,16 @@ def layers(graph: onnx.GraphProto, annotation: Annotation) -> list[Block]:
             chain.append(readers[0])
         blocks.append(_make_block(chain, "layer", graph, parameters))
     return blocks
+
+
+def whole_graph(graph: onnx.GraphProto, annotation: Annotation) -> Block:
+    """Every node of ``graph`` as one block (kind ``graph``, what ``quantcore.qat`` trains): inputs are
+    the graph inputs read, outputs the graph outputs, and weights every annotated parameter a node
+    reads, weighted or not (a parameter added to an activation is stored quantized as well)."""
+    nodes = [n for n in graph.node if n.op_type != "Constant"]
+    block = _make_block(nodes, "graph", graph, annotation.parameters)
+    read = [name for node in nodes for name in node.input if name in annotation.parameters]
+    return replace(block, weights=tuple(dict.fromkeys(read)))
 
 
 def partition(graph: onnx.GraphProto, annotation: Annotation, *, blockwise: bool) -> list[Block]:

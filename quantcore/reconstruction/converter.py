@@ -150,6 +150,12 @@ class BlockModule(nn.Module):
     def weight_values(self) -> dict[str, np.ndarray]:
         return {name: self.adaround[key].grid_values() for name, key in self.weight_keys.items()}
 
+    def learned_values(self) -> dict[str, torch.Tensor]:
+        """Tensor name → the value this forward reads for each learned graph tensor, in place of its
+        fixed or constant value: here the AdaRound weights (``quantcore.qat`` learns weights and biases
+        directly)."""
+        return {name: self.adaround[key]() for name, key in self.weight_keys.items()}
+
     def regularizer(self, beta: float) -> torch.Tensor:
         return sum((m.regularizer(beta) for m in self.adaround.values()), torch.zeros((), device=self.device))
 
@@ -183,7 +189,7 @@ class BlockModule(nn.Module):
         # the FP32 model's values of the block inputs, and of what weight-free ops compute from them alone
         fp = {} if fp_inputs is None or not self.training else {n: v for n, v in fp_inputs.items() if n in env}
         quantized: dict[str, torch.Tensor] = {}
-        weights = {name: self.adaround[key]() for name, key in self.weight_keys.items()}
+        weights = self.learned_values()
         for position, node in enumerate(self.block.nodes):
             args: list[torch.Tensor | None] = []
             for i, name in enumerate(node.input):

@@ -100,10 +100,19 @@ class ReconstructionResult:
         }
 
 
-def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: PreparedModel, limit: int, batch: int):
+def calibration_samples(
+    calibration: Mapping[str, np.ndarray] | Batches,
+    prepared: PreparedModel,
+    limit: int,
+    batch: int,
+    *,
+    purpose: str = "reconstruction",
+):
     """The first ``limit`` calibration samples as {input: (N, ...)} arrays of the model's dtypes, N, the
     ONNX Runtime batch size, and whether the model fixes it (N is then a multiple of it, and every torch
-    forward uses exactly that many samples, since the graph may hard-code it in a Reshape)."""
+    forward uses exactly that many samples, since the graph may hard-code it in a Reshape). ``purpose``
+    names the stage in the errors (UnsupportedModelError for inputs batched off axis 0, InvalidDataError
+    for no whole batch)."""
     batches = (
         calibration
         if isinstance(calibration, Batches)
@@ -112,8 +121,8 @@ def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: Prepared
     elsewhere = {spec.name: spec.batch_axis for spec in batches.specs if spec.batch_axis != 0}
     if elsewhere:
         raise UnsupportedModelError(
-            "reconstruction needs every model input to hold its samples on axis 0; these do not "
-            f"(input: batch axis, None = a constant input): {elsewhere}. Quantize without reconstruction."
+            f"{purpose} needs every model input to hold its samples on axis 0; these do not "
+            f"(input: batch axis, None = a constant input): {elsewhere}. Quantize without {purpose}."
         )
     parts: dict[str, list[np.ndarray]] = {}
     count = 0
@@ -128,12 +137,12 @@ def _samples(calibration: Mapping[str, np.ndarray] | Batches, prepared: Prepared
     if fixed:
         count = count // batches.batch_size * batches.batch_size
     if count == 0:
-        raise InvalidDataError("reconstruction needs at least one batch of calibration samples")
+        raise InvalidDataError(f"{purpose} needs at least one batch of calibration samples")
     arrays = {name: np.concatenate(values)[:count] for name, values in parts.items()}
     return arrays, count, batches.batch_size, fixed
 
 
-def _with_weights(prepared: PreparedModel, weights: Mapping[str, np.ndarray]) -> PreparedModel:
+def with_weights(prepared: PreparedModel, weights: Mapping[str, np.ndarray]) -> PreparedModel:
     model = onnx.ModelProto()
     model.CopyFrom(prepared.model)
     for initializer in model.graph.initializer:
@@ -266,7 +275,7 @@ class _Run:
             return BlockReport(**base, status="nothing_to_learn")
         started = time.perf_counter()
         qdq_model = build_qdq_model(
-            _with_weights(self.prepared, self.changed), self.annotation.with_configs(self.configs)
+            with_weights(self.prepared, self.changed), self.annotation.with_configs(self.configs)
         )
         drop = rc.effective_drop_prob > 0
         cache = _fill_cache(
@@ -305,7 +314,7 @@ class _Run:
             self.changed.update(module.weight_values())
             self.weights.update(module.weight_values())
             for root, scale in module.learned_scales().items():
-                _set_scale(self.configs, root, scale)
+                set_scale(self.configs, root, scale)
         self.done |= learn
         self.scaled |= roots
         return BlockReport(
@@ -340,7 +349,7 @@ def reconstruct(
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
     device = torch.device(config.device)
     monitor = Monitor(progress, should_cancel)
-    samples, count, batch, fixed = _samples(calibration, prepared, rc.num_samples, config.batch_size)
+    samples, count, batch, fixed = calibration_samples(calibration, prepared, rc.num_samples, config.batch_size)
     blocks = partition(prepared.model.graph, annotation, blockwise=rc.blockwise)
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
     boundary = list(dict.fromkeys(n for b in blocks for n in (*b.inputs, *b.outputs) if n not in graph_inputs))
@@ -353,7 +362,7 @@ def reconstruct(
             monitor.check(STAGE)
             reports.append(run.block(k, len(blocks), block))
     return ReconstructionResult(
-        prepared=_with_weights(prepared, run.changed),
+        prepared=with_weights(prepared, run.changed),
         annotation=annotation.with_configs(run.configs),
         blocks=tuple(reports),
         config=rc,
@@ -367,7 +376,7 @@ def _read_activations(block: Block, annotation: Annotation) -> list[str]:
     return [t for t in annotation.activations if any(use.node in names for use in annotation.consumers[t])]
 
 
-def _set_scale(configs: dict, root: str, scale: np.ndarray) -> None:
+def set_scale(configs: dict, root: str, scale: np.ndarray) -> None:
     """Give ``root`` and every tensor sharing its scale (dominator chain) the learned ``scale``."""
     members = [name for name in configs if dominator_root(name, configs) == root]
     for name in members:

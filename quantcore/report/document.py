@@ -1,14 +1,16 @@
 """The run report as a JSON document: its format name, its assembly from the stages' typed results
 (``quantcore.report.stage_results``; values made JSON-safe by ``quantcore.jsonable``), and its two files.
 
-Sections, in the order report.json holds them: format, config (of the files written), prepare,
-annotation (``Annotation.summary``), calibration (with the clip stage's ``percentile_search``),
-reconstruction, evaluation, parity, analysis, target, latency, engine, stage_seconds, resumed, warnings
-(every stage's, in stage order), auto (the search that chose the config, ``quantcore.auto``; null for
-strategy ``fixed``), placement (the place stage's regions and timings, ``quantcore.analysis.placement``; null
-where it did not run), weight_only (platform ``onnxruntime-weight-only``: its options, the layers
-quantized and kept float, sizes and next-token agreement, ``quantcore.pipeline.weight_only``; null
-elsewhere).
+Sections, in the order report.json holds them: format, config (of the files written), prepare, annotation
+(``Annotation.summary``), calibration (with the clip stage's ``percentile_search``), reconstruction, qat (the
+training's options, outcome, held-out SQNR before and after, loss curve and seconds, ``quantcore.qat``; null
+without it), evaluation, parity, analysis, target, latency, engine, stage_seconds, resumed, warnings (every
+stage's, in stage order), auto (the search that chose the config, ``quantcore.auto``; null for strategy
+``fixed``), placement (the place stage's regions and timings, ``quantcore.analysis.placement``; null where it
+did not run), mixed_precision (the layers promoted to 16 bits or kept float and the effect measured on
+the calibration data, ``quantcore.analysis.mixed_precision``; null where it did not run), weight_only
+(platform ``onnxruntime-weight-only``: its options, the layers quantized and kept float, sizes and next-token
+agreement, ``quantcore.pipeline.weight_only``; null elsewhere).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ def build_report(
     auto: Mapping[str, Any] | None = None,
     *,
     weight_only: Mapping[str, Any] | None = None,
+    cpu_alternative: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report of a finished run, JSON-ready: ``inputs`` from prepare, ``evaluated`` for the model kept
         last (after the parity remedy and the accuracy target), ``analyzed``, the latency stage's dict and the
         engine stage's result (None: the stage did not run), each stage's wall-clock seconds, and the auto
         search's section (``quantcore.auto.search_report``; None: the config was not searched), and the weight-only
-    run's section (None: a Q/DQ run)."""
+    run's section (None: a Q/DQ run), and the onnxruntime platform measured beside a model no engine was built
+    for (``quantcore.pipeline.cpu_alternative``; None: not measured)."""
     model = evaluated.model
     prepared, calibrated, reconstruction = model.prepared, model.calibrated, model.reconstruction
     return jsonable(
@@ -67,11 +71,12 @@ def build_report(
                 "percentile_search": model.percentile_search,
             },
             "reconstruction": None if reconstruction is None else reconstruction.summary(),
+            "qat": None if model.qat is None else model.qat.summary(),
             "evaluation": evaluated.evaluation,
             "parity": evaluated.parity,
             "analysis": analyzed.analysis,
             "target": evaluated.target,
-            "latency": {"cpu": latency},
+            "latency": {"cpu": latency, "cpu_alternative": cpu_alternative},
             "engine": engine.to_dict() if engine is not None else None,
             "stage_seconds": stage_seconds,
             "resumed": model.resumed,
@@ -79,12 +84,14 @@ def build_report(
                 *prepared.warnings,
                 *calibrated.warnings,
                 *(reconstruction.warnings if reconstruction is not None else ()),
+                *(model.qat.warnings if model.qat is not None else ()),
                 *model.exported.warnings,
                 *evaluated.reference_notes,
                 *analyzed.warnings,
             ],
             "auto": auto,
             "placement": model.placement,
+            "mixed_precision": model.mixed_precision,
             "weight_only": weight_only,
         }
     )

@@ -1,10 +1,11 @@
 """The report as one standalone HTML page a user can attach to a review: no scripts, no external
 assets (styles inline, the per-layer chart an inline SVG), every value from the report escaped.
 
-Sections: summary (platform, precision, top-1, sizes), the accuracy target's verdict and every step,
-output metrics per measured mode, the CPU latency benchmark, the layers ranked by harm (chart of the
-layer-wise SQNR of the ``CHART_LAYERS`` most harmful, then the full table), the tensors' range
-statistics, warnings. Wide tables fit a 1366 px window: their headers are words that wrap.
+Sections: summary (platform, precision, top-1, sizes), the accuracy target's verdict and every step, QAT's
+outcome and held-out SQNR per epoch (``quantcore.report.curve``), output metrics per measured mode, the
+CPU latency benchmark, the layers ranked by harm (chart of the layer-wise SQNR of the ``CHART_LAYERS``
+most harmful, then the full table), the tensors' range statistics, warnings. Wide tables fit a 1366 px
+window: their headers are words that wrap.
 ``render_html(report)`` takes the JSON-ready dict ``quantize`` writes as report.json.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from quantcore.report.curve import line_chart
 
 HTML_FILE = "report.html"
 CHART_LAYERS = 30
@@ -179,6 +182,55 @@ def _target(target: Mapping[str, Any] | None) -> str:
     )
 
 
+def _mixed_precision(section: Mapping[str, Any] | None) -> str:
+    """The layers mixed precision promoted, with what each tensor became, and its steps."""
+    if not section:
+        return ""
+    verdict_class = "ok" if section.get("met") else "fail"
+    promoted = _table(
+        ["layer", "op", "layer-wise SQNR (dB)", "tensors"],
+        (
+            [p["layer"], p["op_type"], p["layer_sqnr_db"], ", ".join(f"{t}: {to}" for t, to in p["tensors"].items())]
+            for p in section.get("promoted", [])
+        ),
+    )
+    metric = (section.get("objective") or {}).get("metric", "metric")
+    steps = _table(
+        ["layers promoted", metric, "calibration", "seconds"],
+        ([s["layers"], s["value"], s["calibration"], s["seconds"]] for s in section.get("steps", [])),
+    )
+    return (
+        f'<h2>Mixed precision</h2><p class="{verdict_class}">{_e(section.get("statement"))}</p>'
+        f'<p class="note">Measured on {_e(section.get("measured_on"))}.</p>{promoted}{steps}'
+    )
+
+
+def _qat(section: Mapping[str, Any] | None) -> str:
+    """QAT's outcome, the held-out SQNR per epoch as a chart (epoch 0: the post-training model) and a table."""
+    if not section:
+        return ""
+    sqnr = section.get("heldout_sqnr_db") or {}
+    curve = section.get("curve") or []
+    points = [(0, sqnr.get("before")), *((p["epoch"], p["heldout_sqnr_db"]) for p in curve)]
+    status = section.get("status")
+    statement = (
+        f"{status}: {section['reason']}"
+        if section.get("reason")
+        else (
+            f"{status}: held-out SQNR {_fmt(sqnr.get('before'))} → {_fmt(sqnr.get('after'))} dB, "
+            f"epoch {section.get('best_epoch')} kept, {_fmt(section.get('seconds'))} s on {section.get('device')}"
+        )
+    )
+    epochs = _table(
+        ["epoch", "steps", "loss", "held-out SQNR (dB)"],
+        ([p["epoch"], p["steps"], p["loss"], p["heldout_sqnr_db"]] for p in curve),
+    )
+    return (
+        f'<h2>Quantization-aware training</h2><p class="{"ok" if status == "trained" else "note"}">{_e(statement)}</p>'
+        f"{line_chart(points, label='Held-out SQNR per epoch', unit='dB')}{epochs}"
+    )
+
+
 def _outputs(evaluation: Mapping[str, Any]) -> str:
     rows = []
     for mode in ("qdq_exact", "qdq_deployed"):
@@ -296,7 +348,8 @@ def render_html(report: Mapping[str, Any]) -> str:
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{STYLE}</style></head><body><h1>{_e(title)}</h1>"
-        f"{_summary(report)}{_deployment(report)}{_target(report.get('target'))}"
+        f"{_summary(report)}{_deployment(report)}{_target(report.get('target'))}{_qat(report.get('qat'))}"
+        f"{_mixed_precision(report.get('mixed_precision'))}"
         f"{_outputs(report.get('evaluation') or {})}"
         f"{_latency(report.get('latency'))}"
         f"{_analysis(report.get('analysis'))}"

@@ -1,12 +1,13 @@
 """What ``quantize``'s stages hand on: each a frozen result, named for what it holds, read by the next
 stages and, at the end, by ``quantcore.report.document.build_report``.
 
-    prepare                                        → PreparedInputs
-    calibrate → clip → reconstruct → export        → QuantizedModel (or a checkpoint's, resumed)
-    place (cpu_objective latency)                  → QuantizedModel, its float regions excluded
-    evaluate (with the parity remedy), target      → Evaluated
-    analyze                                        → Analyzed
-    latency, engine                                → their own results (a ``cpu_latency`` dict, ``EngineResult``)
+    prepare                                                   → PreparedInputs
+    calibrate → clip → reconstruct → mixed_precision → qat → export
+                                                              → QuantizedModel (or a checkpoint's, resumed)
+    place (cpu_objective latency)                             → QuantizedModel, its float regions excluded
+    evaluate (with the parity remedy), target                 → Evaluated
+    analyze                                                   → Analyzed
+    latency, engine                                           → their own (a ``cpu_latency`` dict, ``EngineResult``)
 
 A stage that changes the model (the parity remedy, the accuracy target) returns a new result with the
 changed fields replaced (``dataclasses.replace``); the report always reads the model kept last.
@@ -24,6 +25,7 @@ from quantcore.annotate.annotation import Annotation
 from quantcore.config import QuantizeConfig
 from quantcore.export.qdq import ExportResult
 from quantcore.prepare.preparation import PreparedModel
+from quantcore.qat import QatResult
 from quantcore.reconstruction import ReconstructionResult
 from quantcore.runtime.batching import Batches
 from quantcore.runtime.memory_plan import MemoryPlan
@@ -55,6 +57,8 @@ class QuantizedModel:
     reconstruction: ReconstructionResult | None  # None: no reconstruction in the config, or a resumed run
     resumed: tuple[str, ...]  # the stages a checkpoint replaced, in stage order; () for a fresh run
     placement: dict[str, Any] | None = None  # the place stage's report (``analysis.placement``); None: not run
+    mixed_precision: dict[str, Any] | None = None  # its stage's report (``analysis.mixed_precision``); None: not run
+    qat: QatResult | None = None  # None: no qat in the config
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,16 @@ class Batches:
         other.num_samples = max(count // self.batch_size, 1) * self.batch_size if self.fixed else count
         return other
 
+    def window(self, start: int, count: int) -> dict[str, np.ndarray]:
+        """Samples ``start`` .. ``start + count - 1`` of every batched input (views, fewer at the end), each
+        constant input whole: the arrays of a part of these samples, for ``Batches`` of their own."""
+        return {
+            spec.name: self.arrays[spec.name]
+            if spec.batch_axis is None
+            else take_window(self.arrays[spec.name], spec.batch_axis, start, count)
+            for spec in self.specs
+        }
+
     def first_sample(self) -> dict[str, np.ndarray]:
         """The first sample alone, as a batch of one (constant inputs whole; a fixed batch: the first)."""
         return next(iter(self.resized(1)))

@@ -93,14 +93,16 @@ def assemble(grid: BlockGrid, codes: np.ndarray, scales: list[np.ndarray], zeros
     )
 
 
-def quantize_rtn(weight: np.ndarray, grid: BlockGrid) -> BlockwiseWeight:
-    """Round to nearest, block by block: each block's scale from its own values (module docstring)."""
+def quantize_rtn(weight: np.ndarray, grid: BlockGrid, clip: np.ndarray | None = None) -> BlockwiseWeight:
+    """Round to nearest, block by block: each block's scale from its own values (module docstring);
+    ``clip`` (blocks, N) in (0, 1]: each block column's range shrunk by that ratio before its scale is
+    taken (AWQ's clip search), the values beyond it clipped to the grid's ends."""
     weight = np.asarray(weight, dtype=np.float32)
     codes = np.empty(weight.shape, dtype=np.float64)
     scales, zeros = [], []
-    for start in range(0, weight.shape[0], grid.block_size):
+    for index, start in enumerate(range(0, weight.shape[0], grid.block_size)):
         block = weight[start : start + grid.block_size]
-        scale, zero = grid.params(block)
+        scale, zero = grid.params(block if clip is None else block * clip[index])
         codes[start : start + grid.block_size] = grid.codes(block, scale, zero)
         scales.append(scale)
         zeros.append(zero)

@@ -29,26 +29,10 @@ import torch
 
 from quantcore.errors import UnsupportedModelError
 from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight, assemble
+from quantcore.weight_only.gram import Gram
 
 LAZY_ROWS = 128  # rows per lazy batch: a power of two, so it is a multiple of every block_size up to 128
 MAX_DAMPING_TRIES = 4
-
-
-@dataclass(frozen=True)
-class Gram:
-    """XᵀX (K, K) float64 of one tensor over the calibration data, and n, the rows summed."""
-
-    xtx: np.ndarray
-    rows: int
-
-    def hessian(self) -> np.ndarray:
-        """2·XᵀX / n (GPTQ's H before damping)."""
-        return 2.0 * self.xtx / max(self.rows, 1)
-
-    def output_error(self, delta: np.ndarray) -> float:
-        """‖X·Δ‖²_F / n for a (K, N) weight change Δ: tr(Δᵀ XᵀX Δ) / n."""
-        delta = np.asarray(delta, dtype=np.float64)
-        return float(np.einsum("kn,kj,jn->", delta, self.xtx, delta) / max(self.rows, 1))
 
 
 @dataclass(frozen=True)

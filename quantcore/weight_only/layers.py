@@ -4,8 +4,9 @@ calibration data.
 A layer is a MatMul or Gemm whose weight (input 1) the ``onnxruntime-weight-only`` platform annotated.
 Its weight is handled as W (K, N), K the reduction axis: a MatMul's B as stored, a Gemm's B transposed
 back when ``transB=1``. ``collect_grams`` streams the calibration batches through ONNX Runtime with every
-layer input exposed as an extra output and sums XᵀX in float64 per input tensor (the q, k and v
-projections reading one tensor share it); only the current batch's activations are ever held.
+layer input exposed as an extra output and sums XᵀX and Σ|x| per channel in float64 per input tensor
+(the q, k and v projections reading one tensor share them); only the current batch's activations are
+ever held.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from quantcore.errors import UnsupportedModelError
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches
 from quantcore.runtime.session import open_session
-from quantcore.weight_only.gptq import Gram
+from quantcore.weight_only.gram import Gram
 
 STAGE = "calibrate"
 
@@ -71,10 +72,11 @@ def weight_layers(model: onnx.ModelProto, annotation: Annotation) -> list[Weight
 def collect_grams(
     model: onnx.ModelProto, layers: list[WeightLayer], batches: Batches, config: QuantizeConfig, monitor: Monitor
 ) -> dict[str, Gram]:
-    """Input tensor → its XᵀX over every calibration batch (X: the tensor reshaped to (-1, K))."""
+    """Input tensor → its XᵀX and Σ|x| over every calibration batch (X: the tensor reshaped to (-1, K))."""
     names = list(dict.fromkeys(layer.activation for layer in layers))
     width = {layer.activation: layer.shape[0] for layer in layers}
     xtx = {name: np.zeros((width[name], width[name])) for name in names}
+    abs_sum = {name: np.zeros(width[name]) for name in names}
     rows = dict.fromkeys(names, 0)
     count = len(batches)
     with open_session(model, device=config.device, outputs=names) as session:
@@ -83,6 +85,7 @@ def collect_grams(
             for name, value in zip(names, session.run(names, batch), strict=True):
                 x = np.asarray(value, dtype=np.float64).reshape(-1, width[name])
                 xtx[name] += x.T @ x
+                abs_sum[name] += np.abs(x).sum(axis=0)
                 rows[name] += x.shape[0]
             monitor.report(STAGE, done / (count + 1), f"batch {done}/{count}: XᵀX of {len(names)} layer inputs")
-    return {name: Gram(xtx[name], rows[name]) for name in names}
+    return {name: Gram(xtx[name], abs_sum[name], rows[name]) for name in names}

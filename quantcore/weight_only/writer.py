@@ -148,7 +148,7 @@ def _rewrite(model: onnx.ModelProto, quantized: list[QuantizedLayer], form: str)
         nodes.append(
             helper.make_node(
                 "MatMulNBits",
-                [layer.activation, *(t.name for t in tensors)],
+                [node.input[0], *(t.name for t in tensors)],  # as written: AWQ's inserted Mul renames it
                 [product],
                 name=node.name,
                 domain=CONTRIB_DOMAIN,

@@ -228,3 +228,24 @@ def test_recipe_file_must_be_a_json_object(tmp_path: Path) -> None:
         build_recipe(path, [])
     with pytest.raises(RecipeError, match="cannot read"):
         build_recipe(tmp_path / "missing.json", [])
+
+
+def test_a_job_without_engine_or_named_platform_is_recommended_onnxruntime_with_both_figures(tmp_path) -> None:
+    """A real report (the engine stage skips: no TensorRT here); the figures printed are the measured ones."""
+    config = QuantizeConfig(tensorrt_engine=True, cpu_alternative=True, cpu_latency=False, cpu_batch_sizes=(1, 4))
+    report = run_quantcore(tmp_path, two_classes(), (16,), config, labels=False)
+    measured = report["latency"]["cpu_alternative"]
+    lines = section(render_report(report), "recommended: platform onnxruntime")
+    assert "no TensorRT engine was built (" in lines[0] and "the recipe named no platform" in lines[0]
+    for label, line in (("default", lines[2]), ("onnxruntime", lines[3])):
+        speed = measured["speedup_p50"][label]
+        assert f"{speed['batch_1']:.2f}x at batch 1, {speed['batch_4']:.2f}x at batch 4" in line
+        assert f"cosine {measured['cosine'][label]:.5g}" in line
+    assert "output logits" in lines[1] and "tensorrt rules" in lines[2]
+    assert lines[-1].startswith("  quantize again with: ")
+    words = shlex.split(lines[-1].split(": ", 1)[1])
+    assert build_recipe(None, [words[i + 1] for i, word in enumerate(words) if word == "--set"]) == {
+        "platform": "onnxruntime"
+    }
+    del report["latency"]["cpu_alternative"]
+    assert "recommended:" not in render_report(report)

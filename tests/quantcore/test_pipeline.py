@@ -66,6 +66,8 @@ def test_report_files_and_json(digits_run) -> None:
         "annotation",
         "calibration",
         "reconstruction",
+        "mixed_precision",
+        "qat",
         "evaluation",
         "parity",
         "analysis",
@@ -100,7 +102,7 @@ def test_report_files_and_json(digits_run) -> None:
 def test_progress_reports_every_stage_in_order(digits_run) -> None:
     observer, result, calls = digits_run
     stages = [stage for stage, _, _ in calls]
-    asked = ("auto", "place", "engine", "target") + (() if observer == "percentile" else ("clip",))
+    asked = ("auto", "place", "engine", "target", "cpu_alternative") + (() if observer == "percentile" else ("clip",))
     ran = [s for s in quantcore.STAGES if s not in asked]  # these run only when asked for
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == ran
     for stage in ran:
@@ -119,10 +121,19 @@ def small_model(tmp_path):
 
 # 40 samples in batches of 8 (too few to choose a percentile on: no clip stage): should_cancel is polled
 # at the start of each stage and before each batch: 1 prepare, 2 annotate, 3 calibrate, 4-8 its
-# batches, 9 reconstruct, 10 export, 11 evaluate, 12-16 its batches.
+# batches, 9 reconstruct, 10 mixed_precision, 11 qat, 12 export, 13 evaluate, 14-18 its batches.
 @pytest.mark.parametrize(
     ("cancel_at", "stage"),
-    [(1, "prepare"), (2, "annotate"), (5, "calibrate"), (9, "reconstruct"), (10, "export"), (13, "evaluate")],
+    [
+        (1, "prepare"),
+        (2, "annotate"),
+        (5, "calibrate"),
+        (9, "reconstruct"),
+        (10, "mixed_precision"),
+        (11, "qat"),
+        (12, "export"),
+        (15, "evaluate"),
+    ],
 )
 def test_cancel_raises_canceled_in_the_running_stage(small_model, tmp_path, cancel_at: int, stage: str) -> None:
     path, data = small_model

@@ -16,6 +16,7 @@ from quantcore.analysis import placement
 from quantcore.analysis.placement import MAX_ROUNDS, PlacementRun, place
 from quantcore.analysis.regions import quantized_regions
 from quantcore.config import AnalysisOptions
+from quantcore.evaluate.paired_latency import Timing, no_slower
 from quantcore.runtime.batching import Batches, input_specs
 from tests.quantcore.models import save
 from tests.test_report_schema import undocumented
@@ -64,12 +65,27 @@ def _reads_dequantized(model: onnx.ModelProto, node_name: str) -> bool:
     return any(producers.get(name) is not None and producers[name].op_type == "DequantizeLinear" for name in node.input)
 
 
+# a noisy machine's runs as multiples of their median: quartiles at 0.8x and 1.4x
+SPREAD = (0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4, 1.6, 2.0)
+
+
 class FakeTimer:
     """Deterministic times: 1 ms, plus ``penalty`` ms for each node in ``slow`` that reads a dequantized
-    tensor (that node's region "runs slower quantized"); refuses models with a node in ``refused`` quantized."""
+    tensor (that node's region "runs slower quantized"), or once if any does (``joint``: the nodes' kernels
+    lose only together); refuses models with a node in ``refused`` quantized. Every run takes that time,
+    or, with ``spread``, that time times each of ``SPREAD``."""
 
-    def __init__(self, slow: tuple[str, ...] = (), penalty: float = 0.5, refused: tuple[str, ...] = ()) -> None:
-        self.slow, self.penalty, self.refused = slow, penalty, refused
+    def __init__(
+        self,
+        slow: tuple[str, ...] = (),
+        penalty: float = 0.5,
+        refused: tuple[str, ...] = (),
+        *,
+        joint: bool = False,
+        spread: bool = False,
+    ) -> None:
+        self.slow, self.penalty, self.refused, self.joint = slow, penalty, refused, joint
+        self.factors = SPREAD if spread else (1.0,) * len(SPREAD)
         self.calls = 0
 
     def __call__(self, models, batch_sizes):
@@ -82,14 +98,17 @@ class FakeTimer:
                 if any(_reads_dequantized(model, name) for name in self.refused):
                     times.append("QLinearConv: not implemented (injected)")
                     continue
-                slow = sum(self.penalty for name in self.slow if _reads_dequantized(model, name))
-                times.append([1.0 + slow] * 9)
+                slow = [_reads_dequantized(model, name) for name in self.slow]
+                time = 1.0 + self.penalty * (any(slow) if self.joint else sum(slow))
+                times.append([time * factor for factor in self.factors])
             result[batch] = times
         return result
 
 
-def _placement_run(tmp_path: Path, data: np.ndarray, config: QuantizeConfig) -> PlacementRun:
-    path = save(two_regions(), tmp_path / "model.onnx")
+def _placement_run(
+    tmp_path: Path, data: np.ndarray, config: QuantizeConfig, model: onnx.ModelProto | None = None
+) -> PlacementRun:
+    path = save(model or two_regions(), tmp_path / "model.onnx")
     prepared = prepare(path)
     base = annotate(prepared, config)
     calibrated = calibrate(prepared, base, {"input": data}, config)
@@ -111,7 +130,7 @@ def test_a_region_slower_quantized_goes_float_and_loses_its_qdq(tmp_path, data) 
     run = _placement_run(tmp_path, data, config)
     outcome = place(run, config, timer=FakeTimer(slow=("conv2",)))
     report = outcome.report
-    decisions = {tuple(row["nodes"]): row["kept"] for row in report["regions"]}
+    decisions = {tuple(row["nodes"]): row["kept"] for row in report["regions"] if row["move"] == "region"}
     assert decisions == {("conv1", "relu1"): "quantized", ("conv2",): "float"}
     assert report["kept"] == "placed" and report["float_nodes"] == ["conv2"]
     assert report["final"]["batch_1"]["speedup_p50"] == pytest.approx(1.0)  # 1 ms each: fake times
@@ -125,12 +144,88 @@ def test_iteration_stops_when_no_region_changes(tmp_path, data) -> None:
     run = _placement_run(tmp_path, data, config)
     timer = FakeTimer()  # every model 1 ms: nothing is clearly faster, so everything stays quantized
     report = place(run, config, timer=timer).report
-    assert report["rounds"] == 1 and report["stopped"] == "no region changed" and report["kept"] == "quantized"
-    assert timer.calls == 3  # two regions, then the final comparison
+    assert report["rounds"] == 1 and report["stopped"] == "no move changed the model"
+    assert report["kept"] == "quantized"
+    assert timer.calls == 5  # two regions, two op classes (Conv across both, relu1 split off), the final comparison
     everything = FakeTimer(slow=("conv1", "conv2"))
     report = place(run, config, timer=everything).report
-    assert report["rounds"] <= MAX_ROUNDS and report["stopped"] == "no region changed"
+    assert report["rounds"] <= MAX_ROUNDS and report["stopped"] == "no move changed the model"
     assert report["kept"] == "placed" and set(report["float_nodes"]) == {"conv1", "relu1", "conv2"}
+
+
+def three_convs() -> onnx.ModelProto:
+    """input (N, 4, 8, 8) → conv1 → softmax1 → conv2 → softmax2 → dwconv (depthwise, group 4) → out: three
+    regions, one node each (Softmax stays float on the CPU EP)."""
+    rng = np.random.default_rng(2)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+        for name, shape in (("w1", (4, 4, 3, 3)), ("w2", (4, 4, 3, 3)), ("w3", (4, 1, 3, 3)))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Softmax", ["c1"], ["s1"], name="softmax1", axis=1),
+        helper.make_node("Conv", ["s1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Softmax", ["c2"], ["s2"], name="softmax2", axis=1),
+        helper.make_node("Conv", ["s2", "w3"], ["out"], name="dwconv", pads=[1, 1, 1, 1], group=4),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "three_convs",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4, 8, 8])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_kernels_that_lose_only_together_go_float_as_an_op_class(tmp_path) -> None:
+    """conv1 and conv2 cost 0.5 ms while either is quantized: neither region alone is faster float, the
+    class of dense Convs is; the depthwise Conv (its own class) stays quantized."""
+    data = np.random.default_rng(3).normal(size=(32, 4, 8, 8)).astype(np.float32)
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config, three_convs())
+    assert [r.nodes for r in quantized_regions(run.prepared.model.graph, run.base_calibrated)] == [
+        ("conv1",),
+        ("conv2",),
+        ("dwconv",),
+    ]
+    report = place(run, config, timer=FakeTimer(slow=("conv1", "conv2"), joint=True)).report
+    decisions = {(row["move"], tuple(row["nodes"])): row["kept"] for row in report["regions"] if row["round"] == 1}
+    assert decisions == {
+        ("region", ("conv1",)): "quantized",
+        ("region", ("conv2",)): "quantized",
+        ("region", ("dwconv",)): "quantized",
+        ("op class Conv", ("conv1", "conv2")): "float",
+    }
+    assert report["kept"] == "placed" and sorted(report["float_nodes"]) == ["conv1", "conv2"]
+
+
+def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_path, data) -> None:
+    """Every run of every model spreads from 0.6x to 2x its median (quartiles 0.8x, 1.4x): no move is clearly
+    faster, and the quantized model's median, 1.3x FP32's, is within FP32's spread. A model never slower than
+    FP32 is the promise, so FP32 is kept."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config)
+    timer = FakeTimer(slow=("conv1", "conv2"), penalty=0.3, joint=True, spread=True)
+    report = place(run, config, timer=timer).report
+    assert all(row["kept"] == "quantized" for row in report["regions"])
+    assert report["kept"] == "fp32"
+    even = place(run, config, timer=FakeTimer(spread=True)).report  # the same medians: the quantized model stays
+    assert even["kept"] == "quantized"
+
+
+def test_no_slower_than_fp32_is_judged_by_median_unless_a_gain_beyond_the_spread_pays() -> None:
+    """Timings (p25, p50, p75 ms) at batch sizes 1 and 32 of a candidate against FP32's."""
+    fp32 = {1: Timing(0.8, 1.0, 1.4, 9), 32: Timing(8.0, 10.0, 14.0, 9)}
+    within_spread_slower = {1: Timing(1.0, 1.3, 1.8, 9), 32: Timing(10.0, 13.0, 18.0, 9)}
+    assert not no_slower(within_spread_slower, fp32)  # 30 % slower by median everywhere: no
+    assert no_slower({1: Timing(0.8, 1.01, 1.4, 9), 32: Timing(8.0, 10.1, 14.0, 9)}, fp32)  # within MIN_GAIN
+    trade = {1: Timing(0.85, 1.05, 1.45, 9), 32: Timing(4.0, 5.0, 6.0, 9)}  # 5 % slower within the spread, 2x faster
+    assert no_slower(trade, fp32)
+    clearly_slower_once = {1: Timing(1.5, 1.6, 1.7, 9), 32: Timing(4.0, 5.0, 6.0, 9)}
+    assert not no_slower(clearly_slower_once, fp32)
 
 
 def test_the_round_limit_bounds_the_search(tmp_path, data, monkeypatch) -> None:
@@ -156,9 +251,22 @@ def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
     placed = place(run, config, timer=first).report
     again = place(run, config, timer=second).report
     assert first.calls > 0 and second.calls == 0
-    assert again["measurements"] == 0 and again["cached_measurements"] == first.calls
+    assert again["measurements"] == 0 and again["cached_measurements"] == first.calls + placed["cached_measurements"]
     assert again["float_nodes"] == placed["float_nodes"] and all(row["cached"] for row in again["regions"])
     assert (tmp_path / "cache" / "cpu-timings.json").is_file()
+
+
+def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data, monkeypatch) -> None:
+    """Each fake measurement stands for 2 models x 2 batch sizes x 9 runs x 1 ms = 36 ms of timed runs: a 50 ms
+    budget stops the first run after two of its four moves, and the rerun, from the cache, at the same place."""
+    monkeypatch.setattr(placement, "BUDGET_S", 0.05)
+    config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
+    run = _placement_run(tmp_path, data, config)
+    first, second = FakeTimer(), FakeTimer()
+    report = place(run, config, timer=first).report
+    assert len(report["regions"]) == 2 and report["stopped"].startswith("time budget")
+    again = place(run, config, timer=second).report
+    assert second.calls == 0 and again["stopped"] == report["stopped"] and len(again["regions"]) == 2
 
 
 def test_accuracy_objective_exports_what_the_stages_export_without_placement(tmp_path, data) -> None:
@@ -191,7 +299,7 @@ def test_latency_objective_runs_in_the_pipeline_and_reports(tmp_path, data) -> N
     assert "place" in [stage for stage, _, _ in calls]
     section = result.report["placement"]
     assert section["threads"] == 1 and section["batch_sizes"] == [1, 4]
-    assert {tuple(row["nodes"]) for row in section["regions"] if row["round"] == 1} == {
+    assert {tuple(row["nodes"]) for row in section["regions"] if row["round"] == 1 and row["move"] == "region"} == {
         ("conv1", "relu1"),
         ("conv2",),
     }

@@ -74,7 +74,7 @@ def reference_rtn(w: np.ndarray, bits: int, block: int, symmetric: bool) -> np.n
 def test_precisions_and_config_validation() -> None:
     assert parse_precision("w4").weight_only and parse_precision("w8").weight_bits == 8
     assert QuantizeConfig(platform=PLATFORM).precision == "w4"
-    for bad in ({"block_size": 48}, {"block_size": 8}, {"block_size": 512}, {"algorithm": "awq"}, {"format": "gguf"}):
+    for bad in ({"block_size": 48}, {"block_size": 8}, {"block_size": 512}, {"algorithm": "sq"}, {"format": "gguf"}):
         with pytest.raises(ValueError, match="weight_only"):
             WeightOnlyConfig(**bad)
     with pytest.raises(ValueError, match="needs platform 'onnxruntime-weight-only'"):

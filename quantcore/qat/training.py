@@ -1,0 +1,322 @@
+"""Stage qat: train the whole quantized graph by distillation from the FP32 model, then hand the trained
+weights and scales to export.
+
+1. Convert: the prepared graph with its calibrated annotation becomes a ``GraphModule``. A node no torch
+   converter runs (``reconstruction.torch_ops.OPS``), inputs batched off axis 0, or no float output to
+   distill: the stage is skipped with the reason and the post-training model goes on unchanged.
+2. Data: the first ``num_samples`` calibration samples; the last ``holdout`` fraction is held out (whole
+   batches where the model fixes its batch size). Targets: the FP32 model's outputs (ONNX Runtime).
+3. Train: Adam on the weights and biases (``lr``) and the log-scales (``scale_lr``), ``epochs`` times
+   ``steps`` batches of ``batch_size`` in a seeded order, loss ``quantcore.qat.distillation``. After every
+   epoch the held-out SQNR is measured and reported; ``should_cancel`` is polled before every step. With
+   ``checkpointing``, the loop's whole state is saved every ``checkpoint_every`` steps and a matching
+   checkpoint is resumed from (``quantcore.qat.checkpoint``): a resumed run trains exactly as one that
+   never stopped.
+4. Keep: the parameters of the epoch with the best held-out SQNR, if it beats the post-training model's
+   (epoch 0); otherwise the post-training model (``kept_ptq``). A non-finite loss ends training at once
+   and keeps the post-training model (``diverged``, with the step).
+5. Write back: weights as grid values, biases as trained, learned scales into the configs (activation
+   scales shared along their dominator chains, ``reconstruction.reconstruct.set_scale``), so the QDQ
+   exporter stores exactly what was trained.
+
+Deterministic for a seed on one device: the batches are drawn from a seeded generator and nothing else
+is random.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from quantcore.annotate.annotation import Annotation
+from quantcore.config import QatConfig, QuantizeConfig
+from quantcore.errors import InvalidDataError, UnsupportedModelError
+from quantcore.graph.index import GraphIndex
+from quantcore.prepare.preparation import PreparedModel
+from quantcore.progress import CancelCheck, Monitor, ProgressCallback
+from quantcore.qat import checkpoint
+from quantcore.qat.checkpoint import BatchOrder, Checkpointing, Position
+from quantcore.qat.distillation import Distillation, output_kinds
+from quantcore.qat.graph_module import GraphModule, graph_outputs
+from quantcore.reconstruction.blocks import whole_graph
+from quantcore.reconstruction.reconstruct import calibration_samples, set_scale, with_weights
+from quantcore.runtime.batching import Batches
+from quantcore.runtime.session import open_session
+from quantcore.runtime.threads import torch_threads
+
+STAGE = "qat"
+EVAL_BATCH = 256  # samples per no-grad forward when measuring the held-out split
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    epoch: int
+    steps: int
+    loss: float  # mean distillation loss over the epoch's steps
+    heldout_sqnr_db: float  # after the epoch
+
+
+@dataclass(frozen=True)
+class QatResult:
+    """``prepared`` / ``annotation``: the model to export (trained, or the input's when not kept).
+    status: trained | kept_ptq (no epoch beat the post-training model on the held-out split) | skipped
+    (nothing trained: ``reason``) | diverged (a non-finite loss stopped training: ``reason``)."""
+
+    prepared: PreparedModel
+    annotation: Annotation
+    config: QatConfig
+    device: str
+    status: str
+    reason: str | None = None
+    num_train: int = 0
+    num_heldout: int = 0
+    outputs: dict[str, str] = field(default_factory=dict)  # output distilled → its kind
+    before_sqnr_db: float | None = None  # held-out SQNR of the post-training model
+    after_sqnr_db: float | None = None  # of the model kept
+    best_epoch: int = 0  # 0: the post-training model
+    epochs: tuple[EpochReport, ...] = ()
+    resumed_from: int | None = None  # the step a checkpoint of an earlier attempt let training go on from
+    seconds: float = 0.0
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"qat {self.status}: {self.reason}"] if self.status in ("skipped", "diverged") else []
+
+    def statement(self) -> str:
+        if self.status in ("skipped", "diverged"):
+            return f"{self.status}: {self.reason}"
+        return (
+            f"{self.status}: held-out SQNR {self.before_sqnr_db:.2f} → {self.after_sqnr_db:.2f} dB "
+            f"after {len(self.epochs)} epochs (best {self.best_epoch})"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        def finite(value: float | None) -> float | None:
+            return value if value is not None and math.isfinite(value) else None
+
+        return {
+            **self.config.to_dict(),
+            "device": self.device,
+            "status": self.status,
+            "reason": self.reason,
+            "num_train": self.num_train,
+            "num_heldout": self.num_heldout,
+            "outputs": self.outputs,
+            "heldout_sqnr_db": {"before": finite(self.before_sqnr_db), "after": finite(self.after_sqnr_db)},
+            "best_epoch": self.best_epoch,
+            "curve": [{**asdict(e), "heldout_sqnr_db": finite(e.heldout_sqnr_db)} for e in self.epochs],
+            "resumed_from": self.resumed_from,
+            "seconds": self.seconds,
+        }
+
+
+def _split(count: int, qc: QatConfig, fixed_batch: int | None) -> tuple[int, int]:
+    """(training, held-out) sample counts: the held-out part ``holdout`` of ``count``, at least one sample
+    (one whole batch where the model fixes it). Raises InvalidDataError naming ``qat.batch_size`` when the
+    training part cannot fill one batch."""
+    unit = fixed_batch or 1
+    heldout = max(1, round(count * qc.holdout / unit)) * unit
+    train = count - heldout
+    need = fixed_batch or qc.batch_size
+    if train < need:
+        raise InvalidDataError(
+            f"qat.batch_size: {count} calibration samples leave {train} for training after holding out "
+            f"{heldout}, fewer than one batch of {need}; give more samples or a smaller batch_size"
+        )
+    return train, heldout
+
+
+def _targets(prepared: PreparedModel, samples: Mapping[str, np.ndarray], count: int, batch: int, device: str):
+    """The FP32 model's graph outputs on every sample, {output: (count, ...)}."""
+    names = [o.name for o in prepared.model.graph.output]
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    with open_session(prepared.model, device=device) as session:
+        for start in range(0, count, batch):
+            feed = {name: value[start : start + batch] for name, value in samples.items()}
+            for name, value in zip(names, session.run(names, feed), strict=True):
+                parts[name].append(np.asarray(value))
+    return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """The samples and FP32 targets in host memory (the first ``num_train`` train, the rest are held out),
+    handed to the device batch by batch."""
+
+    inputs: Mapping[str, np.ndarray]
+    targets: Mapping[str, np.ndarray]
+    num_train: int
+    train_batch: int
+    eval_batch: int
+    device: torch.device
+
+    def batch(self, index: np.ndarray) -> dict[str, torch.Tensor]:
+        return {n: torch.from_numpy(np.ascontiguousarray(v[index])).to(self.device) for n, v in self.inputs.items()}
+
+    def target(self, names, index: np.ndarray) -> dict[str, torch.Tensor]:
+        return {n: torch.from_numpy(np.ascontiguousarray(self.targets[n][index])).to(self.device) for n in names}
+
+    @property
+    def heldout(self) -> np.ndarray:
+        return np.arange(self.num_train, len(next(iter(self.targets.values()))))
+
+
+def _outputs(module: GraphModule, outputs: list[torch.Tensor], names) -> dict[str, torch.Tensor]:
+    position = {name: i for i, name in enumerate(module.block.outputs)}
+    return {name: outputs[position[name]] for name in names}
+
+
+def _heldout_sqnr(module: GraphModule, samples: _Samples, distillation: Distillation) -> float:
+    module.eval()
+    names, index = list(distillation.kinds), samples.heldout
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    with torch.no_grad():
+        for start in range(0, len(index), samples.eval_batch):
+            outputs = _outputs(module, module(samples.batch(index[start : start + samples.eval_batch])), names)
+            for name in names:
+                parts[name].append(outputs[name].cpu().numpy())
+    predicted = {name: np.concatenate(values) for name, values in parts.items()}
+    return distillation.sqnr_db(predicted, {name: samples.targets[name][index] for name in names})
+
+
+def _train(
+    module: GraphModule,
+    samples: _Samples,
+    distillation: Distillation,
+    qc: QatConfig,
+    before: float,
+    monitor: Monitor,
+    checkpointing: Checkpointing | None,
+) -> tuple[Position, str | None]:
+    """Adam over ``qc.epochs`` epochs from the post-training model (held-out SQNR ``before``), or from a
+    matching checkpoint's position: the final position (its best epoch and parameters) and None, or the
+    position reached and why training diverged."""
+    groups = [{"params": list(module.tensors.values()), "lr": qc.lr}]
+    if module.scale_parameters():
+        groups.append({"params": module.scale_parameters(), "lr": qc.scale_lr})
+    optimizer = torch.optim.Adam(groups)
+    order = BatchOrder(samples.num_train, samples.train_batch, qc.seed)
+    steps = qc.steps or math.ceil(samples.num_train / samples.train_batch)
+    names = list(distillation.kinds)
+    at = checkpoint.restore(checkpointing, module, optimizer, order) if checkpointing else None
+    if at is not None:
+        at.resumed_from = (at.epoch - 1) * steps + at.step
+    at = at or Position(best=before)
+    while at.epoch <= qc.epochs:
+        module.train()
+        while at.step < steps:
+            monitor.check(STAGE)
+            index = order.next()
+            loss = distillation.loss(
+                _outputs(module, module(samples.batch(index)), names), samples.target(names, index)
+            )
+            if not torch.isfinite(loss):
+                return at, (
+                    f"the loss became {float(loss.detach())} at epoch {at.epoch} step {at.step + 1}; "
+                    "training stopped and the post-training model was kept"
+                )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            at.step, at.total = at.step + 1, at.total + float(loss.detach())
+            if checkpointing is not None and ((at.epoch - 1) * steps + at.step) % qc.checkpoint_every == 0:
+                checkpoint.save(checkpointing, at, module, optimizer, order)
+        metric = _heldout_sqnr(module, samples, distillation)
+        at.epochs.append(asdict(EpochReport(at.epoch, steps, at.total / steps, metric)))
+        message = f"epoch {at.epoch}/{qc.epochs}: loss {at.total / steps:.4g}, held-out SQNR {metric:.2f} dB"
+        monitor.report(STAGE, at.epoch / qc.epochs, message)
+        if metric > at.best:
+            at.best, at.best_epoch, at.best_state = metric, at.epoch, module.state()
+        at.epoch, at.step, at.total = at.epoch + 1, 0, 0.0
+    return at, None
+
+
+def qat(
+    prepared: PreparedModel,
+    annotation: Annotation,
+    calibration: Mapping[str, np.ndarray] | Batches,
+    config: QuantizeConfig,
+    *,
+    progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+    checkpointing: Checkpointing | None = None,
+) -> QatResult:
+    """Train a calibrated ``annotation`` of ``prepared`` per ``config.qat`` (module docstring).
+
+    Returns new ``prepared``/``annotation`` objects (the inputs are not modified); export them as usual.
+    ``checkpointing``: where training is checkpointed every ``config.qat.checkpoint_every`` steps and
+    resumed from (``quantcore.qat.checkpoint``); None: neither. Raises ValueError without ``config.qat``
+    (or with device cuda where torch sees none), InvalidDataError when the samples cannot fill one
+    training batch, ``Canceled`` when ``should_cancel()`` turns True.
+    """
+    qc = config.qat
+    if qc is None:
+        raise ValueError("config.qat is None: nothing to train")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    started = time.perf_counter()
+
+    def ended(status: str, **fields: Any) -> QatResult:
+        kept = {"prepared": prepared, "annotation": annotation, **fields}
+        seconds = round(time.perf_counter() - started, 3)
+        return QatResult(config=qc, device=config.device, status=status, seconds=seconds, **kept)
+
+    block = whole_graph(prepared.model.graph, annotation)
+    if block.unsupported:
+        return ended("skipped", reason=f"no torch converter for {', '.join(block.unsupported)}")
+    try:
+        inputs, count, batch, fixed = calibration_samples(
+            calibration, prepared, qc.num_samples, config.batch_size, purpose="QAT"
+        )
+    except UnsupportedModelError as error:
+        return ended("skipped", reason=str(error))
+    num_train, num_heldout = _split(count, qc, batch if fixed else None)
+    targets = _targets(prepared, inputs, count, batch, config.device)
+    names = [n for n in graph_outputs(prepared.model, block) if targets[n].dtype.kind == "f"]
+    if not names:
+        return ended("skipped", reason="the model has no float output to distill")
+    kinds = output_kinds(prepared.model, names, targets)
+    power = {n: float(np.mean(targets[n][:num_train].astype(np.float64) ** 2)) for n in names}
+    distillation = Distillation(qc.loss, kinds, power)
+    device = torch.device(config.device)
+    # the model's own batch where it fixes one (a Reshape may hard-code it), else batch_size / EVAL_BATCH
+    batches = (batch, batch) if fixed else (min(qc.batch_size, num_train), EVAL_BATCH)
+    samples = _Samples(inputs, targets, num_train, *batches, device)
+    common = {"num_train": num_train, "num_heldout": num_heldout, "outputs": kinds}
+    with torch_threads(qc.threads if device.type == "cpu" else 0):
+        module = GraphModule(
+            block, GraphIndex(prepared.model.graph), annotation, annotation.configs,
+            learn_scales=qc.learn_scales, device=device,
+        )  # fmt: skip
+        before = _heldout_sqnr(module, samples, distillation)
+        monitor = Monitor(progress, should_cancel)
+        at, diverged = _train(module, samples, distillation, qc, before, monitor, checkpointing)
+        if checkpointing is not None:
+            checkpoint.remove(checkpointing)
+        epochs = tuple(EpochReport(**e) for e in at.epochs)
+        common["resumed_from"] = at.resumed_from
+        if diverged is not None:
+            return ended("diverged", reason=diverged, before_sqnr_db=before, epochs=epochs, **common)
+        if at.best_state is None:
+            return ended("kept_ptq", before_sqnr_db=before, after_sqnr_db=before, epochs=epochs, **common)
+        module.load_state(at.best_state)
+        values, weight_configs = module.trained()
+        configs = {**annotation.configs, **weight_configs}
+        for root, scale in module.learned_scales().items():
+            set_scale(configs, root, scale)
+    return ended(
+        "trained",
+        prepared=with_weights(prepared, values),
+        annotation=annotation.with_configs(configs),
+        before_sqnr_db=before,
+        after_sqnr_db=at.best,
+        best_epoch=at.best_epoch,
+        epochs=epochs,
+        **common,
+    )

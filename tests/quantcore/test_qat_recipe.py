@@ -1,0 +1,88 @@
+"""The recipe's ``qat`` section (pure pydantic: the API answers its errors with 422 problem+json naming the
+field), its translation into ``QatConfig``, and ``QatConfig``'s own bounds."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from jobs.models import Dataset, DatasetKind
+from jobs.preprocessing import job_input_mismatches
+from jobs.recipe import Recipe
+from quantcore import QuantizeConfig
+from quantcore.config import AccuracyTarget, QatConfig
+from worker.translate import to_quantize_config
+
+
+def error_of(recipe: dict) -> tuple[str, str]:
+    """(dotted location, message) of the single validation error ``recipe`` raises."""
+    with pytest.raises(ValidationError) as raised:
+        Recipe.model_validate(recipe)
+    errors = raised.value.errors()
+    assert len(errors) == 1, errors
+    return ".".join(str(p) for p in errors[0]["loc"]), errors[0]["msg"]
+
+
+@pytest.mark.parametrize(
+    ("qat", "extra", "field", "needle"),
+    [
+        ({"epochs": 0}, {}, "qat.epochs", "greater than or equal to 1"),
+        ({"epochs": 1001}, {}, "qat.epochs", "less than or equal to 1000"),
+        ({"lr": 0}, {}, "qat.lr", "greater than 0"),
+        ({"lr": 2}, {}, "qat.lr", "less than or equal to 1"),
+        ({"steps": 0}, {}, "qat.steps", "greater than or equal to 1"),
+        ({"holdout": 0.9}, {}, "qat.holdout", "less than or equal to 0.5"),
+        ({"loss": "ce"}, {}, "qat.loss", "'mse' or 'kl'"),
+        ({"learn_scales": "maybe"}, {}, "qat.learn_scales", "valid boolean"),
+        ({"freeze_bn_after": 3}, {}, "qat.freeze_bn_after", "Extra inputs"),  # BN is folded before QAT
+        # 64 calibration samples, 13 held out: 51 left for training, fewer than one batch of 64
+        ({"batch_size": 64}, {"calibration": {"num_samples": 64}}, "qat", "qat.batch_size 64 exceeds the 51"),
+        ({}, {"target": {"metric": "sqnr", "threshold": 30}}, "qat", "cannot be combined with a target"),
+        ({}, {"platform": "onnxruntime-weight-only"}, "", "qat do not apply"),
+    ],
+)
+def test_invalid_qat_recipes_name_the_field(qat: dict, extra: dict, field: str, needle: str) -> None:
+    location, message = error_of({**extra, "qat": qat})
+    assert location == field and needle in message, (location, message)
+
+
+def test_qat_translates_with_its_seed_or_the_recipe_seed() -> None:
+    recipe = {"platform": "academic", "precision": "w4a4", "seed": 7}
+    spec = {"epochs": 3, "steps": 50, "lr": 3e-4, "batch_size": 16, "loss": "kl", "learn_scales": False}
+    config = to_quantize_config(Recipe.model_validate({**recipe, "qat": spec})).qat
+    assert (config.epochs, config.steps, config.lr, config.batch_size) == (3, 50, 3e-4, 16)
+    assert (config.loss, config.learn_scales, config.seed) == ("kl", False, 7)
+    assert to_quantize_config(Recipe.model_validate({**recipe, "qat": {**spec, "seed": 2}})).qat.seed == 2
+    assert to_quantize_config(Recipe.model_validate(recipe)).qat is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("epochs", 0), ("steps", 0), ("lr", 0.0), ("lr", float("nan")), ("holdout", 0.6), ("loss", "ce"), ("seed", -1)],
+)
+def test_qat_config_refuses_bad_values_by_name(field, value) -> None:
+    with pytest.raises(ValueError, match=f"qat.{field}"):
+        QatConfig(**{field: value})
+
+
+def test_qat_is_refused_with_a_target_and_on_the_weight_only_platform() -> None:
+    with pytest.raises(ValueError, match="qat and target"):
+        QuantizeConfig(qat=QatConfig(), target=AccuracyTarget("cosine", 0.99))
+    with pytest.raises(ValueError, match="qat is not available"):
+        QuantizeConfig(platform="onnxruntime-weight-only", qat=QatConfig())
+
+
+def test_a_dataset_too_small_for_one_qat_batch_is_refused_naming_the_field() -> None:
+    """The recipe alone passes (512 calibration samples by default); the dataset is known at job creation:
+    40 samples, 8 held out for evaluation, 32 calibrate, of which 6 are held out for QAT: 26 < 32."""
+    info = {"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 4], "batch_axis": 0}]}
+    recipe = Recipe.model_validate({"platform": "academic", "precision": "w4a4", "qat": {"batch_size": 32}})
+
+    def mismatches(samples: int) -> list[tuple[str, str]]:
+        arrays = [{"name": "x", "dtype": "float32", "shape": [samples, 4]}]
+        dataset = Dataset(kind=DatasetKind.arrays, num_samples=samples, arrays=arrays)
+        return job_input_mismatches(info, dataset=dataset, recipe=recipe, max_decoded_bytes=2**30)
+
+    [(field, message)] = mismatches(40)
+    assert field == "recipe.qat.batch_size" and "exceeds the 26 training samples left of 32" in message
+    assert mismatches(400) == []

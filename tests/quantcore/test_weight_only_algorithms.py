@@ -1,0 +1,231 @@
+"""AWQ, HQQ and the causal-LM metrics of the weight-only platform, on graphs built here in a few
+milliseconds (the trained decoder of test_weight_only.py is not needed): AWQ's channel scaling keeps the
+FP32 function and beats round-to-nearest where input channels carry outliers; HQQ beats it without data;
+perplexity and next-token accuracy agree with a numpy reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from jobs.report_schema import Report
+from quantcore import QuantizeConfig, annotate, prepare, quantize
+from quantcore.config import WeightOnlyConfig
+from quantcore.progress import Monitor
+from quantcore.runtime.batching import Batches, input_specs
+from quantcore.runtime.session import open_session
+from quantcore.weight_only import BlockGrid, awq_scaling, collect_grams, quantize_rtn, weight_layers
+from quantcore.weight_only.hqq import quantize_hqq
+from quantcore.weight_only.language import NextToken, token_input
+from tests.test_report_schema import undocumented
+
+PLATFORM = "onnxruntime-weight-only"
+WIDTH, HIDDEN, TOKENS, ROWS = 64, 128, 8, 64
+OUTLIERS = (3, 17, 40)  # input channels whose LayerNorm scale is 30x the others'
+
+
+def _save(nodes, inputs, outputs, initializers, path: Path) -> Path:
+    graph = helper.make_graph(
+        nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in initializers.items()]
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def outlier_mlp(path: Path) -> Path:
+    """x (N, T, 64) → LayerNorm with 3 outlier channels → two MatMuls sharing it (AWQ folds ÷ s into the
+    LayerNorm) → Add → Relu → MatMul (AWQ inserts a Mul before it) → + x → y (N, T, 64)."""
+    rng = np.random.default_rng(0)
+    gamma = np.ones(WIDTH, np.float32)
+    gamma[list(OUTLIERS)] = 30.0
+    row_scale = np.ones((WIDTH, 1), np.float32)
+    row_scale[list(OUTLIERS)] = 0.1  # small weights on the large channels, as in LLMs: RTN rounds them coarsely
+    weights = {
+        "gamma": gamma,
+        "beta": (0.1 * rng.standard_normal(WIDTH)).astype(np.float32),
+        "w_up": (rng.standard_normal((WIDTH, HIDDEN)) / 8 * row_scale).astype(np.float32),
+        "w_gate": (rng.standard_normal((WIDTH, HIDDEN)) / 8 * row_scale).astype(np.float32),
+        "w_down": (rng.standard_normal((HIDDEN, WIDTH)) / 11).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="norm", axis=-1),
+        helper.make_node("MatMul", ["h", "w_up"], ["up"], name="up"),
+        helper.make_node("MatMul", ["h", "w_gate"], ["gate"], name="gate"),
+        helper.make_node("Add", ["up", "gate"], ["sum"], name="sum"),
+        helper.make_node("Relu", ["sum"], ["act"], name="act"),
+        helper.make_node("MatMul", ["act", "w_down"], ["down_out"], name="down"),
+        helper.make_node("Add", ["down_out", "x"], ["y"], name="residual"),  # down is then no LM head
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", TOKENS, WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", TOKENS, WIDTH])
+    return _save(nodes, [x], [y], weights, path)
+
+
+def _data(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((ROWS, TOKENS, WIDTH)).astype(np.float32)}
+
+
+def _quantize(path: Path, out: Path, calibration, evaluation, **options) -> dict:
+    config = QuantizeConfig(
+        platform=PLATFORM, precision="w4", cpu_latency=False, weight_only=WeightOnlyConfig(**options)
+    )
+    report = quantize(path, calibration, evaluation, config, out).report
+    assert undocumented(Report.model_validate(report)) == []
+    return report
+
+
+def _sqnr(report: dict) -> float:
+    return report["evaluation"]["qdq_exact"]["outputs"]["y"]["sqnr_db"]
+
+
+def test_awq_scaling_keeps_the_fp32_function(tmp_path: Path) -> None:
+    path = outlier_mlp(tmp_path / "mlp.onnx")
+    config = QuantizeConfig(platform=PLATFORM, weight_only=WeightOnlyConfig(algorithm="awq"))
+    prepared = prepare(path)
+    layers = weight_layers(prepared.model, annotate(prepared, config))
+    batches = Batches(_data(1), input_specs(prepared.model), 16, what="calibration")
+    grams = collect_grams(prepared.model, layers, batches, config, Monitor())
+    scaled, scales = awq_scaling(prepared.model, layers, grams, config, Monitor())
+
+    # structure: the LayerNorm took ÷ s for the shared group, a Mul was inserted before down (after Relu)
+    assert {n: scales[n].alpha > 0 for n in ("up", "gate", "down")} == {"up": True, "gate": True, "down": True}
+    assert scales["up"] is scales["gate"]  # one s per group: the input is divided once
+    ops = [n.op_type for n in scaled.graph.node]
+    assert ops.count("Mul") == 1 and ops.index("Mul") == ops.index("MatMul", ops.index("Relu")) - 1
+    before = {t.name: numpy_helper.to_array(t) for t in prepared.model.graph.initializer}
+    after = {t.name: numpy_helper.to_array(t) for t in scaled.graph.initializer}
+    np.testing.assert_allclose(after["gamma"], before["gamma"] / scales["up"].scale, rtol=1e-6)  # float32 rounding
+    assert np.argmax(scales["up"].scale) in OUTLIERS  # the rows multiplying the outlier channels grow most
+
+    # numerics: the same function in FP32; the rescaled float32 constants round at 2^-24 relative, and
+    # LayerNorm, two MatMuls of K = 64 and 128 sum a few hundred such terms: 1e-5 of the output's scale
+    feeds = _data(2)
+    with open_session(prepared.model) as session:
+        expected = session.run(["y"], feeds)[0]
+    with open_session(scaled) as session:
+        actual = session.run(["y"], feeds)[0]
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("form", ["matmulnbits", "dequantize_linear"])
+def test_awq_beats_rtn_with_outlier_channels(tmp_path: Path, form: str) -> None:
+    path = outlier_mlp(tmp_path / "mlp.onnx")
+    common = {"block_size": 32, "format": form}
+    rtn = _quantize(path, tmp_path / "rtn", _data(1), _data(2), algorithm="rtn", **common)
+    awq = _quantize(path, tmp_path / "awq", _data(1), _data(2), algorithm="awq", **common)
+    for row in awq["weight_only"]["layers"]:  # on its own objective, every layer
+        assert row["awq_alpha"] is not None and row["output_error"] < row["rtn_output_error"], row
+    # on held-out data, the output as ONNX Runtime computes it: measured 9.3 dB RTN, 21.1 dB AWQ, 12.8 dB
+    # with its clip search alone (s = 1) and 20.2 dB with its scales alone. Ask for 6 of the 11.8 dB: the
+    # clip search alone falls short, the channel scales must do their part (a seeded graph: no noise)
+    assert _sqnr(awq) > _sqnr(rtn) + 6.0, (_sqnr(rtn), _sqnr(awq))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_hqq_beats_rtn_without_data(tmp_path: Path, symmetric: bool) -> None:
+    rng = np.random.default_rng(3)
+    weight = (rng.standard_t(3, size=(200, 96)) / 30).astype(np.float32)  # heavy tails; K = 200: a short block
+    grid = BlockGrid(4, 32, symmetric)
+    rtn_error = float(np.sum((weight - quantize_rtn(weight, grid).dequantize()) ** 2))
+    hqq = quantize_hqq(weight, grid)
+    hqq_error = float(np.sum((weight - hqq.dequantize()) ** 2))
+    # HQQ keeps, per block column, the iterate of least error, RTN's included: never worse. Measured
+    # 0.886 (symmetric) and 0.957 (asymmetric) of RTN's squared error here (seeded); ask for 0.98
+    assert hqq_error < 0.98 * rtn_error, (hqq_error, rtn_error)
+
+    # end to end, data-free: calibrate reads nothing, and the exported codes dequantize to HQQ's ŵ
+    path = outlier_mlp(tmp_path / "mlp.onnx")
+    stages: dict[str, str] = {}
+    config = QuantizeConfig(
+        platform=PLATFORM,
+        precision="w4",
+        cpu_latency=False,
+        weight_only=WeightOnlyConfig(algorithm="hqq", symmetric=symmetric, format="dequantize_linear"),
+    )
+    result = quantize(
+        path, _data(1), _data(2), config, tmp_path / "out", progress=lambda s, f, m: stages.update({s: m})
+    )
+    assert "needs no calibration data" in stages["calibrate"]
+    exported = onnx.load(str(result.model_path))
+    source = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    with open_session(exported, exact_qdq=True, outputs=["w_down_dequantized"]) as session:
+        dequantized = session.run(["w_down_dequantized"], _data(2))[0]
+    # the same float32 codes and scales on both sides: ONNX Runtime's (q - z)·s is exact
+    np.testing.assert_array_equal(dequantized, quantize_hqq(source["w_down"], BlockGrid(4, 32, symmetric)).dequantize())
+    rtn = _quantize(path, tmp_path / "rtn", _data(1), _data(2), algorithm="rtn", symmetric=symmetric)
+    assert _sqnr(result.report) > _sqnr(rtn), (_sqnr(result.report), _sqnr(rtn))
+
+
+VOCAB, EMBED, LENGTH = 40, 32, 12
+
+
+def tiny_lm(path: Path) -> Path:
+    """input_ids, attention_mask (N, T) → embedding * mask → MatMul → Relu → LM head → logits (N, T, 40)."""
+    rng = np.random.default_rng(4)
+    weights = {
+        "embedding": rng.standard_normal((VOCAB, EMBED)).astype(np.float32),
+        "w_hidden": (rng.standard_normal((EMBED, EMBED)) / 5).astype(np.float32),
+        "w_head": (rng.standard_normal((EMBED, VOCAB)) / 3).astype(np.float32),
+        "last": np.array([-1], np.int64),
+    }
+    nodes = [
+        helper.make_node("Gather", ["embedding", "input_ids"], ["e"], name="embed"),
+        helper.make_node("Cast", ["attention_mask"], ["m"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "last"], ["m3"], name="unsqueeze"),
+        helper.make_node("Mul", ["e", "m3"], ["masked"], name="mask"),
+        helper.make_node("MatMul", ["masked", "w_hidden"], ["h"], name="hidden"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w_head"], ["logits"], name="head"),
+    ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["n", "t"]) for n in ("input_ids", "attention_mask")]
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", "t", VOCAB])
+    return _save(nodes, inputs, [logits], weights, path)
+
+
+def reference_next_token(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """(perplexity, next-token accuracy), written out independently: softmax probabilities in float64,
+    a loop over rows and positions, position t counted when tokens t and t+1 are both real."""
+    nll, correct, count = 0.0, 0, 0
+    for row in range(ids.shape[0]):
+        for t in range(ids.shape[1] - 1):
+            if not (mask[row, t] and mask[row, t + 1]):
+                continue
+            p = np.exp(logits[row, t].astype(np.float64))
+            p /= p.sum()
+            nll -= np.log(p[ids[row, t + 1]])
+            correct += int(np.argmax(logits[row, t]) == ids[row, t + 1])
+            count += 1
+    return float(np.exp(nll / count)), correct / count
+
+
+def test_perplexity_against_a_numpy_reference(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, VOCAB, size=(24, LENGTH))
+    mask = np.ones_like(ids)
+    mask[::3, 9:] = 0  # every third row padded after 9 tokens
+    data = {"input_ids": ids, "attention_mask": mask}
+    path = tiny_lm(tmp_path / "lm.onnx")
+    report = _quantize(path, tmp_path / "out", data, data, algorithm="rtn", block_size=16)
+    section = report["weight_only"]["language_model"]
+    for key, model_path in (("fp32", path), ("quantized", tmp_path / "out" / "model.qdq.onnx")):
+        with open_session(str(model_path)) as session:
+            logits = session.run(["logits"], data)[0]
+        perplexity, accuracy = reference_next_token(logits, ids, mask)
+        # float64 sums on both sides, in another order: 1e-9 relative
+        assert section[key]["perplexity"] == pytest.approx(perplexity, rel=1e-9)
+        assert section[key]["next_token_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert section["positions"] == 24 * (LENGTH - 1) - 8 * (LENGTH - 1 - 8)
+    assert section["perplexity_increase"] == pytest.approx(
+        section["quantized"]["perplexity"] / section["fp32"]["perplexity"] - 1, rel=1e-12
+    )
+
+
+def test_causal_lm_detection(tmp_path: Path) -> None:
+    assert token_input(onnx.load(str(tiny_lm(tmp_path / "lm.onnx")))) == "input_ids"
+    assert token_input(onnx.load(str(outlier_mlp(tmp_path / "mlp.onnx")))) is None  # no logits output
+    assert NextToken().to_dict() == {"perplexity": None, "next_token_accuracy": None}
