@@ -30,9 +30,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from jobs.preprocessing import PreprocessingSpec
+from jobs.recipe_methods import (
+    MixedPrecisionSpec,
+    QatSpec,
+    ReconstructionSpec,
+    WeightOnlySpec,
+    qat_batch_shortfall,
+)
+from jobs.recipe_methods import Spec as _Spec
 
 Platform = Literal[
     "tensorrt", "tensorrt-fp8", "onnxruntime", "onnxruntime-dynamic", "onnxruntime-weight-only", "academic"
@@ -70,10 +78,6 @@ def _capped(entries: str, hint: str) -> BeforeValidator:
 
 
 _PATTERN_HINT = "one shell-style pattern such as '/encoder/*' covers many nodes"
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class CalibrationSpec(_Spec):
@@ -283,129 +287,6 @@ class AutoSpec(_Spec):
     )
 
 
-class MixedPrecisionSpec(_Spec):
-    max_fraction: float = Field(
-        0.05,
-        gt=0.0,
-        le=0.5,
-        description="At most this fraction of the quantizable layers (at least one) leaves the recipe's precision.",
-    )
-    metric: Literal["cosine", "sqnr"] = Field(
-        "cosine",
-        description="What stops the promotion: the worst float output's cosine / SQNR (dB) to FP32 on calibration "
-        "samples (top-1 needs labels, which calibration samples lack).",
-    )
-    threshold: float = Field(0.99, ge=-100.0, le=300.0, description="Promotion stops once the metric reaches this.")
-
-    @field_validator("threshold")
-    @classmethod
-    def _threshold_fits_metric(cls, value: float, info: ValidationInfo) -> float:
-        if info.data.get("metric") == "cosine" and not -1.0 <= value <= 1.0:
-            raise ValueError("a cosine threshold must be in [-1, 1]")
-        return value
-
-
-class ReconstructionSpec(_Spec):
-    method: Literal["none", "adaround", "brecq", "qdrop"] = Field(
-        "none",
-        description="none: round to nearest; adaround: learned rounding layer by layer; brecq: block by block "
-        "with learned activation scales; qdrop: brecq with activation quantization randomly dropped while learning.",
-    )
-    iters: int = Field(2000, ge=1, le=100_000, description="Optimizer steps per block (the papers use 20000 on GPU).")
-    batch_size: int = Field(32, ge=1, le=1024, description="Samples per reconstruction step.")
-    num_samples: int = Field(
-        1024, ge=1, le=100_000, description="Calibration samples whose block inputs and outputs are cached."
-    )
-    rounding_loss_weight: float = Field(
-        3.0,
-        ge=0.0,
-        le=100.0,
-        description="Weight λ of the rounding regularizer (3, not the papers' 0.01: see ReconstructionConfig).",
-    )
-    warmup: float = Field(0.2, ge=0.0, le=1.0, description="Fraction of the steps without the rounding regularizer.")
-    drop_prob: float = Field(
-        0.5, ge=0.0, le=1.0, description="qdrop: probability of dropping an activation's quantization."
-    )
-    cache_mb: int = Field(
-        1024, ge=0, le=262_144, description="Block inputs/targets stay in memory up to this size, on disk beyond."
-    )
-
-
-class QatSpec(_Spec):
-    epochs: int = Field(10, ge=1, le=1000, description="Passes of training, each followed by the held-out metric.")
-    steps: int | None = Field(
-        None,
-        ge=1,
-        le=100_000,
-        description="Optimizer steps per epoch (null: one pass over the training part of the calibration samples).",
-    )
-    lr: float = Field(1e-4, gt=0, le=1.0, description="Adam step on the weights and biases.")
-    scale_lr: float = Field(1e-3, ge=0, le=1.0, description="Adam step on the log of each learned scale.")
-    batch_size: int = Field(32, ge=1, le=1024, description="Samples per training step.")
-    num_samples: int = Field(
-        1024, ge=2, le=100_000, description="Calibration samples used: the training part and the held-out part."
-    )
-    holdout: float = Field(
-        0.2, ge=0.05, le=0.5, description="Fraction of those samples held out for the metric measured every epoch."
-    )
-    loss: Literal["mse", "kl"] = Field(
-        "mse",
-        description="mse: each output's squared error relative to its FP32 power; kl: the same, but the KL "
-        "divergence from FP32's distribution for class-score (batch, classes) and Softmax outputs.",
-    )
-    learn_scales: bool = Field(True, description="Also learn the activation and weight scales (LSQ).")
-    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Seeds the batch order (null: the recipe's seed).")
-    checkpoint_every: int = Field(
-        100,
-        ge=1,
-        le=100_000,
-        description="Optimizer steps between two checkpoints: a job whose worker stops resumes training from the last.",
-    )
-
-
-def _qat_shortfall(qat: QatSpec, calibration_samples: int) -> str | None:
-    """Why ``calibration_samples`` cannot fill one QAT training batch once the held-out part is set aside
-    (None: they can): the rule quantcore.qat applies, checked before the job is queued."""
-    available = min(qat.num_samples, calibration_samples)
-    train = available - max(1, round(available * qat.holdout))
-    if qat.batch_size <= train:
-        return None
-    return (
-        f"qat.batch_size {qat.batch_size} exceeds the {train} training samples left of {available} "
-        f"calibration samples after holding out {qat.holdout:g}: lower batch_size or give more samples"
-    )
-
-
-class WeightOnlySpec(_Spec):
-    algorithm: Literal["rtn", "gptq", "awq", "hqq"] = Field(
-        "rtn",
-        description="rtn: round to nearest; gptq: column by column with the rounding error compensated through the "
-        "calibration data's second moments (Frantar et al. 2022); awq: weight rows scaled by their input channel's "
-        "mean magnitude to a searched power before rounding, the input divided back (Lin et al. 2023); hqq: "
-        "data-free, each block's scale and zero point fitted to the weights (Badri & Shaji 2023).",
-    )
-    block_size: int = Field(
-        32, ge=16, le=256, description="Weights per scale along the reduction axis: a power of two in 16..256."
-    )
-    symmetric: bool = Field(True, description="A fixed zero point (true) or one per block (false).")
-    format: Literal["matmulnbits", "dequantize_linear"] = Field(
-        "matmulnbits",
-        description="matmulnbits: com.microsoft.MatMulNBits (ONNX Runtime's n-bit kernel); dequantize_linear: "
-        "opset-21 blocked DequantizeLinear before each MatMul (portable ONNX).",
-    )
-    act_order: bool = Field(False, description="gptq: visit the weight rows by decreasing input energy.")
-    quantize_lm_head: bool = Field(
-        False, description="Also quantize the LM head (the last MatMul writing a graph output), kept float by default."
-    )
-
-    @field_validator("block_size")
-    @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value & (value - 1):
-            raise ValueError(f"block_size must be a power of two, not {value}")
-        return value
-
-
 class Recipe(_Spec):
     platform: Platform = Field(
         "tensorrt",
@@ -552,7 +433,7 @@ class Recipe(_Spec):
         (None: it does not, or the recipe has no qat)."""
         if self.qat is None or num_samples < 2:
             return None
-        return _qat_shortfall(self.qat, self.split_sizes(num_samples)[0])
+        return qat_batch_shortfall(self.qat, self.split_sizes(num_samples)[0])
 
     @field_validator("precision")
     @classmethod
@@ -620,7 +501,7 @@ class Recipe(_Spec):
         if info.data.get("target") is not None:
             raise ValueError("qat cannot be combined with a target: the target search re-calibrates each candidate")
         calibration = info.data.get("calibration")
-        shortfall = _qat_shortfall(value, value.num_samples if calibration is None else calibration.num_samples)
+        shortfall = qat_batch_shortfall(value, value.num_samples if calibration is None else calibration.num_samples)
         if shortfall is not None:
             raise ValueError(shortfall)
         return value
