@@ -21,10 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from bench.reconstruct import CALIBRATION_SAMPLES, METHODS, NARROW_WIDTH, cell, measure, run_model
+from bench.reconstruct import CALIBRATION_SAMPLES, METHODS, NARROW_WIDTH, measure, run_model, table
 from quantcore import QatConfig, QuantizeConfig, annotate, calibrate, export, prepare, qat
 from quantcore.runtime.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
@@ -65,29 +64,6 @@ def run_qat(name: str, model_path: Path, row: dict, options: dict, seeds: list[i
         )
 
 
-def table(rows: list[dict], methods: list[str]) -> str:
-    columns = [*methods, "qat"]
-    head = ["model", "W/A", "FP32", "RTN", *columns, "QAT recovered", "SQNR dB: RTN", *columns]
-    head += [f"{m} s" for m in columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for row in rows:
-        gap = row["fp32"] - row["rtn"]
-        recovered = "n/a (no gap)" if gap <= 0 else f"{(np.mean(row['qat']) - row['rtn']) / gap:.0%}"
-        cells = [
-            row["model"],
-            row["precision"].upper(),
-            f"{100 * row['fp32']:.1f}",
-            f"{100 * row['rtn']:.1f}",
-            *(cell(row[m], 100) for m in columns),
-            recovered,
-            f"{row['rtn_sqnr']:.1f}",
-            *(cell(row[f"{m}_sqnr"]) for m in columns),
-            *(f"{np.mean(row[f'{m}_seconds']):.0f}" for m in columns),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -123,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{CALIBRATION_SAMPLES} calibration samples, {args.iters} reconstruction steps, QAT {args.epochs} epochs "
         f"lr {args.lr:g} batch {args.batch_size} loss {args.loss}, seeds {args.seeds}"
     )
-    print(table(rows, methods))
+    print(table(rows, [*methods, "qat"], recovered_by="qat"))
 
 
 if __name__ == "__main__":

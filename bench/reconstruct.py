@@ -103,7 +103,7 @@ def run_model(
     return rows
 
 
-def cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+def _cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     """The mean, and ± the sample standard deviation over seeds when there are several."""
     mean = scale * float(np.mean(values))
     if len(values) < 2:
@@ -111,14 +111,19 @@ def cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {scale * float(np.std(values, ddof=1)):.{digits}f}"
 
 
-def table(rows: list[dict], methods) -> str:
+LABELS = {"qdrop": "QDrop", "qat": "QAT"}  # the recovered column's heading
+
+
+def table(rows: list[dict], methods, recovered_by: str = "qdrop") -> str:
+    """One row per model and precision: top-1 per method (mean ± std over seeds), the share of the FP32-RTN
+    gap that ``recovered_by`` closes, SQNR per method and seconds per method."""
     head = [
         "model",
         "W/A",
         "FP32",
         "RTN",
         *methods,
-        "QDrop recovered",
+        f"{LABELS.get(recovered_by, recovered_by)} recovered",
         "SQNR dB: RTN",
         *methods,
         *(f"{m} s" for m in methods),
@@ -127,17 +132,19 @@ def table(rows: list[dict], methods) -> str:
     for row in rows:
         gap = row["fp32"] - row["rtn"]
         recovered = (
-            "n/a (no gap)" if gap <= 0 or "qdrop" not in row else f"{(np.mean(row['qdrop']) - row['rtn']) / gap:.0%}"
+            "n/a (no gap)"
+            if gap <= 0 or recovered_by not in row
+            else f"{(np.mean(row[recovered_by]) - row['rtn']) / gap:.0%}"
         )
         cells = [
             row["model"],
             row["precision"].upper(),
             f"{100 * row['fp32']:.1f}",
             f"{100 * row['rtn']:.1f}",
-            *(cell(row[m], 100) for m in methods),
+            *(_cell(row[m], 100) for m in methods),
             recovered,
             f"{row['rtn_sqnr']:.1f}",
-            *(cell(row[f"{m}_sqnr"]) for m in methods),
+            *(_cell(row[f"{m}_sqnr"]) for m in methods),
             *(f"{np.mean(row[f'{m}_seconds']):.0f}" for m in methods),
         ]
         lines.append("| " + " | ".join(cells) + " |")
