@@ -101,9 +101,16 @@ def redis_database() -> Iterator[str]:
     """A Redis database number no other test run on this machine holds, emptied for this run.
 
     Test runs may overlap (a developer's and CI's); each claims a free database with a lock key
-    that expires by itself if the run is killed.
+    that expires by itself if the run is killed, and skips any database that still has clients.
     """
+    in_use = {
+        int(entry["db"]) for entry in redis.Redis.from_url("redis://127.0.0.1:6379/0").client_list()
+    }
     for number in range(1, 16):
+        if number in in_use:
+            # Connected clients with no lock are a dead run's workers and API: they would take this
+            # run's tasks off its queues.
+            continue
         url = f"redis://127.0.0.1:6379/{number}"
         client = redis.Redis.from_url(url)
         if client.set(REDIS_LOCK, os.getpid(), nx=True, ex=3600):
@@ -115,7 +122,7 @@ def redis_database() -> Iterator[str]:
             finally:
                 client.delete(REDIS_LOCK)
             return
-    raise RuntimeError("every Redis database 1-15 is held by another test run")
+    raise RuntimeError("every Redis database 1-15 is held by another test run or has clients")
 
 
 @dataclass
