@@ -103,9 +103,7 @@ def redis_database() -> Iterator[str]:
     Test runs may overlap (a developer's and CI's); each claims a free database with a lock key
     that expires by itself if the run is killed, and skips any database that still has clients.
     """
-    in_use = {
-        int(entry["db"]) for entry in redis.Redis.from_url("redis://127.0.0.1:6379/0").client_list()
-    }
+    in_use = {int(entry["db"]) for entry in redis.Redis.from_url("redis://127.0.0.1:6379/0").client_list()}
     for number in range(1, 16):
         if number in in_use:
             # Connected clients with no lock are a dead run's workers and API: they would take this
