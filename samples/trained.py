@@ -8,13 +8,17 @@ beyond the sample CNN (``samples.digits``).
   depthwise 3x3, linear 1x1 projection) with ReLU6, which the exporter writes as Clip.
 
 Training runs on one torch thread, whatever the caller's count, so it is deterministic for a given seed
-and CPU (about 5 s each, measured). Before that was enforced, the narrow ResNet trained in the bench
+and CPU (about 5 s each with oneDNN, measured). Before that was enforced, the narrow ResNet trained in the bench
 (which sets one thread) and in a process left at two came out different models: W4A4 RTN top-1 93.8 % against
 94.6 % on the same Xeon.
 """
 
 from __future__ import annotations
 
+import functools
+import pickle
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -105,7 +109,7 @@ class DigitsMobileNet(nn.Module):
 
 
 def build_resnet(out_dir: Path, *, width: int = 32) -> Path:
-    return train_and_export(lambda: DigitsResNet(width), Path(out_dir) / f"resnet-{width}.onnx")
+    return train_and_export(functools.partial(DigitsResNet, width), Path(out_dir) / f"resnet-{width}.onnx")
 
 
 def build_mobilenet(out_dir: Path) -> Path:
@@ -113,11 +117,31 @@ def build_mobilenet(out_dir: Path) -> Path:
 
 
 def train_and_export(make: Callable[[], nn.Module], path: Path, *, epochs: int = 15, seed: int = 0) -> Path:
-    """Train ``make()`` (built after seeding torch) on the digits training split (SGD, momentum 0.9,
-    cosine schedule, batch 64) and export it to ONNX (BN kept) at ``path``."""
-    # float sums in one order: the same model whatever the machine's cores. oneDNN off: its convolution
-    # backward aborts the process (a double free) on some AVX2-only CPUs; the native kernels train the same net.
-    with torch_threads(1), torch.backends.mkldnn.flags(enabled=False):
+    """Train ``make()`` (built after seeding torch; picklable) on the digits training split (SGD, momentum
+    0.9, cosine schedule, batch 64) and export it to ONNX (BN kept) at ``path``.
+
+    oneDNN's convolution backward aborts the process (a double free) on some AVX2-only CPUs, for some
+    networks only, while the native kernels train depthwise convolutions about 5x slower. So training
+    runs first with oneDNN in a child process, and only where that child dies, here with oneDNN off."""
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        input=pickle.dumps((make, Path(path), epochs, seed)),
+        cwd=Path(__file__).resolve().parents[1],
+        check=False,
+    )
+    if child.returncode != 0:
+        with torch.backends.mkldnn.flags(enabled=False):
+            _train_and_export(make, path, epochs, seed)
+    return path
+
+
+# the child: ``_train_and_export`` on the pickled arguments ``train_and_export`` writes to its stdin
+CHILD = "import pickle, sys\nfrom samples.trained import _train_and_export as run\nrun(*pickle.load(sys.stdin.buffer))"
+
+
+def _train_and_export(make: Callable[[], nn.Module], path: Path, epochs: int, seed: int) -> None:
+    # float sums in one order: the same model whatever the machine's cores
+    with torch_threads(1):
         model = _train(make, seed=seed, epochs=epochs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -133,7 +157,6 @@ def train_and_export(make: Callable[[], nn.Module], path: Path, *, epochs: int =
             training=torch.onnx.TrainingMode.EVAL,
             dynamo=False,
         )
-    return path
 
 
 def _train(make: Callable[[], nn.Module], *, seed: int, epochs: int) -> nn.Module:
