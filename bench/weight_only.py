@@ -13,11 +13,20 @@ next-token NLL) and its increase over FP32, next-token accuracy, the logits' SQN
 bytes as a fraction of FP32's, and the CPU batch-1 latency (one window of 24 tokens, p50 of interleaved
 runs of every model, ``quantcore.evaluate.paired_latency``) as a multiple of FP32's. Run:
 ``nice -n 5 .venv/bin/python -m bench.weight_only``.
+
+``--memory``: peak memory instead. A decoder-shaped model of about ``--memory-gb`` GB (d_model 2048,
+``samples.large.external_decoder``) is written with its weights in external data, and each algorithm of
+``--algorithms`` quantizes it (w4, block 32, MatMulNBits, the whole run: prepare to evaluate, without the
+CPU latency stage, whose two sessions evaluation's three already outnumber) in a fresh process that
+reports its peak resident memory (``VmHWM``, reset after the imports and the data where the kernel
+allows) above its resident memory just before ``quantize``. Run:
+``nice -n 5 .venv/bin/python -m bench.weight_only --memory --algorithms rtn hqq``.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sysconfig
 import tempfile
@@ -34,11 +43,13 @@ from quantcore.runtime.batching import input_specs
 from quantcore.runtime.session import open_session
 from quantcore.weight_only.language import NextToken
 from samples.decoder import DecoderModel, Shape, build_decoder, train_on_text
+from samples.large import external_decoder
 
 ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
 BLOCKS = (32, 128)
 TEXT_SHAPE = Shape(vocab=128, d_model=128, heads=4, layers=4, max_len=64)
 TEXT_BYTES = 3_000_000  # of the standard library's .py files, in name order
+MEMORY_WIDTH = 2048  # d_model of the memory bench's decoder: 12·2048²·4 B = 201 MB of weights per block
 
 
 def _text_model(seconds: float, calibration: int, evaluation: int) -> DecoderModel:
@@ -98,13 +109,69 @@ def _neural_compressor() -> bool:
     return True
 
 
+def _status_bytes(field: str) -> int:
+    """A ``kB`` line of /proc/self/status, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _peak(source: Path, tokens: np.ndarray, algorithm: str, out: Path, answer: multiprocessing.Queue) -> None:
+    """In a fresh process: quantize ``source`` with ``algorithm``; puts (baseline RSS, peak RSS above it,
+    seconds, whether the peak was reset at the baseline)."""
+    import time
+
+    options = WeightOnlyConfig(algorithm=algorithm, block_size=32)
+    config = QuantizeConfig(platform="onnxruntime-weight-only", precision="w4", cpu_latency=False, weight_only=options)
+    calibration, evaluation = {"input_ids": tokens[:8]}, {"input_ids": tokens[8:]}
+    try:  # "5" resets VmHWM to the current RSS (Linux 4.0+); without it the imports' peak may show
+        Path("/proc/self/clear_refs").write_text("5")
+        reset = True
+    except OSError:
+        reset = False
+    baseline = _status_bytes("VmRSS")
+    started = time.perf_counter()
+    quantize(source, calibration, evaluation, config, out)
+    answer.put((baseline, _status_bytes("VmHWM") - baseline, time.perf_counter() - started, reset))
+
+
+def memory(gigabytes: float, algorithms: list[str]) -> None:
+    """The ``--memory`` table (module docstring)."""
+    layers = max(1, round(gigabytes * 1e9 / (12 * MEMORY_WIDTH**2 * 4)))
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        source = external_decoder(root, d_model=MEMORY_WIDTH, layers=layers)
+        size = sum(path.stat().st_size for path in root.iterdir())
+        tokens = np.random.default_rng(0).integers(0, 256, size=(16, 32), dtype=np.int64)
+        print(f"model: {layers} blocks of d_model {MEMORY_WIDTH}, {size / 1e9:.3f} GB with its external data")
+        print("| algorithm | baseline RSS GB | peak above baseline GB | peak / model size | seconds |")
+        print("| --- | --- | --- | --- | --- |")
+        for algorithm in algorithms:
+            answer = context.Queue()
+            process = context.Process(target=_peak, args=(source, tokens, algorithm, root / algorithm, answer))
+            process.start()
+            baseline, peak, seconds, reset = answer.get()
+            process.join()
+            note = "" if reset else " (VmHWM not reset: includes the imports' peak)"
+            figures = f"{baseline / 1e9:.2f} | {peak / 1e9:.2f} | {peak / size:.2f} | {seconds:.0f}{note}"
+            print(f"| {algorithm} | {figures} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("text", "markov"), default="text")
     parser.add_argument("--train-seconds", type=float, default=240.0, help="text model: training wall clock")
     parser.add_argument("--evaluation", type=int, default=256, help="evaluation windows")
     parser.add_argument("--calibration", type=int, default=128, help="calibration windows")
+    parser.add_argument("--memory", action="store_true", help="peak memory of each algorithm instead (docstring)")
+    parser.add_argument("--memory-gb", type=float, default=1.0, help="memory: the model's size")
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     args = parser.parse_args()
+    if args.memory:
+        memory(args.memory_gb, args.algorithms)
+        return
     if args.model == "text":
         built = _text_model(args.train_seconds, args.calibration, args.evaluation)
     else:

@@ -39,3 +39,63 @@ def external_tensor(name: str, array: np.ndarray, data) -> onnx.TensorProto:
         tensor.external_data.add(key=key, value=value)
     array.tofile(data)
     return tensor
+
+
+def external_decoder(directory: Path, *, d_model: int, layers: int, vocab: int = 256, seed: int = 0) -> Path:
+    """A decoder-shaped model written to ``directory/model.onnx`` with every weight in ``model.onnx.data``,
+    one tensor generated and appended at a time (the weight-only memory bench and large-model tests):
+    ``input_ids`` (batch, T) int64 -> Gather from a (vocab, d) table -> ``layers`` x (LayerNormalization,
+    q/k/v MatMuls (d, d), single-head attention (q·kᵀ/√d, Softmax, ·v), output MatMul (d, d), residual Add,
+    LayerNormalization, MLP MatMuls (d, 4d) and (4d, d) around a Relu, residual Add) -> LayerNormalization
+    -> LM head MatMul (d, vocab) -> ``logits`` (batch, T, vocab). 12·d²·layers + 2·vocab·d float32
+    weights. Returns the model's path."""
+    rng = np.random.default_rng(seed)
+    d = d_model
+    nodes: list[onnx.NodeProto] = []
+    initializers: list[onnx.TensorProto] = []
+    with open(directory / "model.onnx.data", "wb") as data:
+
+        def weight(name: str, rows: int, columns: int) -> str:
+            values = rng.standard_normal((rows, columns), dtype=np.float32) * np.float32(rows**-0.5)
+            initializers.append(external_tensor(name, values, data))
+            return name
+
+        def norm(name: str, x: str) -> str:
+            nodes.append(helper.make_node("LayerNormalization", [x, "gamma", "beta"], [name], name=name, axis=-1))
+            return name
+
+        def matmul(name: str, x: str, w: str) -> str:
+            nodes.append(helper.make_node("MatMul", [x, w], [name], name=name))
+            return name
+
+        def op(op_type: str, name: str, *inputs: str, **attributes: object) -> str:
+            nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attributes))
+            return name
+
+        nodes.append(helper.make_node("Gather", [weight("embedding", vocab, d), "input_ids"], ["x0"], name="embed"))
+        x = "x0"
+        for i in range(layers):
+            h = norm(f"ln{i}a", x)
+            q, k, v = (matmul(f"{p}{i}", h, weight(f"w{p}{i}", d, d)) for p in "qkv")
+            keys = op("Transpose", f"kt{i}", k, perm=[0, 2, 1])
+            scores = op("Mul", f"scaled{i}", matmul(f"scores{i}", q, keys), "inverse_sqrt_d")
+            attended = matmul(f"attended{i}", op("Softmax", f"softmax{i}", scores, axis=-1), v)
+            x = op("Add", f"x{i}a", x, matmul(f"o{i}", attended, weight(f"wo{i}", d, d)))
+            up = op("Relu", f"relu{i}", matmul(f"up{i}", norm(f"ln{i}b", x), weight(f"wup{i}", d, 4 * d)))
+            x = op("Add", f"x{i}b", x, matmul(f"down{i}", up, weight(f"wdown{i}", 4 * d, d)))
+        matmul("logits", norm("ln_final", x), weight("head", d, vocab))
+    initializers += [
+        numpy_helper.from_array(np.ones(d, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(d, np.float32), "beta"),
+        numpy_helper.from_array(np.array(d**-0.5, np.float32), "inverse_sqrt_d"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "decoder",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "T"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "T", vocab])],
+        initializers,
+    )
+    path = directory / "model.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path

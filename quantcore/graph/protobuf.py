@@ -61,8 +61,8 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
 
 def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
     """(``model``'s skeleton, the detached initializers of ``model`` itself, in graph order)."""
-    header = _copy_fields(model, onnx.ModelProto(), skip="graph")
-    _copy_fields(model.graph, header.graph, skip="initializer")
+    header = copy_fields(model, onnx.ModelProto(), skip="graph")
+    copy_fields(model.graph, header.graph, skip="initializer")
     detached = []
     for tensor in model.graph.initializer:
         if _data_bytes(tensor) < DETACHED_TENSOR_BYTES or tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -81,7 +81,7 @@ def _data_bytes(tensor: onnx.TensorProto) -> int:
     return int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize if dtype is not None else 0
 
 
-def _copy_fields(source: Any, target: Any, *, skip: str) -> Any:
+def copy_fields(source: Any, target: Any, *, skip: str) -> Any:
     """Copies every set field of ``source`` but ``skip`` into ``target``, protobuf messages of one type."""
     for field, value in source.ListFields():
         if field.name == skip:

@@ -7,12 +7,16 @@ prepare, evaluate and latency are the Q/DQ run's own stages (``quantcore.pipelin
 ``deployment``); annotate is too, and fails at once when the platform finds no MatMul/Gemm weight to
 quantize (``quantcore.weight_only.layers.weight_layers``). There is no clip, reconstruct, place, analyze
 (its per-tensor Q/DQ measurements have no Q/DQ to read), target or engine stage, and no resume
-checkpoint. The report is ``build_report``'s with its ``weight_only`` section (``weight_only_section``).
+checkpoint. RTN and HQQ on a model whose weights are float32 in external data never hold the model:
+prepare leaves the weights in their file, export reads each as it quantizes it and writes its codes
+straight to the exported model's data file, and evaluation's sessions read the files themselves. The
+report is ``build_report``'s with its ``weight_only`` section (``weight_only_section``).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -27,6 +31,7 @@ from quantcore.report.document import build_report
 from quantcore.report.stage_results import Analyzed, PreparedInputs, QuantizedModel
 from quantcore.weight_only import awq_scaling, collect_grams, quantize_layers, weight_layers, write
 from quantcore.weight_only.language import language_metrics, token_input
+from quantcore.weight_only.tensors import TensorReader, is_external
 from quantcore.wording import counted
 
 FUSED_NOTE = (
@@ -95,16 +100,26 @@ def weight_only_section(
     }
 
 
+def stored_outside(path: str | Path) -> tuple[bool, bool]:
+    """(whether the model at ``path`` keeps tensors in external data, whether those are all float32: the
+    tensors a weight-only run can read one at a time from their files)."""
+    external = [t for t in onnx.load(str(path), load_external_data=False).graph.initializer if is_external(t)]
+    return bool(external), bool(external) and all(t.data_type == onnx.TensorProto.FLOAT for t in external)
+
+
 def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult, dict[str, Any]]:
     """Run the stages of the module docstring; returns the exported files and the report."""
-    inputs: PreparedInputs = prepare_stage(run, config)
-    annotation = annotate_stage(run, inputs, config)
-    model = inputs.prepared.model
-    layers = weight_layers(model, annotation)  # no weight to quantize: fails here, before calibrate
-
-    started = run.clock.begin("calibrate")
     options = config.weight_only
     assert options is not None
+    external, readable = stored_outside(run.model_path)
+    streamed = readable and options.algorithm not in CALIBRATED  # ONNX Runtime must run what calibrates
+    inputs: PreparedInputs = prepare_stage(run, config, external_data=not streamed)
+    annotation = annotate_stage(run, inputs, config)
+    model = inputs.prepared.model
+    reader = TensorReader(Path(run.model_path).parent if streamed else None)
+    layers = weight_layers(model, annotation, reader)  # no weight to quantize: fails here, before calibrate
+
+    started = run.clock.begin("calibrate")
     grams, scales, written = None, None, model
     if options.algorithm in CALIBRATED:
         grams = collect_grams(model, layers, inputs.calibration, config, run.monitor)
@@ -117,10 +132,10 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     run.clock.end("calibrate", started, done)
 
     started = run.clock.begin("export")
-    quantized, rows = quantize_layers(layers, grams, config, run.monitor, scales)
-    table = {"weight_only": options.to_dict(), "bits": config.precision_spec.weight_bits, "layers": rows}
-    exported = write(written, quantized, config, run.out_dir, table)
-    run.clock.end("export", started, f"{len(quantized)} weights at {table['bits']} bit as {options.format}")
+    quantized = quantize_layers(layers, grams, config, run.monitor, scales)
+    exported, rows = write(written, quantized, config, run.out_dir, reader, external)
+    bits = config.precision_spec.weight_bits
+    run.clock.end("export", started, f"{len(rows)} weights at {bits} bit as {options.format}")
 
     product = QuantizedModel(config, inputs.prepared, annotation, annotation, exported, None, None, resumed=())
     evaluated = evaluate_stage(run, inputs, product)
@@ -129,7 +144,8 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     if tokens is not None:
         started = time.perf_counter()
         exported_path = evaluated.model.exported.model_path
-        language = language_metrics(model, exported_path, inputs.evaluation, tokens, config.device, run.monitor)
+        reference = str(run.model_path) if streamed else model  # ONNX Runtime reads the weights from their file
+        language = language_metrics(reference, exported_path, inputs.evaluation, tokens, config.device, run.monitor)
         # one more pass of both models over the evaluation data: part of evaluating, so counted there
         run.clock.seconds["evaluate"] = round(run.clock.seconds["evaluate"] + time.perf_counter() - started, 3)
     latency = latency_stage(run, inputs, evaluated)

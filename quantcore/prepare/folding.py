@@ -137,9 +137,9 @@ def fold_constants(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | 
             known[node.output[0]] = new_constants[node.output[0]] = value
             folded.append(node)
             continue
+        if not all(n in known or (n in initializers and n not in graph_input_names) for n in node.input if n):
+            continue  # a node with a computed input: no constant of it is read (weights may stay on disk)
         inputs = {name: constant(name) for name in node.input if name}
-        if any(v is None for v in inputs.values()):
-            continue
         if sum(v.size for v in inputs.values()) > MAX_FOLD_ELEMENTS:
             continue
         if node.op_type in BROADCASTING_OPS:

@@ -122,8 +122,9 @@ class PreparedModel:
         return default_opset(self.model) or MIN_QDQ_OPSET
 
 
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Parse an ONNX file with its external data; unreadable files raise ``InvalidModelError``.
+def load_model(path: str | Path, *, external_data: bool = True) -> onnx.ModelProto:
+    """Parse an ONNX file with its external data (``external_data=False``: its tensors left in their files,
+    for a caller that reads them one at a time); unreadable files raise ``InvalidModelError``.
 
     External-data locations are checked (``quantcore.prepare.validate.check_external_data``) before any is
     read, so a model can't make us read files outside its own directory.
@@ -138,6 +139,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     if not external_locations(model):
         return model
     check_external_data(model, path.parent)
+    if not external_data:
+        return model
     try:
         load_external_data_for_model(model, str(path.parent))
         return model
@@ -218,8 +221,14 @@ def _check_runs_as_given(model: onnx.ModelProto, sample: Mapping[str, np.ndarray
         ) from error
 
 
-def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndarray] | None = None) -> PreparedModel:
+def prepare(
+    model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndarray] | None = None, external_data: bool = True
+) -> PreparedModel:
     """Load (if given a path) and prepare a model; see the module docstring for the steps.
+
+    external_data=False: a path's external tensors stay in their files (``load_model``), and the steps
+    read none of them (a weight-only run that reads each weight as it quantizes it); no ``sample`` then,
+    since ONNX Runtime cannot run the model without its data.
 
     sample: optional, one batch of every graph input (``{name: array}``, e.g. the first calibration
     batch). With it, Ifs whose condition depends on the data only through shapes or non-float
@@ -232,7 +241,7 @@ def prepare(model: str | Path | onnx.ModelProto, *, sample: Mapping[str, np.ndar
         proto.CopyFrom(model)
     else:
         source_path = Path(model)
-        proto = load_model(source_path)
+        proto = load_model(source_path, external_data=external_data)
 
     quantized = sorted({n.op_type for n in proto.graph.node if n.op_type in QUANTIZED_OPS})
     if quantized:

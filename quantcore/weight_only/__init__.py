@@ -1,21 +1,23 @@
 """Weight-only quantization (platform ``onnxruntime-weight-only``): MatMul/Gemm weights stored at 4 or
 8 bits in blocks along the reduction axis, activations float32.
 
-    layers = weight_layers(model, annotation)            # the annotated MatMul/Gemm weights, W (K, N)
+    layers = weight_layers(model, annotation, reader)    # the annotated MatMul/Gemm weights, W (K, N)
     grams = collect_grams(model, layers, batches, ...)   # GPTQ, AWQ: XᵀX and Σ|x| of each layer input
     model, scales = awq_scaling(model, layers, grams, config, monitor)   # AWQ only
-    quantized, rows = quantize_layers(layers, grams, config, monitor, scales)
-    exported = write(model, quantized, config, out_dir, table)
+    quantized = quantize_layers(layers, grams, config, monitor, scales)   # one layer at a time
+    exported, rows = write(model, quantized, config, out_dir, reader, external)
 
 ``quantcore.weight_only.blocks`` holds the grid and round-to-nearest, ``gptq`` the GPTQ algorithm, ``awq``
 AWQ's channel scales, ``hqq`` the data-free HQQ fit, ``layers`` the layer list and ``gram`` the
 calibration statistics, ``writer`` the two formats (MatMulNBits, blocked DequantizeLinear),
-``language`` the causal-LM metrics. ``quantcore.pipeline.weight_only`` runs them as stages.
+``language`` the causal-LM metrics, ``tensors`` the reading and writing of one initializer at a time
+(a model's weights may stay in their external-data file from load to export).
+``quantcore.pipeline.weight_only`` runs them as stages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -70,51 +72,50 @@ def quantize_layers(
     config: QuantizeConfig,
     monitor: Monitor,
     scales: Mapping[str, ChannelScale] | None = None,
-) -> tuple[list[QuantizedLayer], list[dict[str, Any]]]:
-    """Each layer's weight quantized by ``config.weight_only.algorithm`` (``grams``: its inputs' XᵀX,
-    needed by GPTQ and AWQ, None for RTN and HQQ; ``scales``: AWQ's, by layer node, from ``awq_scaling``),
-    and the report's row per layer: node, op type, weight, [K, N], FP32 and stored bytes; with ``grams``,
-    the relative output error ‖XW - XŴ‖²_F / ‖XW‖²_F on the calibration data of the weight kept (AWQ: Ŵ
-    = diag(1/s)·Q(diag(s)·W), what the layer computes with its input ÷ s) and of round-to-nearest, the
-    damping GPTQ used and the alpha AWQ chose."""
+) -> Iterator[QuantizedLayer]:
+    """Each layer's weight quantized by ``config.weight_only.algorithm``, one layer at a time as the caller
+    takes them (only that layer's W is read and held; ``grams``: its inputs' XᵀX, needed by GPTQ and AWQ,
+    None for RTN and HQQ; ``scales``: AWQ's, by layer node, from ``awq_scaling``), each with the report's
+    row: node, op type, weight, [K, N], FP32 and stored bytes; with ``grams``, the relative output error
+    ‖XW - XŴ‖²_F / ‖XW‖²_F on the calibration data of the weight kept (AWQ: Ŵ = diag(1/s)·Q(diag(s)·W),
+    what the layer computes with its input ÷ s) and of round-to-nearest, the damping GPTQ used and the
+    alpha AWQ chose."""
     options = config.weight_only
     assert options is not None
     grid = grid_of(config)
-    quantized, rows = [], []
     for done, layer in enumerate(layers, start=1):
         monitor.check(STAGE)
-        rtn = quantize_rtn(layer.weight, grid)
+        weight = layer.read()  # (K, N) float32
+        rtn = quantize_rtn(weight, grid)
         row: dict[str, Any] = {
             "node": layer.node,
             "op_type": layer.op_type,
             "weight": layer.weight_name,
             "shape": list(layer.shape),
-            "fp32_bytes": layer.weight.nbytes,
+            "fp32_bytes": weight.nbytes,
         }
-        kept, computed = rtn, rtn.dequantize()  # stored codes; the weight the layer computes with
+        kept, computed = rtn, None  # stored codes; the weight the layer computes with (None: the codes')
         if options.algorithm == "hqq":
-            kept = quantize_hqq(layer.weight, grid)
-            computed = kept.dequantize()
+            kept = quantize_hqq(weight, grid)
         elif options.algorithm == "awq" and grams is not None:
             choice = (scales or {}).get(layer.node)  # None: a layer in no group keeps s = 1
             scale = np.ones(layer.shape[0]) if choice is None else choice.scale
-            kept, computed = awq.quantize_layer(layer.weight, grams[layer.activation], scale, grid)
+            kept, computed = awq.quantize_layer(weight, grams[layer.activation], scale, grid)
             row["awq_alpha"] = None if choice is None else choice.alpha
         if grams is not None:
             gram = grams[layer.activation]
             if options.algorithm == "gptq":
                 result = quantize_gptq(
-                    layer.weight, gram, grid, damping=options.damping, act_order=options.act_order, layer=layer.node
+                    weight, gram, grid, damping=options.damping, act_order=options.act_order, layer=layer.node
                 )
-                kept, computed = result.weight, result.weight.dequantize()
+                kept = result.weight
                 row["damping"] = result.damping
-            row["output_error"] = _relative(gram.output_error(layer.weight - computed), gram, layer.weight)
-            row["rtn_output_error"] = _relative(gram.output_error(layer.weight - rtn.dequantize()), gram, layer.weight)
+            computed = kept.dequantize() if computed is None else computed
+            row["output_error"] = _relative(gram.output_error(weight - computed), gram, weight)
+            row["rtn_output_error"] = _relative(gram.output_error(weight - rtn.dequantize()), gram, weight)
         row["stored_bytes"] = stored_bytes(kept)
-        quantized.append(QuantizedLayer(layer, kept))
-        rows.append(row)
         monitor.report(STAGE, done / (len(layers) + 1), f"{options.algorithm}: layer {done}/{len(layers)}")
-    return quantized, rows
+        yield QuantizedLayer(layer, kept, row)
 
 
 __all__ = [

@@ -120,13 +120,11 @@ def search(
         monitor.check(STAGE)
         members = [by_node[n] for n in group.layers if n in by_node]
         gram = grams[group.input]
+        weights = [layer.read() for layer in members]  # the group's W (K, N), read once for every alpha
         errors = {}
         for alpha in ALPHAS:
             scale = candidate_scale(gram.mean_abs(), alpha)
-            errors[alpha] = sum(
-                gram.output_error(layer.weight - quantize_layer(layer.weight, gram, scale, grid)[1])
-                for layer in members
-            )
+            errors[alpha] = sum(gram.output_error(w - quantize_layer(w, gram, scale, grid)[1]) for w in weights)
         best = min(ALPHAS, key=lambda a: (errors[a], a))  # ties: the smaller alpha, nearer round-to-nearest
         chosen[group.input] = ChannelScale(best, candidate_scale(gram.mean_abs(), best))
         monitor.report(STAGE, done / (len(searched) + 1), f"awq: group {done}/{len(searched)}, alpha {best:g}")

@@ -87,9 +87,10 @@ class BlockwiseWeight:
 
 
 def assemble(grid: BlockGrid, codes: np.ndarray, scales: list[np.ndarray], zeros: list[np.ndarray]) -> BlockwiseWeight:
-    """A ``BlockwiseWeight`` from (K, N) float codes and one (scale, zero point) row per block."""
+    """A ``BlockwiseWeight`` from (K, N) integer-valued codes (any numeric dtype) and one (scale, zero
+    point) row per block."""
     return BlockwiseWeight(
-        grid, codes.astype(np.uint8), np.stack(scales).astype(np.float32), np.stack(zeros).astype(np.uint8)
+        grid, codes.astype(np.uint8, copy=False), np.stack(scales).astype(np.float32), np.stack(zeros).astype(np.uint8)
     )
 
 
@@ -98,7 +99,7 @@ def quantize_rtn(weight: np.ndarray, grid: BlockGrid, clip: np.ndarray | None = 
     ``clip`` (blocks, N) in (0, 1]: each block column's range shrunk by that ratio before its scale is
     taken (AWQ's clip search), the values beyond it clipped to the grid's ends."""
     weight = np.asarray(weight, dtype=np.float32)
-    codes = np.empty(weight.shape, dtype=np.float64)
+    codes = np.empty(weight.shape, dtype=np.uint8)  # integer codes in [0, 2^b - 1]; float64 per block only
     scales, zeros = [], []
     for index, start in enumerate(range(0, weight.shape[0], grid.block_size)):
         block = weight[start : start + grid.block_size]

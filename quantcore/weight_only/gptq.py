@@ -44,11 +44,14 @@ class GptqResult:
 def _upper_inverse_factor(hessian: torch.Tensor, damping: float, layer: str) -> tuple[torch.Tensor, float]:
     """(U, damping used): U upper triangular with (H + λI)⁻¹ = UᵀU."""
     mean_diagonal = float(torch.mean(torch.diag(hessian)))
-    eye = torch.eye(hessian.shape[0], dtype=hessian.dtype)
     for _ in range(MAX_DAMPING_TRIES):
-        factor, info = torch.linalg.cholesky_ex(hessian + damping * mean_diagonal * eye)
+        damped = hessian.clone()  # (K, K) float64: each one is K²·8 bytes (537 MB at K = 8192), so no eye
+        damped.diagonal().add_(damping * mean_diagonal)
+        factor, info = torch.linalg.cholesky_ex(damped)
+        del damped
         if int(info) == 0:
             inverse = torch.cholesky_inverse(factor)
+            del factor
             upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
             if int(info) == 0:
                 return upper, damping
@@ -62,7 +65,7 @@ def quantize_gptq(
     """GPTQ of a (K, N) ``weight`` with its input's ``gram`` (module docstring); ``layer`` names it in errors."""
     w = torch.tensor(np.asarray(weight), dtype=torch.float64)
     k = w.shape[0]
-    hessian = torch.tensor(gram.hessian(), dtype=torch.float64)
+    hessian = torch.from_numpy(gram.hessian())  # a new float64 array: taken, not copied
     dead = torch.diag(hessian) == 0
     hessian[dead, dead] = 1.0
     w[dead, :] = 0.0
@@ -71,7 +74,8 @@ def quantize_gptq(
     static = (
         [grid.params(w[s : s + grid.block_size].numpy()) for s in range(0, k, grid.block_size)] if act_order else []
     )
-    w, hessian = w[order], hessian[order][:, order]
+    if act_order:
+        w, hessian = w[order], hessian[order][:, order]
     upper, used = _upper_inverse_factor(hessian, damping, layer)
 
     params: dict[int, tuple[np.ndarray, np.ndarray]] = dict(enumerate(static))

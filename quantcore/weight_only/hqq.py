@@ -28,6 +28,8 @@ from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight
 ITERATIONS = 20
 NORM_P = 0.7  # the reference's l_p, p < 1: outliers cost less than in l_2
 BETA, KAPPA = 10.0, 1.01  # the reference's initial β and its growth per iteration
+# columns fitted together: a (8192, 128) slice's float64 temporaries are 8 MB each, about fifteen live at once
+COLUMNS = 128
 
 
 def _shrink(x: np.ndarray, beta: float) -> np.ndarray:
@@ -39,7 +41,20 @@ def _shrink(x: np.ndarray, beta: float) -> np.ndarray:
 
 
 def quantize_hqq(weight: np.ndarray, grid: BlockGrid) -> BlockwiseWeight:
-    """HQQ of a (K, N) weight on ``grid`` (module docstring)."""
+    """HQQ of a (K, N) weight on ``grid`` (module docstring), ``COLUMNS`` columns at a time: every
+    (block, column) is fitted on its own, and the fit's float64 temporaries (about fifteen of the slice's
+    size) stay bounded whatever N is."""
+    parts = [_fitted(weight[:, start : start + COLUMNS], grid) for start in range(0, weight.shape[1], COLUMNS)]
+    return BlockwiseWeight(
+        grid,
+        np.concatenate([p.codes for p in parts], axis=1),
+        np.concatenate([p.scales for p in parts], axis=1),
+        np.concatenate([p.zero_points for p in parts], axis=1),
+    )
+
+
+def _fitted(weight: np.ndarray, grid: BlockGrid) -> BlockwiseWeight:
+    """HQQ of a (K, n) slice of columns."""
     weight = np.asarray(weight, dtype=np.float64)
     k, n = weight.shape
     blocks, size = grid.num_blocks(k), grid.block_size

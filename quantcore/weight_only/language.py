@@ -78,7 +78,7 @@ class NextToken:
 
 
 def language_metrics(
-    reference: onnx.ModelProto, quantized: Path, batches: Batches, tokens: str, device: str, monitor: Monitor
+    reference: onnx.ModelProto | str, quantized: Path, batches: Batches, tokens: str, device: str, monitor: Monitor
 ) -> dict[str, object]:
     """{"fp32": {perplexity, next_token_accuracy}, "quantized": the same, "positions": M,
     "perplexity_increase": quantized perplexity / FP32's - 1} over ``batches``; ``tokens``: ``token_input``."""

@@ -3,19 +3,19 @@ calibration data.
 
 A layer is a MatMul or Gemm whose weight (input 1) the ``onnxruntime-weight-only`` platform annotated.
 Its weight is handled as W (K, N), K the reduction axis: a MatMul's B as stored, a Gemm's B transposed
-back when ``transB=1``. ``collect_grams`` streams the calibration batches through ONNX Runtime with every
-layer input exposed as an extra output and sums XᵀX and Σ|x| per channel in float64 per input tensor
-(the q, k and v projections reading one tensor share them); only the current batch's activations are
-ever held.
+back when ``transB=1``, and read only when a stage needs it (``WeightLayer.read``): from the model in
+memory, or from its external-data file when the model was loaded without it. ``collect_grams``
+streams the calibration batches through ONNX Runtime with every layer input exposed as an extra output
+and sums XᵀX and Σ|x| per channel in float64 per input tensor (the q, k and v projections reading one
+tensor share them); only the current batch's activations are ever held.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from quantcore.annotate.annotation import Annotation
 from quantcore.annotate.rules import attribute
@@ -25,39 +25,49 @@ from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches
 from quantcore.runtime.session import open_session
 from quantcore.weight_only.gram import Gram
+from quantcore.weight_only.tensors import TensorReader
 
 STAGE = "calibrate"
+IN_MEMORY = TensorReader(None)  # the reader of a model that holds all of its data
 
 
 @dataclass(frozen=True)
 class WeightLayer:
-    """One quantized layer: its node, its activation input, its weight initializer and W (K, N)."""
+    """One quantized layer: its node, its activation input, its weight initializer and W's shape (K, N)."""
 
     node: str
     op_type: str
     activation: str
     weight_name: str
     transposed: bool  # a Gemm with transB=1: the initializer holds Wᵀ (N, K)
-    weight: np.ndarray  # W (K, N) float32
+    shape: tuple[int, int]  # W (K, N)
+    initializer: onnx.TensorProto = field(repr=False)
+    reader: TensorReader = field(repr=False)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.weight.shape
+    def read(self) -> np.ndarray:
+        """W (K, N) float32, a new array each call (the model keeps no float copy of it)."""
+        stored = self.reader.read(self.initializer).astype(np.float32, copy=False)
+        return stored.T if self.transposed else stored
 
 
-def weight_layers(model: onnx.ModelProto, annotation: Annotation) -> list[WeightLayer]:
-    """The annotated MatMul/Gemm weights of ``model`` in graph order. Raises ``UnsupportedModelError``
-    when there is none (the platform found no MatMul/Gemm with a constant 2-D float weight to quantize)."""
+def weight_layers(
+    model: onnx.ModelProto, annotation: Annotation, reader: TensorReader | None = None
+) -> list[WeightLayer]:
+    """The annotated MatMul/Gemm weights of ``model`` in graph order, read through ``reader`` (None: the
+    model holds all of its data). Raises ``UnsupportedModelError`` when there is none (the platform found
+    no MatMul/Gemm with a constant 2-D float weight to quantize)."""
     initializers = {t.name: t for t in model.graph.initializer}
     layers = []
     for node in model.graph.node:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in annotation.parameters:
             continue
         transposed = node.op_type == "Gemm" and bool(attribute(node, "transB", 0))
-        stored = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float32)
+        tensor = initializers[node.input[1]]
+        rows, columns = (int(d) for d in tensor.dims)
+        shape = (columns, rows) if transposed else (rows, columns)
         layers.append(
             WeightLayer(
-                node.name, node.op_type, node.input[0], node.input[1], transposed, stored.T if transposed else stored
+                node.name, node.op_type, node.input[0], node.input[1], transposed, shape, tensor, reader or IN_MEMORY
             )
         )
     if not layers:

@@ -21,6 +21,11 @@ block_size) entries along that axis (the last block short). The model is convert
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +39,11 @@ from quantcore.config import QuantizeConfig
 from quantcore.errors import QuantcoreError
 from quantcore.export.qdq import MODEL_FILE, TQC_FILE, ExportResult, count_ops
 from quantcore.graph.index import default_opset
+from quantcore.graph.protobuf import DETACHED_TENSOR_BYTES, copy_fields
 from quantcore.prepare.opset import upgrade_opset
-from quantcore.weight_only.blocks import BlockwiseWeight
+from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight
 from quantcore.weight_only.layers import WeightLayer
+from quantcore.weight_only.tensors import DataFile, TensorReader, is_external
 
 BLOCKED_DQ_OPSET = 21  # DequantizeLinear's block_size attribute and int4/uint4 inputs
 CONTRIB_DOMAIN = "com.microsoft"
@@ -45,10 +52,11 @@ TQC_FORMAT = "quantcore.weight_only/1"
 
 @dataclass(frozen=True)
 class QuantizedLayer:
-    """A layer and its quantized weight, ready to write."""
+    """A layer, its quantized weight, ready to write, and the report's row of it."""
 
     layer: WeightLayer
     weight: BlockwiseWeight
+    row: dict[str, Any]
 
 
 def pack_nibbles(values: np.ndarray) -> np.ndarray:
@@ -107,63 +115,60 @@ def dequantize_tensors(weight: BlockwiseWeight, transposed: bool, name: str) -> 
     return tensors
 
 
-def _rewrite(model: onnx.ModelProto, quantized: list[QuantizedLayer], form: str) -> None:
-    """Replace each layer's weight in ``model`` (in place) as ``form`` says."""
-    graph = model.graph
-    by_node = {q.layer.node: q for q in quantized}
-    replaced = {q.layer.weight_name for q in quantized}
-    kept = [t for t in graph.initializer if t.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+@dataclass(frozen=True)
+class Written:
+    """A layer as written: its node's rewrite needs the names of its tensors, not their data."""
+
+    layer: WeightLayer
+    grid: BlockGrid
+    tensors: tuple[str, ...]
+
+
+def _rewrite(graph: onnx.GraphProto, written: list[Written], form: str) -> None:
+    """Replace each written layer's node of ``graph`` (in place) as ``form`` says."""
+    by_node = {w.layer.node: w for w in written}
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         entry = by_node.get(node.name)
         if entry is None:
             nodes.append(node)
             continue
-        layer, weight = entry.layer, entry.weight
+        layer, grid = entry.layer, entry.grid
         if form == "dequantize_linear":
-            tensors = dequantize_tensors(weight, layer.transposed, layer.weight_name)
-            graph.initializer.extend(tensors)
-            axis = 1 if layer.transposed else 0
             dequantized = f"{layer.weight_name}_dequantized"
             nodes.append(
                 helper.make_node(
                     "DequantizeLinear",
-                    [t.name for t in tensors],
+                    list(entry.tensors),
                     [dequantized],
                     name=f"{node.name}_dequantize",
-                    axis=axis,
-                    block_size=weight.grid.block_size,
+                    axis=1 if layer.transposed else 0,
+                    block_size=grid.block_size,
                 )
             )
             node.input[1] = dequantized
             nodes.append(node)
             continue
-        tensors = matmulnbits_tensors(weight, layer.weight_name)
-        graph.initializer.extend(tensors)
         k, n = layer.shape
         bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else None
         product = f"{node.output[0]}_nbits" if bias else node.output[0]
         nodes.append(
             helper.make_node(
                 "MatMulNBits",
-                [node.input[0], *(t.name for t in tensors)],  # as written: AWQ's inserted Mul renames it
+                [node.input[0], *entry.tensors],  # as written: AWQ's inserted Mul renames it
                 [product],
                 name=node.name,
                 domain=CONTRIB_DOMAIN,
                 K=k,
                 N=n,
-                bits=weight.grid.bits,
-                block_size=weight.grid.block_size,
+                bits=grid.bits,
+                block_size=grid.block_size,
             )
         )
         if bias:
             nodes.append(helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}_bias"))
     del graph.node[:]
     graph.node.extend(nodes)
-    if form == "matmulnbits" and all(o.domain != CONTRIB_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
 
 
 def stored_bytes(weight: BlockwiseWeight) -> int:
@@ -173,34 +178,118 @@ def stored_bytes(weight: BlockwiseWeight) -> int:
     return size + (0 if weight.grid.symmetric else -(-weight.zero_points.size * bits // 8))
 
 
+def _header(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every field of ``model`` but its initializers (copying none of their data)."""
+    header = copy_fields(model, onnx.ModelProto(), skip="graph")
+    copy_fields(model.graph, header.graph, skip="initializer")
+    return header
+
+
+def _kept(tensor: onnx.TensorProto, data: DataFile | None, reader: TensorReader) -> onnx.TensorProto:
+    """An initializer the export keeps, as the exported model holds it: with external data, a tensor
+    stored outside the model (or large, with its data in ``raw_data``) goes to the data file."""
+    if data is not None and is_external(tensor):
+        return data.copy(tensor, reader)
+    if data is not None and len(tensor.raw_data) >= DETACHED_TENSOR_BYTES:
+        return data.append(tensor)
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    return copy
+
+
+def _upgraded(header: onnx.ModelProto, initializers: Iterable[onnx.TensorProto]) -> onnx.ModelProto:
+    """``header`` (no initializers yet) converted to ``BLOCKED_DQ_OPSET``, the converter shown the
+    ``initializers`` as graph inputs of their type and shape (it refuses a node input that nothing
+    defines, and its checker would look for external data that is not written yet), taken out again."""
+    inputs = header.graph.input
+    start = len(inputs)
+    inputs.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in initializers)
+    upgraded = upgrade_opset(header, BLOCKED_DQ_OPSET)
+    del upgraded.graph.input[start:]
+    return upgraded
+
+
+def _stage(
+    model: onnx.ModelProto,
+    quantized: Iterable[QuantizedLayer],
+    form: str,
+    staging: Path,
+    reader: TensorReader,
+    external: bool,
+) -> tuple[onnx.ModelProto, list[dict[str, Any]]]:
+    """The exported model written into ``staging`` (``MODEL_FILE``, and with ``external`` its data file
+    ``MODEL_FILE.data``), taking ``quantized`` one layer at a time; returns it (as written, its external
+    tensors stubs) and the layers' report rows."""
+    replaced: set[str] = set()  # the weights quantized, known only as the layers come
+    layers = {n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1}
+    data_name = f"{MODEL_FILE}.data"
+    with contextlib.ExitStack() as stack:
+        data = DataFile(stack.enter_context(open(staging / data_name, "wb")), data_name) if external else None
+        header = _header(model)
+        if form == "dequantize_linear":
+            header = _upgraded(header, model.graph.initializer)
+        pending = []  # weights of MatMul/Gemm nodes: written when known to be kept
+        for tensor in model.graph.initializer:
+            if tensor.name in layers:
+                pending.append(tensor)
+            else:
+                header.graph.initializer.append(_kept(tensor, data, reader))
+        written, rows = [], []
+        for entry in quantized:
+            layer, weight = entry.layer, entry.weight
+            if form == "dequantize_linear":
+                tensors = dequantize_tensors(weight, layer.transposed, layer.weight_name)
+            else:
+                tensors = matmulnbits_tensors(weight, layer.weight_name)
+            header.graph.initializer.extend(t if data is None else data.append(t) for t in tensors)
+            written.append(Written(layer, weight.grid, tuple(t.name for t in tensors)))
+            replaced.add(layer.weight_name)
+            rows.append(entry.row)
+        header.graph.initializer.extend(_kept(t, data, reader) for t in pending if t.name not in replaced)
+    _rewrite(header.graph, written, form)
+    if form == "matmulnbits" and all(o.domain != CONTRIB_DOMAIN for o in header.opset_import):
+        header.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    (staging / MODEL_FILE).write_bytes(header.SerializeToString())
+    return header, rows
+
+
 def write(
     model: onnx.ModelProto,
-    quantized: list[QuantizedLayer],
+    quantized: Iterable[QuantizedLayer],
     config: QuantizeConfig,
     out_dir: Path,
-    table: dict[str, Any],
-) -> ExportResult:
-    """Write the weight-only model (``MODEL_FILE``) and ``table`` (the layers, as ``tqc.json``) into
-    ``out_dir``, each whole or not at all; the model must pass ``onnx.checker`` (full check)."""
+    reader: TensorReader,
+    external: bool,
+) -> tuple[ExportResult, list[dict[str, Any]]]:
+    """Write the weight-only model (``MODEL_FILE``; with ``external``, its tensors of 1 MiB or more in
+    ``MODEL_FILE.data`` beside it) and the layers' table (``tqc.json``) into ``out_dir``, each whole or
+    not at all, taking ``quantized`` one layer at a time (``reader``: the values of ``model``'s
+    initializers, some of them perhaps still in their external-data files); the model must pass
+    ``onnx.checker`` (full check, external data included). Returns the files and the report's rows."""
     options = config.weight_only
     assert options is not None  # the weight-only platform's config always has them
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    if options.format == "dequantize_linear":
-        copy = upgrade_opset(copy, BLOCKED_DQ_OPSET)
-    _rewrite(copy, quantized, options.format)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_FILE}.tmp-", dir=out_dir))
     try:
-        onnx.checker.check_model(copy, full_check=True)
-    except onnx.checker.ValidationError as error:
-        raise QuantcoreError(f"the exported weight-only model fails the ONNX checker: {error}") from error
+        written, rows = _stage(model, quantized, options.format, staging, reader, external)
+        try:
+            onnx.checker.check_model(str(staging / MODEL_FILE), full_check=True)
+        except onnx.checker.ValidationError as error:
+            raise QuantcoreError(f"the exported weight-only model fails the ONNX checker: {error}") from error
+        files = [out_dir / name for name in ((f"{MODEL_FILE}.data",) if external else ())] + [out_dir / MODEL_FILE]
+        for path in files:  # the data first: a model file never names data that is not there yet
+            os.replace(staging / path.name, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     model_path, tqc_path = out_dir / MODEL_FILE, out_dir / TQC_FILE
-    files = atomic.save_model(copy, model_path)
+    table = {"weight_only": options.to_dict(), "bits": config.precision_spec.weight_bits, "layers": rows}
     atomic.write_json(tqc_path, {"format": TQC_FORMAT, "platform": config.platform, **table})
-    return ExportResult(
+    result = ExportResult(
         model_path=model_path,
         tqc_path=tqc_path,
-        files=(*files, tqc_path),
+        files=(model_path, *files[:-1], tqc_path),
         quantize_linear_nodes=0,
-        dequantize_linear_nodes=count_ops(copy, "DequantizeLinear"),
-        opset=default_opset(copy) or BLOCKED_DQ_OPSET,
+        dequantize_linear_nodes=count_ops(written, "DequantizeLinear"),
+        opset=default_opset(written) or BLOCKED_DQ_OPSET,
     )
+    return result, rows
