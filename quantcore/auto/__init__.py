@@ -6,10 +6,12 @@ A driver above the stages (``quantcore.pipeline``): each candidate (``quantcore.
 ``quantize`` run of its own, calibrated on most of the calibration data and scored on the rest, the
 selection split (``quantcore.auto.selection``); the final evaluation data is used only by the final run.
 How candidates are scored, bounded by the budget and, when none meets the objective, completed by the
-accuracy-target method, is ``quantcore.auto.search``'s docstring. The final run calibrates on every
-calibration sample and evaluates on the user's evaluation data, so the files and the report are those of
-the chosen model, its ``config`` the chosen one (strategy ``fixed``: running it again gives the same
-files) and its ``auto`` section every candidate tried (``search_report``).
+accuracy-target method, is ``quantcore.auto.search``'s docstring; how a later candidate must beat an
+earlier one, ``quantcore.auto.scoring``'s. The final run calibrates on every calibration sample and
+evaluates on the user's evaluation data, keeping the clip the chosen candidate's own clip search kept (so
+it quantizes as the scored run did), so the files and the report are those of the chosen model, its
+``config`` the chosen one (strategy ``fixed``: running it again gives the same files) and its ``auto``
+section every candidate tried (``search_report``).
 
 Progress: stage ``auto`` from 0.0 to 1.0 over the search (one message per candidate with its score),
 then the final run's stages. Cancellation is polled inside every candidate as in any run.
@@ -28,13 +30,14 @@ import onnx
 
 from quantcore.analysis.accuracy_target import check_target
 from quantcore.auto.candidates import candidate_configs
-from quantcore.auto.search import STAGE, Search, Tried, best_of, fallback, pareto_front, run_candidates
+from quantcore.auto.scoring import LEVEL
+from quantcore.auto.search import STAGE, Search, Tried, choose_among, fallback, pareto_front, run_candidates
 from quantcore.auto.selection import SELECTION_FRACTION, fp32_predictions, split_selection
 from quantcore.config import QuantizeConfig
 from quantcore.errors import UnsupportedModelError
 from quantcore.pipeline import QuantizeResult, quantize
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
-from quantcore.runtime.batching import input_specs
+from quantcore.runtime.batching import Batches, input_specs
 from quantcore.tensorrt.engine import EngineResult, build_engine
 from quantcore.wording import counted
 
@@ -72,15 +75,20 @@ def quantize_auto(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     deadline = started + config.auto.budget_seconds
+    evaluation_samples = Batches(evaluation, specs, config.batch_size, what="evaluation").num_samples
+    scale = (
+        (len(split.calibration_indices) + len(split.selection_indices)) / len(split.calibration_indices),
+        evaluation_samples / len(split.selection_indices),
+    )
     with tempfile.TemporaryDirectory(prefix=".auto-", dir=out_dir) as work_dir:
-        search = Search(model_path, split, selection_labels, Path(work_dir), monitor)
+        search = Search(model_path, specs, split, selection_labels, Path(work_dir), monitor, scale)
         tried, stopped = run_candidates(search, candidate_configs(config), config.auto.budget_seconds, deadline)
-        best = best_of(tried, objective.higher_is_better)
+        best = choose_among(tried, objective.higher_is_better, deadline - time.perf_counter())
         if best is None:
             errors = "; ".join(f"{t.name}: {t.error}" for t in tried)
             raise UnsupportedModelError(f"strategy auto: no candidate produced a model ({errors})")
         chosen, fallen_back = best.config, None
-        if not best.met and time.perf_counter() < deadline:
+        if not best.met and deadline - time.perf_counter() > best.final_seconds:
             chosen, fallen_back = fallback(search, best, deadline)
     section = search_report(
         config,
@@ -107,19 +115,32 @@ def quantize_auto(
     )
 
 
+def _why(metric: str, tried: list[Tried], best: Tried) -> str:
+    """Why ``best`` was kept among the candidates (``quantcore.auto.scoring.choose``), in one clause."""
+    shown = "undefined" if best.value is None else f"{best.value:.6g}"
+    done = [t for t in tried if t.error is None]
+    samples = best.sums.samples
+    why = (
+        f"of {counted(len(done), 'candidate')} that produced a model, {best.name} ({metric} {shown}) is the earliest "
+        f"that no other beats beyond the {LEVEL:g} % paired bootstrap interval on the selection split's "
+        f"{counted(samples, 'sample')}, those that meet the objective first"
+    )
+    closer = [t for t in done if t.difference is not None and t.difference["value"] > 0]
+    if closer:
+        top = max(closer, key=lambda t: t.difference["value"])
+        d = top.difference
+        why += f" ({top.name} scores higher by {d['value']:.3g}, within noise: [{d['low']:.3g}, {d['high']:.3g}])"
+    return why
+
+
 def _reason(
     objective_statement: str, metric: str, tried: list[Tried], best: Tried, fallen_back: dict[str, Any] | None
 ) -> tuple[str, bool]:
     """(the choice in one sentence, whether the objective was met on the selection split)."""
-    shown = "undefined" if best.value is None else f"{best.value:.6g}"
-    done = sum(t.error is None for t in tried)
+    why = _why(metric, tried, best)
     if best.met:
-        return (
-            f"{best.name} has the best {metric} on the selection split ({shown}) of {counted(done, 'candidate')} "
-            f"that produced a model, and meets the objective {objective_statement}",
-            True,
-        )
-    head = f"no candidate met the objective {objective_statement}; the best was {best.name} ({metric} {shown})"
+        return f"{why}, and it meets the objective {objective_statement}", True
+    head = f"the objective {objective_statement} was not met; {why}"
     if fallen_back is None:
         return f"{head}, kept as it is: the budget left no time for the accuracy-target fallback", False
     if fallen_back["error"] is not None:
@@ -160,6 +181,7 @@ def search_report(
         "candidates": [t.to_dict(t.name in front) for t in tried],
         "stopped": stopped,
         "chosen": best.name,
+        "final_seconds": round(best.final_seconds, 3),
         "fallback": fallen_back,
         "met": met,
         "reason": reason,

@@ -6,15 +6,24 @@ the selection part (``quantcore.auto.selection``), with the analysis, the CPU la
 off (the search needs only the metric), in its own directory under the search's temporary one. Its score
 is the objective (``AccuracyTarget``) measured as the accuracy target measures it
 (``quantcore.analysis.accuracy_target.measure``: the worst float output, on the exported model as deployed
-on ONNX Runtime, exact Q/DQ where the deployed session could not be built). The best has the best score;
-ties go to the smaller model, then to the cheaper (earlier) candidate.
+on ONNX Runtime, exact Q/DQ where the deployed session could not be built), and kept per sample
+(``quantcore.auto.scoring``): a later candidate is chosen over an earlier one only when it is better
+beyond the paired bootstrap interval on the selection split.
 
-Budget: the first candidate (the config as given) always runs whole: without it there is nothing to
-compare with. Every later one runs while the search is within ``budget_seconds``: it starts only if the
-time left is at least what the first took (no candidate does less work), and it is stopped inside, at
-the next batch, once the budget is spent (recorded as stopped). A candidate whose run raises anything
-(a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not suit) is
-recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
+Budget: ``budget_seconds`` bounds the search and the final run together. The final run calibrates on
+every calibration sample and evaluates on the user's data, so a candidate's final run is estimated from
+its own seconds (``final_seconds``: each of its stages' time grown by the final run's samples over its
+own, evaluation / selection samples for the evaluation, none for the clip search, whose choice the final
+run keeps, all / the candidates' calibration samples for the others; the rest, such as the per-sample
+scoring, as it was), and that of the candidate chosen so far is held back. The first candidate (the
+config as given) always runs whole: without it there is nothing to compare with. A later one starts only
+if the time left holds what the first took (no candidate does less work) plus the larger of the final run
+held back and its own final run at that estimate; inside, it is stopped at the next batch once the time
+left no longer holds that larger final run at the seconds it will have taken by the projected end of its
+current stage (``Deadline``; recorded as stopped). A candidate whose final run no longer fits the time
+left when the choice is made is not chosen (the first always may be). A candidate whose run raises
+anything (a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not suit)
+is recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
 worker's time limit), is not an error of the candidate and ends the search.
 
 Fallback: when no candidate meets the objective, the best one is run again with
@@ -27,6 +36,7 @@ never sees a target, keeps them in float too.
 from __future__ import annotations
 
 import glob
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -37,29 +47,51 @@ import numpy as np
 
 from quantcore.analysis.accuracy_target import measure
 from quantcore.auto.candidates import Candidate
+from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
 from quantcore.auto.selection import SelectionSplit
 from quantcore.config import QuantizeConfig
 from quantcore.errors import Canceled
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
 from quantcore.pipeline import STAGES, quantize
 from quantcore.progress import Monitor
+from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import error_line
 
 STAGE = "auto"
-BUDGET_SPENT = "stopped: the search's budget was spent during this candidate"
+BUDGET_SPENT = "stopped: the time left, the final run held back, could not hold the rest of this candidate"
 # Each candidate's latency: the deployed model at batch 1 only, briefly (a ranking, not a benchmark).
 CANDIDATE_LATENCY = LatencySettings(warmup=2, runs=20, budget_s=0.5, batch_sizes=(1,))
+# A stage's end is projected from its pace once this share of it is done: AdaRound's first blocks are
+# not all its blocks, and a projection from fewer stops a run that would have fitted.
+PROJECT_FROM = 0.1
 
 
 class Deadline:
     """A candidate's ``should_cancel``: the caller's, then the budget's (``deadline``: a ``perf_counter``
-    time, None: none). ``user_asked`` tells a cancellation from a budget spent."""
+    time, None: none). True once the time left no longer holds ``reserve`` seconds (the final run held
+    back) nor the run's own final run, ``factor`` times its seconds, counted at the projected end of
+    the stage it is in (``progressed``: the stage's seconds so far over its done share, from
+    ``PROJECT_FROM``): a candidate that cannot finish in time, AdaRound on a large model, stops early
+    rather than spend the time left. ``user_asked`` tells a cancellation from a budget spent."""
 
-    def __init__(self, monitor: Monitor, deadline: float | None) -> None:
+    def __init__(self, monitor: Monitor, deadline: float | None, reserve: float = 0.0, factor: float = 0.0) -> None:
         self.monitor = monitor
         self.deadline = deadline
+        self.reserve = reserve
+        self.factor = factor
+        self.started = time.perf_counter()
+        self.stage: tuple[str, float] | None = None  # the stage the run is in, since when
+        self.stage_end = self.started  # its projected end
         self.user_asked = False
         self.raised: BaseException | None = None  # what the caller's check raised (e.g. a worker's time limit)
+
+    def progressed(self, stage: str, fraction: float) -> None:
+        """The run's progress: ``fraction`` of ``stage`` done."""
+        now = time.perf_counter()
+        if self.stage is None or self.stage[0] != stage:
+            self.stage = (stage, now)
+        elapsed = now - self.stage[1]
+        self.stage_end = now + (elapsed * (1 - fraction) / fraction if fraction >= PROJECT_FROM else 0.0)
 
     def __call__(self) -> bool:
         try:
@@ -70,7 +102,10 @@ class Deadline:
         if asked:
             self.user_asked = True
             return True
-        return self.deadline is not None and time.perf_counter() > self.deadline
+        if self.deadline is None:
+            return False
+        end = max(time.perf_counter(), self.stage_end)
+        return end + max(self.reserve, self.factor * (end - self.started)) > self.deadline
 
 
 @dataclass(frozen=True)
@@ -87,6 +122,9 @@ class Tried:
     latency_p50_ms: float | None  # the deployed model at batch 1 on the CPU EP; None: not measured
     seconds: float
     error: str | None
+    sums: SampleSums | None = None  # per selection sample, for the paired comparison; None: no model
+    final_seconds: float | None = None  # its final run's estimate (see module); None: no model
+    difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
 
     def to_dict(self, pareto: bool) -> dict[str, Any]:
         return {
@@ -99,20 +137,30 @@ class Tried:
             "seconds": round(self.seconds, 3),
             "error": self.error,
             "pareto": pareto,
+            "final_seconds": None if self.final_seconds is None else round(self.final_seconds, 3),
+            "difference": self.difference,
         }
 
 
 @dataclass(frozen=True)
 class Search:
-    """The inputs every candidate run shares: the model, the split, the selection split's labels (the
-    FP32 predictions, for a ``top1_drop`` objective; else None), the directory candidates run in, the
-    caller's callbacks."""
+    """The inputs every candidate run shares: the model, its inputs, the split, the selection split's labels
+    (the FP32 predictions, for a ``top1_drop`` objective; else None), the directory candidates run in, the
+    caller's callbacks, and the final run's samples over a candidate's: (calibration, evaluation)."""
 
     model_path: str | Path
+    specs: list[InputSpec]
     split: SelectionSplit
     labels: np.ndarray | None
     work_dir: Path
     monitor: Monitor
+    scale: tuple[float, float]
+
+    def final_seconds(self, seconds: float, stage_seconds: dict[str, float]) -> float:
+        """A candidate's final run estimated from its ``seconds`` and ``stage_seconds`` (see module)."""
+        calibration, evaluation = self.scale
+        ratios = {"evaluate": evaluation, "clip": 0.0}  # the final run keeps the candidate's clip: no clip stage
+        return seconds + sum(v * (ratios.get(k, calibration) - 1) for k, v in stage_seconds.items())
 
     def run(
         self, config: QuantizeConfig, name: str, should_cancel: Callable[[], bool], report: Callable[[str, float], None]
@@ -145,36 +193,48 @@ def _quiet(config: QuantizeConfig) -> QuantizeConfig:
 
 
 def try_candidate(
-    search: Search, index: int, total: int, candidate: Candidate, config: QuantizeConfig, deadline: float | None
+    search: Search, index: int, total: int, candidate: Candidate, config: QuantizeConfig, should_cancel: Deadline
 ) -> Tried:
-    """Run candidate ``index`` (0-based) of ``total`` as the module says. Raises ``Canceled`` when the caller
-    asked to stop; a budget spent inside the run is recorded as the candidate's error."""
+    """Run candidate ``index`` (0-based) of ``total`` as the module says, stopped by ``should_cancel``. Raises
+    ``Canceled`` when the caller asked to stop; a budget spent inside the run is recorded as the candidate's
+    error."""
     objective = config.auto.objective
     started = time.perf_counter()
-    should_cancel = Deadline(search.monitor, deadline)
 
     def report(stage: str, fraction: float) -> None:
+        should_cancel.progressed(stage, fraction)
         inside = (STAGES.index(stage) + fraction) / len(STAGES)
         search.monitor.report(
             STAGE, (index + inside) / total, f"candidate {index + 1}/{total} {candidate.name}: {stage}"
         )
 
-    def tried(value: float | None, size: int | None, latency: float | None, error: str | None) -> Tried:
+    def tried(value: float | None, size: int | None, latency: float | None, error: str | None, **more: Any) -> Tried:
         met = error is None and objective.met(value)
         seconds = time.perf_counter() - started
-        return Tried(candidate.name, candidate.change, config, value, met, size, latency, seconds, error)
+        return Tried(candidate.name, candidate.change, config, value, met, size, latency, seconds, error, **more)
 
     try:
         result = search.run(_quiet(config), candidate.name, should_cancel, report)
+        evaluation = result["evaluation"]
+        sums = sample_sums(
+            search.model_path,
+            result["model_path"],
+            search.split.selection,
+            search.specs,
+            evaluation,
+            metric=objective.metric,
+            labels=search.labels,
+            batch_size=config.batch_size,
+            device=config.device,
+        )
     except Canceled:
-        if should_cancel.user_asked or deadline is None:
+        if should_cancel.user_asked or should_cancel.deadline is None:
             raise
         return tried(None, None, None, BUDGET_SPENT)
     except Exception as error:  # any fault of one candidate's run is that candidate's; the caller's own stop is not
         if error is should_cancel.raised:
             raise
         return tried(None, None, None, error_line(error))
-    evaluation = result["evaluation"]
     latency = None
     if config.cpu_latency:
         measured = cpu_latency(
@@ -185,12 +245,39 @@ def try_candidate(
             disabled_optimizers=result["config"]["disabled_optimizers"],
         )
         latency = measured["quantized"].get("batch_1", {}).get("p50_ms")
-    outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None)
+    outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None, sums=sums)
+    final_seconds = search.final_seconds(outcome.seconds, result["stage_seconds"])
+    outcome = replace(outcome, final_seconds=final_seconds, config=clip_kept(config, result))
     shown = "undefined" if outcome.value is None else f"{outcome.value:.6g}"
     search.monitor.report(
         STAGE, (index + 1) / total, f"candidate {index + 1}/{total} {candidate.name}: {objective.metric} {shown}"
     )
     return outcome
+
+
+def clip_kept(config: QuantizeConfig, result: dict[str, Any]) -> QuantizeConfig:
+    """``config`` going on with the clip its run (``result``: ``quantize``'s report) kept, and searching none:
+    the final run then quantizes as the scored run did (a clip chosen again on more samples could differ
+    from the one scored), and skips the clip stage."""
+    kept = result["config"]
+    return replace(config, percentile=kept["percentile"], clip=kept["clip"], percentile_candidates=())
+
+
+def choose_among(tried: list[Tried], higher_is_better: bool, seconds_left: float) -> Tried | None:
+    """The candidate kept (``quantcore.auto.scoring.choose``) among those that produced a model and whose final
+    run fits ``seconds_left`` (the first always may be); None when none produced a model. Each of them is
+    returned with its ``difference`` to the one kept."""
+    done = [t for i, t in enumerate(tried) if t.error is None and (i == 0 or t.final_seconds <= seconds_left)]
+    if not done:
+        return None
+    kept = done[choose([t.sums for t in done], [t.met for t in done], higher_is_better)]
+    compared = {id(t) for t in done} - {id(kept)}
+    for i, t in enumerate(tried):
+        if id(t) in compared:
+            d = difference(t.sums, kept.sums, higher_is_better)
+            finite = all(math.isfinite(v) for v in (d.value, d.low, d.high))  # an undefined score: no interval
+            tried[i] = replace(t, difference=d.to_dict() if finite else None)
+    return kept
 
 
 def run_candidates(
@@ -199,32 +286,33 @@ def run_candidates(
     """Try ``candidates`` in order within the budget (``deadline``: a ``perf_counter`` time), as the module
     says: (every candidate tried, in order; None, or why the search stopped before the last)."""
     tried: list[Tried] = []
+    factor = search.scale[0]  # a final run's seconds per candidate second, until the first has measured it
     for index, (candidate, config) in enumerate(candidates):
+        if index == 0:
+            tried.append(try_candidate(search, 0, len(candidates), candidate, config, Deadline(search.monitor, None)))
+            if tried[0].error is None:
+                factor = tried[0].final_seconds / max(tried[0].seconds, 1e-9)
+            continue
         left = deadline - time.perf_counter()
-        if index and left < tried[0].seconds:
+        kept = choose_among(list(tried), config.auto.objective.higher_is_better, left)
+        reserve = 0.0 if kept is None else kept.final_seconds
+        needed = tried[0].seconds
+        if left < needed + max(reserve, factor * needed):
             untried = ", ".join(c.name for c, _ in candidates[index:])
             return tried, (
-                f"the budget of {budget_seconds:g} s had {max(0.0, left):.1f} s left, less than the first candidate "
-                f"took ({tried[0].seconds:.1f} s): not tried: {untried}"
+                f"the budget of {budget_seconds:g} s had {max(0.0, left):.1f} s left, less than {candidate.name} is "
+                f"estimated to take ({needed:.1f} s) with the final run after it ({max(reserve, factor * needed):.1f} "
+                f"s): not tried: {untried}"
             )
-        tried.append(try_candidate(search, index, len(candidates), candidate, config, deadline if index else None))
+        should_cancel = Deadline(search.monitor, deadline, reserve, factor)
+        tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel))
         if tried[-1].error == BUDGET_SPENT:
             untried = ", ".join(c.name for c, _ in candidates[index + 1 :]) or "none"
-            return tried, f"the budget of {budget_seconds:g} s ran out during {candidate.name}: not tried: {untried}"
+            return tried, (
+                f"the budget of {budget_seconds:g} s, the final run held back, ran out during {candidate.name}: "
+                f"not tried: {untried}"
+            )
     return tried, None
-
-
-def best_of(tried: list[Tried], higher_is_better: bool) -> Tried | None:
-    """The best candidate that produced a model (see the module docstring), None when none did."""
-    done = [t for t in tried if t.error is None]
-    if not done:
-        return None
-
-    def key(t: Tried) -> tuple[float, float, int]:
-        value = -np.inf if t.value is None else t.value if higher_is_better else -t.value
-        return (-value, t.qdq_bytes or 0, tried.index(t))
-
-    return min(done, key=key)
 
 
 def pareto_front(tried: list[Tried], higher_is_better: bool) -> set[str]:
@@ -268,7 +356,7 @@ def fallback(search: Search, best: Tried, deadline: float) -> tuple[QuantizeConf
         if on
     ]
     started = time.perf_counter()
-    should_cancel = Deadline(search.monitor, deadline)
+    should_cancel = Deadline(search.monitor, deadline, best.final_seconds)  # the final run after it held back
     entry: dict[str, Any] = {
         "from": best.name,
         "dropped": dropped,

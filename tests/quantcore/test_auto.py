@@ -3,12 +3,15 @@ the accuracy-target fallback, and that strategy fixed never enters the search.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import quantcore.auto
 import quantcore.config.auto
 from quantcore import AnalysisOptions, AutoOptions, Canceled, QuantizeConfig, quantize, quantize_auto
+from quantcore.auto import scoring
 from quantcore.auto import search as search_module
 from quantcore.auto.candidates import CANDIDATES
 from quantcore.auto.search import Search
@@ -84,18 +87,138 @@ def test_selection_split_is_disjoint_from_calibration_and_evaluation(
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".auto-")]  # candidates cleaned up
 
 
-def test_the_chosen_candidate_is_the_best_by_the_recorded_metric(small, tmp_path) -> None:
+def test_the_chosen_candidate_is_one_no_other_beats_beyond_the_interval(small, tmp_path) -> None:
     path, calibration, evaluation = small
     result = quantize_auto(path, calibration, evaluation, auto_config("minmax", "mse", "kl"), tmp_path / "out")
     section = result.report["auto"]
-    values = {c["name"]: c["value"] for c in section["candidates"]}
-    assert list(values) == ["as_given", "minmax", "mse", "kl"] and None not in values.values()
-    assert values[section["chosen"]] == max(values.values())
-    assert section["met"] and section["fallback"] is None and section["chosen"] in section["reason"]
-    assert any(c["pareto"] for c in section["candidates"] if c["name"] == section["chosen"])
-    chosen_observer = "percentile" if section["chosen"] == "as_given" else section["chosen"]
+    candidates = {c["name"]: c for c in section["candidates"]}
+    assert list(candidates) == ["as_given", "minmax", "mse", "kl"] and None not in [
+        c["value"] for c in candidates.values()
+    ]
+    chosen = section["chosen"]
+    assert candidates[chosen]["difference"] is None  # each other's difference is against the chosen one
+    assert all(c["difference"]["low"] <= 0 for name, c in candidates.items() if name != chosen)
+    assert section["met"] and section["fallback"] is None and chosen in section["reason"]
+    assert any(c["pareto"] for c in section["candidates"] if c["name"] == chosen)
+    chosen_observer = "percentile" if chosen == "as_given" else chosen
     assert result.report["config"]["observer"] == chosen_observer and result.report["config"]["strategy"] == "fixed"
     assert result.report["evaluation"]["num_samples"] == 16  # the final run evaluates on the user's data
+
+
+def test_a_later_candidate_better_only_within_noise_does_not_replace_the_earlier(small, tmp_path) -> None:
+    """At percentile 99.9 minmax scores a higher cosine on the 10 selection samples than the config as given
+    (by about 7e-5), but the paired interval of the difference spans 0: the config as given is kept."""
+    path, calibration, evaluation = small
+    config = replace(auto_config("minmax"), percentile=99.9, percentile_candidates=())
+    section = quantize_auto(path, calibration, evaluation, config, tmp_path / "out").report["auto"]
+    as_given, minmax = section["candidates"]
+    assert minmax["value"] > as_given["value"]  # what the best score alone would have chosen
+    assert minmax["difference"]["low"] < 0 < minmax["difference"]["high"]
+    assert section["chosen"] == "as_given" and "within noise" in section["reason"]
+
+
+def test_a_later_candidate_better_beyond_noise_is_chosen(small, tmp_path) -> None:
+    """Clipping every activation at its 90th percentile costs a cosine of about 0.05 on every sample:
+    minmax is better beyond the interval and replaces the config as given."""
+    path, calibration, evaluation = small
+    config = replace(auto_config("minmax"), percentile=90.0, percentile_candidates=())
+    section = quantize_auto(path, calibration, evaluation, config, tmp_path / "out").report["auto"]
+    as_given, _ = section["candidates"]
+    assert section["chosen"] == "minmax" and as_given["difference"]["high"] < 0
+
+
+def test_per_sample_scores_reproduce_the_objective_value(small, tmp_path, monkeypatch) -> None:
+    """The paired comparison resamples per-sample sums; over all samples they give the candidate's value as
+    the evaluation measured it (float64 sums in another order: 1e-9)."""
+    path, calibration, evaluation = small
+    recorded = []
+
+    def record(*args, **kwargs):
+        recorded.append(scoring.sample_sums(*args, **kwargs))
+        return recorded[-1]
+
+    monkeypatch.setattr(search_module, "sample_sums", record)
+    for metric, value in (("cosine", 0.99), ("sqnr", 20.0)):
+        recorded.clear()
+        config = auto_config("minmax", "kl", objective=AccuracyTarget(metric, value))
+        section = quantize_auto(path, calibration, evaluation, config, tmp_path / metric).report["auto"]
+        for candidate, sums in zip(section["candidates"], recorded, strict=True):
+            assert sums.samples == 10
+            assert sums.scores(np.arange(10)) == pytest.approx(candidate["value"], rel=1e-9)
+
+
+def test_identical_candidates_differ_by_nothing() -> None:
+    rng = np.random.default_rng(0)
+    sums = scoring.SampleSums("cosine", {"out": np.abs(rng.normal(size=(12, 4)))})
+    d = scoring.difference(sums, sums, higher_is_better=True)
+    assert (d.value, d.low, d.high) == (0.0, 0.0, 0.0) and not d.beyond
+    assert scoring.choose([sums, sums], [True, True], higher_is_better=True) == 0
+
+
+def test_an_undefined_score_is_beaten_by_any_defined_one() -> None:
+    rng = np.random.default_rng(0)
+    columns = np.abs(rng.normal(size=(12, 4)))
+    undefined = scoring.SampleSums("sqnr", {"out": columns}, defined=False)  # non-finite outputs
+    defined = scoring.SampleSums("sqnr", {"out": columns})
+    assert scoring.difference(defined, undefined, higher_is_better=True).beyond
+    assert scoring.choose([undefined, defined], [False, False], higher_is_better=True) == 1
+
+
+def test_candidates_choose_the_clip_the_final_run_keeps(tmp_path, recorded_runs, monkeypatch) -> None:
+    """With 64 calibration samples the candidates calibrate on 48, enough for the clip search, and the final
+    run keeps the clip the chosen candidate kept instead of choosing again."""
+    rng = np.random.default_rng(0)
+    path = save(conv_relu_gemm(), tmp_path / "m.onnx")
+    calibration = {"input": rng.normal(size=(64, 2, 6, 6)).astype(np.float32)}
+    evaluation = {"input": rng.normal(size=(16, 2, 6, 6)).astype(np.float32)}
+    kept = {}
+    original = search_module.clip_kept
+
+    def record(config, result):
+        kept[config.observer] = result["calibration"]["percentile_search"], result["config"]
+        return original(config, result)
+
+    monkeypatch.setattr(search_module, "clip_kept", record)
+    result = quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "out")
+    assert len(recorded_runs[0][1]["input"]) == 48
+    search, scored = kept["percentile"]
+    assert search is not None and search["samples"] > 0  # the candidate searched the clip
+    assert result.report["auto"]["chosen"] == "as_given"
+    assert result.report["calibration"]["percentile_search"] is None  # the final run did not search again
+    final = result.report["config"]
+    assert (final["clip"], final["percentile"]) == (scored["clip"], scored["percentile"])
+
+
+@pytest.fixture
+def progress(monkeypatch):
+    """A progress callback that is the clock: each message advances ``time.perf_counter`` by one second,
+    so that every duration the search measures is a count of messages, the same on every run; budgets
+    from one second allowed."""
+    clock = {"now": 0.0}
+
+    def tick(stage, fraction, message):
+        clock["now"] += 1.0
+
+    monkeypatch.setattr(search_module.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(quantcore.config.auto, "AUTO_BUDGET_SECONDS", (1.0, 86_400.0))
+    return tick
+
+
+def test_the_final_run_is_held_back_from_the_budget(small, tmp_path, progress) -> None:
+    """On the ``progress`` clock, with a budget of the first candidate's seconds T plus its final run's
+    estimate F plus T/2, a second candidate fits the time left (F + T/2 >= T) only if the final run is not
+    held back; it is, so the search stops after the first."""
+    path, calibration, evaluation = small
+    free = quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "free", progress=progress)
+    first = free.report["auto"]["candidates"][0]
+    seconds, final = first["seconds"], first["final_seconds"]
+    assert final >= seconds / 2  # the second candidate would have started without the final run held back
+    budget = seconds + final + seconds / 2
+    config = auto_config("minmax", budget_seconds=budget)
+    section = quantize_auto(path, calibration, evaluation, config, tmp_path / "out", progress=progress).report["auto"]
+    assert [c["name"] for c in section["candidates"]] == ["as_given"]
+    assert "with the final run after it" in section["stopped"] and "not tried: minmax" in section["stopped"]
+    assert section["seconds"] + section["final_seconds"] <= budget
 
 
 # ValueError: what a method raises on a model it does not suit (AdaRound's sample cache on a model whose
@@ -220,3 +343,20 @@ def test_strategy_fixed_never_enters_the_search(small, tmp_path, monkeypatch) ->
         quantize(path, calibration, evaluation, auto_config(), tmp_path / "out")
     with pytest.raises(ValueError, match="strategy 'auto'"):
         quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
+
+
+def test_a_candidate_that_cannot_finish_in_time_stops_at_its_projected_end(small, tmp_path, progress) -> None:
+    """AdaRound, on a budget it can start in but not finish in, is stopped once its stage's pace projects an
+    end the time left cannot hold, well before the deadline alone would stop it (``progress``'s clock)."""
+    path, calibration, evaluation = small
+    free = quantize_auto(path, calibration, evaluation, auto_config("adaround"), tmp_path / "free", progress=progress)
+    first, adaround = free.report["auto"]["candidates"]
+    seconds, final, factor = first["seconds"], first["final_seconds"], first["final_seconds"] / first["seconds"]
+    budget = seconds + seconds + final + (adaround["seconds"] - seconds) / 2  # it starts; it cannot finish
+    config = auto_config("adaround", budget_seconds=budget)
+    section = quantize_auto(path, calibration, evaluation, config, tmp_path / "out", progress=progress).report["auto"]
+    stopped = section["candidates"][1]
+    assert stopped["name"] == "adaround" and stopped["error"] == search_module.BUDGET_SPENT
+    by_deadline = next(e for e in range(1, 10**4) if seconds + e + max(final, factor * e) > budget)
+    assert stopped["seconds"] < by_deadline - 5  # 5 progress messages: the stop came from the projection
+    assert section["chosen"] == "as_given" and section["seconds"] + section["final_seconds"] <= budget
