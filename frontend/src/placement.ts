@@ -1,6 +1,7 @@
-// The report's `placement` section (deploy.cpu_objective latency): each move (a quantized region, or an
-// op class across regions) timed quantized against float on the worker's CPU, what was kept and why, and
-// the final speed-up.
+// The report's `placement` section (deploy.cpu_objective latency): each quantized region's estimate from
+// ONNX Runtime's node profiles (its float nodes against its integer kernels and Q/DQ, in µs), or, where the
+// profiles could not be traced to it, its whole-model pair timed quantized against float; what was kept and
+// why, and the final speed-up.
 
 import type { Schemas } from "./api/client";
 import { h, num, scroll, table } from "./dom";
@@ -14,15 +15,17 @@ export function placementView(placement: Placement): HTMLElement {
   const batches = placement.batch_sizes;
   const regions = placement.regions.map((region) => [
     String(region.round),
-    region.move,
     h("span", { class: "names" }, region.nodes.flatMap((node, i) => [i ? ", " : "", h("code", {}, node)])),
     Object.entries(region.op_types).map(([op, count]) => `${op} ×${count}`).join(", "),
     ...batches.map((batch) => {
+      const estimate = region.estimate[`batch_${batch}`];
+      if (estimate) return `${num(estimate.quantized_us, 4)} → ${num(estimate.float_us, 4)} µs`;
       const pair = region.timings[`batch_${batch}`];
-      return `${p50(pair?.quantized)} → ${p50(pair?.float)}`;
+      return pair ? `${p50(pair.quantized)} → ${p50(pair.float)} ms` : "—";
     }),
+    num(region.cost, 3),
     region.kept === "float" ? h("strong", {}, "float (faster)") : "quantized",
-    region.cached ? `${region.reason} (cached timings)` : region.reason,
+    region.cached ? `${region.reason} (cached)` : region.reason,
   ]);
   const finals = batches.map((batch) => {
     const final = placement.final[`batch_${batch}`];
@@ -44,11 +47,11 @@ export function placementView(placement: Placement): HTMLElement {
       "p",
       { class: "hint" },
       `${placement.cpu}, ONNX Runtime ${placement.onnxruntime}, ${placement.threads} thread(s); ${placement.rounds} round(s), stopped: ${placement.stopped}. ` +
-        `Model kept: ${placement.kept}. Times are p50 ms of interleaved runs.`,
+        `Model kept: ${placement.kept}. Estimates are µs of profiled kernels (cost above 0: slower quantized); timed pairs and the speed-up are p50 ms of interleaved runs.`,
     ),
     scroll(
       "Placement regions",
-      table(null, ["Round", "Move", "Nodes", "Ops", ...batches.map((b) => `Batch ${b}: quantized → float p50 ms`), "Kept", "Why"], regions, {
+      table(null, ["Round", "Nodes", "Ops", ...batches.map((b) => `Batch ${b}: quantized → float`), "Cost", "Kept", "Why"], regions, {
         class: "data compact fit",
         id: "placement-regions",
       }),

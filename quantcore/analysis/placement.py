@@ -1,36 +1,42 @@
 """Latency-aware placement on the onnxruntime platform: quantized regions that do not pay for their
 Q/DQ conversions on this CPU go back to float (``QuantizeConfig.cpu_objective == "latency"``).
 
-After export, the calibrated annotation is split into regions (``quantcore.analysis.regions``). A
-round times, for each move, the current model against the same model with the move's nodes
-excluded (annotated again; calibration reused where exact, else calibrated on the first calibration
-batch: a kernel's speed does not depend on its scales), at ``config.cpu_batch_sizes`` with
-``config.cpu_threads`` (``quantcore.evaluate.paired_latency``: interleaved runs, quartiles). The moves
-are each region, then each op class (``regions.op_classes``: every depthwise Conv, say): where the
-quantized kernels lose only together, or a region pays for some of its op types and not others, no
-single region's move is faster. A move goes float when float is clearly faster (beyond the spread, at
-one batch size and slower at none); when in doubt it stays quantized. The winners of a round go float
-together, and the next round measures the moves of the model that leaves, until a round moves none,
-``MAX_ROUNDS`` rounds, or ``BUDGET_S`` seconds of timed runs (the moves not yet measured then stay
-quantized). The budget counts each measurement's runs times their median, cached or not, so a rerun
-from the cache stops where the first run stopped and measures nothing.
+After export, the calibrated annotation is split into regions (``quantcore.analysis.regions``). A round
+profiles the current model and the FP32 model, interleaved (``quantcore.evaluate.node_profile``: a few
+runs at each of ``config.cpu_batch_sizes`` with ``config.cpu_threads``, every node's kernel time), and
+estimates each region's cost from the two (``quantcore.analysis.region_costs``:
+its quantized kernels and conversions against its float nodes). The regions estimated slower quantized go
+float together, and the next round profiles the model that leaves (the neighbours of a region gone float
+are annotated afresh), until a round moves none or ``MAX_ROUNDS`` rounds. A variant timed or profiled is
+annotated again with its float nodes excluded; calibration is reused where exact, else done on the first
+calibration batch (a kernel's speed does not depend on its scales).
 
-A region ONNX Runtime refuses to run quantized (the session fails with it, runs without it) goes
-float with ONNX Runtime's message; a model it refuses to run either way is left as it is.
+A region the profiles cannot be traced to (no node of one of them found for it) is measured as a
+whole-model pair instead: the current model against the same model with the region float
+(``quantcore.evaluate.paired_latency``: interleaved runs, quartiles), float when clearly faster (beyond
+the spread, at one batch size and slower at none). These pairs stop once their timed runs (runs x p50)
+reach ``FALLBACK_SHARE`` x the job's calibration seconds; the regions not measured then stay quantized.
+A region ONNX Runtime refuses to run quantized (the session fails with it, runs without it) goes float
+with ONNX Runtime's message.
 
-Last, FP32 (the prepared model), the fully quantized model and the placed one are timed together. Of
-the two quantized ones the placed one is preferred only when clearly faster than the fully quantized
-one; the preferred one is kept when it is no slower than FP32 (``paired_latency.no_slower``: clearly
-slower at no batch size, and its median within ``MIN_GAIN`` of FP32's or below at every one, or clearly
-faster at one), else the other one if it is, else FP32.
-The objective promises a model never slower than FP32, so FP32 need not be clearly faster to win: under
-load the spread of a run can swallow a 2x gap between medians. The kept configuration (the float nodes
-added, escaped, to ``exclude_node_patterns``) is calibrated on the full calibration data (unless the
-first calibration can be reused exactly, ``accuracy_target.reuse_calibration``) and exported into
-``out_dir``; the evaluate stage then measures its accuracy as always.
+Last, FP32 (the prepared model), the fully quantized model and the placed one are timed together (a
+placed model without quantized regions is FP32's twin and not timed): the estimate chooses, this
+whole-model comparison guarantees. Every profile and timing runs each batch size for ``RUN_SHARE`` x
+the calibration seconds, within ``RUN_S``, and at least its minimum of runs. Of the two quantized ones
+the placed one is preferred only when clearly faster than the fully quantized one; the preferred one is
+kept when it is no slower than FP32 (``paired_latency.no_slower``: clearly slower at no batch size, and
+its median within ``MIN_GAIN`` of FP32's or below at every one, or clearly faster at one), else the
+other one if it is, else FP32. The objective promises a model never slower than FP32, so FP32 need not
+be clearly faster to win: under load the spread of a run can swallow a 2x gap between medians. The kept
+configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is calibrated on the full
+calibration data (unless the first calibration can be reused exactly,
+``accuracy_target.reuse_calibration``) and exported into ``out_dir``; the evaluate stage then measures its
+accuracy as always.
 
-Timings are read from and written to a ``TimingCache`` when the config names a directory
-(``config.cpu_timing_cache``): a rerun of the same models on the same machine measures nothing.
+Profiles and timings are read from and written to a ``TimingCache`` when the config names a directory
+(``config.cpu_timing_cache``): a rerun of the same models on the same machine measures nothing. The
+fallback's budget counts each pair's runs times their median, cached or not, so a rerun from the cache
+stops where the first run stopped.
 """
 
 from __future__ import annotations
@@ -48,12 +54,14 @@ import onnx
 import onnxruntime as ort
 
 from quantcore.analysis.accuracy_target import reuse_calibration
-from quantcore.analysis.regions import count_op_types, op_classes, quantized_regions
+from quantcore.analysis.region_costs import RegionCost, region_costs
+from quantcore.analysis.regions import Region, count_op_types, quantized_regions
 from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.calibrate.calibration import calibrate
 from quantcore.config import QuantizeConfig
 from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
-from quantcore.evaluate.latency_cache import Measured, TimingCache, timing_key
+from quantcore.evaluate.latency_cache import PROFILE, Measured, Profiles, TimingCache, timing_key
+from quantcore.evaluate.node_profile import Profiler, profile_nodes
 from quantcore.evaluate.paired_latency import Timer, Timing, compare, interleaved_times, no_slower, signature
 from quantcore.export.qdq import ExportResult, build_qdq_model, export
 from quantcore.prepare.preparation import PreparedModel
@@ -63,7 +71,9 @@ from quantcore.runtime.cpu_features import cpu_model
 
 STAGE = "place"
 MAX_ROUNDS = 3
-BUDGET_S = 120.0  # seconds of timed runs (runs x p50) of the moves; the final comparison comes on top
+FALLBACK_SHARE = 1.0  # the fallback pairs' timed runs, as a share of the job's calibration seconds
+RUN_SHARE = 0.25  # seconds of runs per batch size of each profile and timing, as a share of calibration's,
+RUN_S = (0.1, 0.5)  # within these bounds: under 0.1 s the quartiles of a small model are mostly noise
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class PlacementRun:
     base_calibrated: Annotation
     base_exported: ExportResult
     out_dir: Path
+    calibration_seconds: float  # the calibrate stage's: what the fallback pairs may spend (``FALLBACK_SHARE``)
 
 
 @dataclass(frozen=True)
@@ -102,17 +113,28 @@ class _Variant:
 class _Search:
     """Mutable state of one placement: the variants built, the measurements made and read from cache."""
 
-    def __init__(self, run: PlacementRun, config: QuantizeConfig, timer: Timer | None, monitor: Monitor) -> None:
+    def __init__(
+        self,
+        run: PlacementRun,
+        config: QuantizeConfig,
+        timer: Timer | None,
+        profiler: Profiler | None,
+        monitor: Monitor,
+    ) -> None:
         self.run, self.config, self.monitor = run, config, monitor
         self.threads = resolved_threads(config.cpu_threads)
         specs = input_specs(run.prepared.model)
         fixed = fixed_batch(specs)
         self.batch_sizes = (fixed,) if fixed is not None else tuple(config.cpu_batch_sizes)
-        self.timer = timer or functools.partial(interleaved_times, specs=specs, sample=run.sample, threads=self.threads)
+        run_s = min(RUN_S[1], max(RUN_S[0], RUN_SHARE * run.calibration_seconds))
+        measuring = {"specs": specs, "sample": run.sample, "threads": self.threads, "budget_s": run_s}
+        self.timer = timer or functools.partial(interleaved_times, **measuring)
+        self.profiler = profiler or functools.partial(profile_nodes, **measuring)
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
         self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
-        self.spent = 0.0  # runs x p50 of every measurement, cached or not (the budget's)
+        self.budget = FALLBACK_SHARE * run.calibration_seconds
+        self.spent = 0.0  # runs x p50 of every fallback pair, cached or not (the budget's)
 
     def variant(self, float_nodes: tuple[str, ...], *, full: bool = False) -> _Variant:
         """The model with ``float_nodes`` excluded; calibrated on the full data with ``full``, else on the
@@ -129,12 +151,26 @@ class _Search:
         model = build_qdq_model(run.prepared, calibrated).SerializeToString()
         return _Variant(float_nodes, config, annotation, calibrated, model)
 
+    def profile(self, models: Sequence[bytes]) -> tuple[list[Profiles], bool]:
+        """Each model's node profile per batch size (or refusal); and whether they came from the cache."""
+        signatures = [signature(onnx.load_from_string(m)) for m in models]
+        key = timing_key([PROFILE, *signatures], self.batch_sizes, self.threads)
+        if self.cache is not None and (hit := self.cache.get_profiles(key)) is not None:
+            self.cached += 1
+            return hit, True
+        started = time.perf_counter()
+        profiles = self.profiler(models, self.batch_sizes)
+        self.seconds += time.perf_counter() - started
+        self.measured += 1
+        if self.cache is not None:
+            self.cache.put_profiles(key, profiles)
+        return profiles, False
+
     def measure(self, models: Sequence[bytes]) -> tuple[Measured, bool]:
         """Per batch size, each model's ``Timing`` or refusal; and whether it came from the cache."""
         key = timing_key([signature(onnx.load_from_string(m)) for m in models], self.batch_sizes, self.threads)
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             self.cached += 1
-            self.spent += _timed_seconds(hit)
             return hit, True
         started = time.perf_counter()
         raw = self.timer(models, self.batch_sizes)
@@ -145,7 +181,6 @@ class _Search:
         }
         if self.cache is not None:
             self.cache.put(key, measured)
-        self.spent += _timed_seconds(measured)
         return measured, False
 
 
@@ -163,102 +198,119 @@ def _refusal(measured: Measured, index: int) -> str | None:
 
 
 def _row(
-    round_index: int, move: str, nodes: tuple[str, ...], graph: Any, measured: Measured, cached: bool
+    round_index: int, region: Region, graph: onnx.GraphProto, estimate: RegionCost, cached: bool
 ) -> dict[str, Any]:
     return {
         "round": round_index,
-        "move": move,
-        "nodes": list(nodes),
-        "op_types": count_op_types(graph, nodes),
-        "timings": {
-            f"batch_{b}": {
-                label: t.to_dict() if isinstance(t, Timing) else None
-                for label, t in zip(("quantized", "float"), models, strict=True)
-            }
-            for b, models in measured.items()
+        "nodes": list(region.nodes),
+        "op_types": count_op_types(graph, region.nodes),
+        "estimate": {
+            f"batch_{b}": {"float_us": estimate.float_us[b], "quantized_us": estimate.quantized_us[b]}
+            for b in estimate.float_us
         },
+        "cost": estimate.cost,
+        "timings": {},
         "cached": cached,
     }
 
 
 def place(
-    run: PlacementRun, config: QuantizeConfig, *, timer: Timer | None = None, monitor: Monitor | None = None
+    run: PlacementRun,
+    config: QuantizeConfig,
+    *,
+    timer: Timer | None = None,
+    profiler: Profiler | None = None,
+    monitor: Monitor | None = None,
 ) -> PlacementOutcome:
-    """Search and export the placement the module describes. ``timer``: measures models (a test passes a
-    deterministic one; default ``paired_latency.interleaved_times``). Precondition: ``run.base_calibrated``
-    is the calibration of ``run.base`` for ``config``, exported as ``run.base_exported``."""
+    """Search and export the placement the module describes. ``timer`` / ``profiler``: measure models (a test
+    passes deterministic ones; default ``paired_latency.interleaved_times`` / ``node_profile.profile_nodes``).
+    Precondition: ``run.base_calibrated`` is the calibration of ``run.base`` for ``config``, exported as
+    ``run.base_exported``."""
     monitor = monitor or Monitor()
-    search = _Search(run, config, timer, monitor)
+    search = _Search(run, config, timer, profiler, monitor)
     graph = run.prepared.model.graph
     model = build_qdq_model(run.prepared, run.base_calibrated).SerializeToString()  # the exported model
     base = current = _Variant((), config, run.base, run.base_calibrated, model)
+    fp32_model = run.prepared.model.SerializeToString()
     rows: list[dict[str, Any]] = []
     stopped, rounds = f"round limit ({MAX_ROUNDS})", 0
     for round_index in range(1, MAX_ROUNDS + 1):
         rounds = round_index
+        monitor.check(STAGE)
         regions = quantized_regions(graph, current.calibrated)
-        region_moves = [("region", region.nodes) for region in regions]
-        class_moves = [(f"op class {kind}", nodes) for kind, nodes in op_classes(graph, regions).items()]
-        # op classes only once no region wins alone: a class holding a winning region would win through it
-        moved = _try(search, round_index, region_moves, current, rows)
-        if not moved and search.spent < BUDGET_S:
-            moved = _try(search, round_index, class_moves, current, rows)
-        if search.spent >= BUDGET_S:
-            stopped = f"time budget ({BUDGET_S:g} s of timed runs): the moves not measured stay quantized"
-        elif not moved:
-            stopped = "no move changed the model"
+        if not regions:
+            stopped = "no quantized region left"
+            break
+        (fp32, profiled), cached = search.profile([fp32_model, current.model])
+        if isinstance(fp32, str) or isinstance(profiled, str):
+            costs = [RegionCost({}, {}, None) for _ in regions]
+        else:
+            qdq_graph = onnx.load_from_string(current.model).graph
+            costs = region_costs(fp32, graph, profiled, qdq_graph, regions)
+        moved: list[tuple[str, ...]] = []
+        for position, (region, estimate) in enumerate(zip(regions, costs, strict=True)):
+            row = _row(round_index, region, graph, estimate, cached)
+            if estimate.cost is None:
+                _measure_region(search, current, region, row)
+            elif estimate.cost > 0:
+                row.update(kept="float", reason=f"estimated slower quantized (cost {estimate.cost:+.3f})")
+            else:
+                row.update(kept="quantized", reason=f"estimated faster quantized (cost {estimate.cost:+.3f})")
+            if row["kept"] == "float":
+                moved.append(region.nodes)
+            rows.append(row)
+            done = min(0.9, round_index / (MAX_ROUNDS + 1))
+            monitor.report(STAGE, done, f"round {round_index}, region {position + 1}/{len(regions)}: {row['kept']}")
         if not moved:
+            stopped = "no region changed the model"
             break
         float_nodes = dict.fromkeys((*current.float_nodes, *(n for nodes in moved for n in nodes)))  # ordered set
         current = search.variant(tuple(float_nodes))
     return _choose(search, base, current, rows, rounds, stopped)
 
 
-def _try(
-    search: _Search,
-    round_index: int,
-    moves: Sequence[tuple[str, tuple[str, ...]]],
-    current: _Variant,
-    rows: list[dict[str, Any]],
-) -> list[tuple[str, ...]]:
-    """Time each of ``moves`` (name, nodes) against ``current`` until the budget is spent, append their rows,
-    and return the nodes of those that go float."""
-    graph = search.run.prepared.model.graph
-    moved: list[tuple[str, ...]] = []
-    for position, (move, nodes) in enumerate(moves):
-        if search.spent >= BUDGET_S:
-            break
-        search.monitor.check(STAGE)
-        trial = search.variant((*current.float_nodes, *nodes))
-        measured, cached = search.measure([current.model, trial.model])
-        row = _row(round_index, move, nodes, graph, measured, cached)
-        refused, refused_float = _refusal(measured, 0), _refusal(measured, 1)
-        if refused is not None and refused_float is None:
-            row.update(kept="float", reason=f"ONNX Runtime refuses to run it quantized: {refused}")
-            moved.append(nodes)
-        elif refused is not None or refused_float is not None:
-            row.update(kept="quantized", reason=f"not measured: {refused or refused_float}")
-        elif compare(_timings(measured, 1), _timings(measured, 0)) == "faster":
-            row.update(kept="float", reason="faster in float beyond the spread")
-            moved.append(nodes)
-        else:
-            row.update(kept="quantized", reason="float is not clearly faster")
-        rows.append(row)
-        done = min(0.9, round_index / (MAX_ROUNDS + 1))
-        search.monitor.report(STAGE, done, f"round {round_index}, {move} {position + 1}/{len(moves)}: {row['kept']}")
-    return moved
+def _measure_region(search: _Search, current: _Variant, region: Region, row: dict[str, Any]) -> None:
+    """The fallback for a region without an estimate: time ``current`` against it with ``region`` float, within
+    the budget, and fill ``row``'s timings, decision and reason."""
+    if search.spent >= search.budget:
+        row.update(kept="quantized", reason=f"no estimate, and the fallback budget ({search.budget:.3g} s) is spent")
+        return
+    trial = search.variant((*current.float_nodes, *region.nodes))
+    measured, cached = search.measure([current.model, trial.model])
+    search.spent += _timed_seconds(measured)
+    row["cached"] = cached
+    row["timings"] = {
+        f"batch_{b}": {
+            label: t.to_dict() if isinstance(t, Timing) else None
+            for label, t in zip(("quantized", "float"), models, strict=True)
+        }
+        for b, models in measured.items()
+    }
+    refused, refused_float = _refusal(measured, 0), _refusal(measured, 1)
+    if refused is not None and refused_float is None:
+        row.update(kept="float", reason=f"ONNX Runtime refuses to run it quantized: {refused}")
+    elif refused is not None or refused_float is not None:
+        row.update(kept="quantized", reason=f"not measured: {refused or refused_float}")
+    elif compare(_timings(measured, 1), _timings(measured, 0)) == "faster":
+        row.update(kept="float", reason="no estimate; measured faster in float beyond the spread")
+    else:
+        row.update(kept="quantized", reason="no estimate; measured, float is not clearly faster")
 
 
 def _choose(
     search: _Search, base: _Variant, placed: _Variant, rows: list[dict[str, Any]], rounds: int, stopped: str
 ) -> PlacementOutcome:
-    """Time FP32, all quantized and placed together, keep the one the module's rule picks, and export it."""
+    """Time FP32, all quantized and placed together, keep the one the module's rule picks, and export it. A
+    placed model with no quantized region left is FP32's twin: it is not timed, FP32's timings stand for it."""
     run, config = search.run, search.config
-    every = tuple(n for r in quantized_regions(run.prepared.model.graph, base.calibrated) for n in r.nodes)
+    graph = run.prepared.model.graph
+    every = tuple(n for r in quantized_regions(graph, base.calibrated) for n in r.nodes)
     fp32 = run.prepared.model.SerializeToString()
-    labels = ("fp32", "quantized", "placed")
-    measured, cached = search.measure([fp32, base.model, placed.model])
+    all_float = bool(placed.float_nodes) and not quantized_regions(graph, placed.calibrated)
+    labels = ("fp32", "quantized") if all_float or not placed.float_nodes else ("fp32", "quantized", "placed")
+    measured, cached = search.measure([fp32, base.model, placed.model][: len(labels)])
     timings = {label: _timings(measured, i) for i, label in enumerate(labels)}
+    timings.setdefault("placed", timings["fp32"])
     preferred = ["quantized", "placed"]
     if placed.float_nodes and compare(timings["placed"], timings["quantized"]) == "faster":
         preferred.reverse()
@@ -266,7 +318,9 @@ def _choose(
         preferred.remove("placed")
     variants = {"quantized": base, "placed": placed}
     chosen = next((label for label in preferred if not every or no_slower(timings[label], timings["fp32"])), "fp32")
-    kept = search.variant(every) if chosen == "fp32" else variants[chosen]
+    if chosen == "placed" and all_float:
+        chosen = "fp32"
+    kept = (placed if all_float else search.variant(every)) if chosen == "fp32" else variants[chosen]
     if kept is not base:
         kept = search.variant(kept.float_nodes, full=True)
     exported = (
@@ -278,6 +332,7 @@ def _choose(
     for batch in measured:
         key = f"batch_{batch}"
         entry = {label: timings[label][batch].to_dict() if batch in timings[label] else None for label in labels}
+        entry.setdefault("placed", None)
         fp32_p50, kept_timing = entry["fp32"], timings[chosen].get(batch)
         speedup = None if fp32_p50 is None or kept_timing is None else fp32_p50["p50_ms"] / kept_timing.p50_ms
         final[key] = {**entry, "speedup_p50": speedup}
@@ -298,6 +353,7 @@ def _choose(
         "measurements": search.measured,
         "cached_measurements": search.cached,
         "measured_seconds": round(search.seconds, 3),
+        "fallback_budget_s": round(search.budget, 3),
         "statement": _statement(chosen, float_moves, len(kept.float_nodes), final),
     }
     return PlacementOutcome(kept.config, kept.annotation, kept.calibrated, exported, report)
@@ -309,7 +365,7 @@ def _statement(chosen: str, float_moves: int, float_nodes: int, final: Mapping[s
     )
     what = {
         "quantized": "every region stays quantized",
-        "placed": f"{float_moves} move(s), {float_nodes} node(s), kept float for speed",
+        "placed": f"{float_moves} region(s), {float_nodes} node(s), kept float for speed",
         "fp32": "every region kept float: no quantized model is as fast as FP32 on this CPU",
     }[chosen]
     return f"{what}; speed-up over FP32 (p50) at batch {speedups}" if speedups else what

@@ -12,11 +12,6 @@ node that reads it.
 Keeping a region in float means excluding its nodes (``QuantizeConfig.exclude_node_patterns``) and
 annotating again: the region's Q/DQ pairs go, and its neighbours' rules decide afresh
 (``quantcore.analysis.placement``).
-
-An op class is every quantized node of one kind (``op_kind``: the op type, a grouped or depthwise Conv
-told apart, since ONNX Runtime runs it with another integer kernel). Returning a class to float is a move
-no single region makes: across regions (every depthwise Conv at once, where each region alone only moves
-its Q/DQ pairs to its neighbours) or inside one (a region split by op type).
 """
 
 from __future__ import annotations
@@ -47,26 +42,6 @@ def count_op_types(graph: onnx.GraphProto, nodes: tuple[str, ...]) -> dict[str, 
     """op type → how many of ``nodes`` have it."""
     members = set(nodes)
     return dict(Counter(node.op_type for node in graph.node if node.name in members))
-
-
-def op_kind(node: onnx.NodeProto) -> str:
-    """The node's op type; ``Conv (grouped)`` for a Conv with ``group`` > 1 (depthwise ones included)."""
-    if node.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in node.attribute):
-        return "Conv (grouped)"
-    return node.op_type
-
-
-def op_classes(graph: onnx.GraphProto, regions: tuple[Region, ...]) -> dict[str, tuple[str, ...]]:
-    """kind (``op_kind``) → the regions' nodes of that kind in graph order, for each kind whose nodes are not
-    exactly one region's (that move is the region's own), largest class first."""
-    members = {name for region in regions for name in region.nodes}
-    classes: dict[str, list[str]] = {}
-    for node in graph.node:
-        if node.name in members:
-            classes.setdefault(op_kind(node), []).append(node.name)
-    whole = {frozenset(region.nodes) for region in regions}
-    kept = {kind: tuple(nodes) for kind, nodes in classes.items() if frozenset(nodes) not in whole}
-    return dict(sorted(kept.items(), key=lambda item: -len(item[1])))
 
 
 class _UnionFind:

@@ -167,13 +167,21 @@ def latency_session(
     threads: int | None,
     level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     disabled_optimizers: Sequence[str] = (),
+    *,
+    profile_to: Path | None = None,
 ) -> ort.InferenceSession:
     """The session every CPU latency measurement runs in (this stage's and ``quantcore.analysis.placement``'s):
     errors-only logging, ``level`` (full optimization: the integer kernels as deployed), ``threads``
-    intra-op threads (None: ONNX Runtime's default), the CPU EP, ``disabled_optimizers`` skipped."""
+    intra-op threads (None: ONNX Runtime's default), the CPU EP, ``disabled_optimizers`` skipped. With
+    ``profile_to`` (a directory), ONNX Runtime's profiler writes there (``profile_*.json``, on
+    ``end_profiling``) and the optimized graph the profile's node names refer to (``optimized.onnx``)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
+    if profile_to is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_to / "profile")
+        options.optimized_model_filepath = str(profile_to / "optimized.onnx")
     if threads is not None:
         options.intra_op_num_threads = threads
     return ort.InferenceSession(

@@ -1,8 +1,11 @@
-"""Latency-aware placement (quantcore.analysis.placement): regions, decisions from an injected timer (so
-the decisions are deterministic; no test here checks a speed), the timing cache, and the pipeline."""
+"""Latency-aware placement (quantcore.analysis.placement): regions, how ONNX Runtime's profiles are traced back
+to them (real profiles: structure only), decisions from an injected profiler and timer (so the decisions are
+deterministic; no test here checks a speed), the timing cache, and the pipeline."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +16,15 @@ from onnx import TensorProto, helper, numpy_helper
 from jobs.report_schema import Report
 from quantcore import QuantizeConfig, annotate, calibrate, export, prepare, quantize
 from quantcore.analysis import placement
-from quantcore.analysis.placement import MAX_ROUNDS, PlacementRun, place
+from quantcore.analysis.placement import PlacementRun, place
+from quantcore.analysis.region_costs import attribute, region_costs
 from quantcore.analysis.regions import quantized_regions
 from quantcore.config import AnalysisOptions
+from quantcore.evaluate import latency_cache
+from quantcore.evaluate.latency_cache import TimingCache
+from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode, profile_nodes
 from quantcore.evaluate.paired_latency import Timing, no_slower
+from quantcore.export.qdq import build_qdq_model
 from quantcore.runtime.batching import Batches, input_specs
 from tests.quantcore.models import save
 from tests.test_report_schema import undocumented
@@ -105,8 +113,59 @@ class FakeTimer:
         return result
 
 
+class FakeProfiler:
+    """Deterministic profiles named as ONNX Runtime names them: in a model with Q/DQ, a node reading a
+    dequantized tensor runs as ``<name>_token_7`` (QLinear<op>) taking ``quantized[name]`` µs (default 5), with a
+    Relu after it fused in, each
+    QuantizeLinear / DequantizeLinear of an activation 2 µs; in the FP32 model a Conv runs as ``<its output>_nchwc``
+    and every node takes ``float_us[name]`` µs (default 10). ``refuse``: a model with Q/DQ is refused."""
+
+    def __init__(
+        self, quantized: dict[str, float] | None = None, float_us: dict[str, float] | None = None, *, refuse=False
+    ) -> None:
+        self.quantized, self.float_us, self.refuse = quantized or {}, float_us or {}, refuse
+        self.calls = 0
+
+    def __call__(self, models, batch_sizes):
+        self.calls += 1
+        return [self._profile(onnx.load_from_string(m), batch_sizes) for m in models]
+
+    def _profile(self, model: onnx.ModelProto, batch_sizes):
+        has_qdq = any(node.op_type == "QuantizeLinear" for node in model.graph.node)
+        if has_qdq and self.refuse:
+            return "QLinearConv: not implemented (injected)"
+        written = {output for node in model.graph.node for output in node.output}
+        fused: set[str] = set()  # written by an integer kernel
+        nodes = []
+        for node in model.graph.node:
+            inputs, outputs = tuple(node.input), tuple(node.output)
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                if node.input[0] not in written:
+                    continue  # a weight's: folded into the kernel that reads it
+                nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, 2.0))
+            elif has_qdq and _reads_dequantized(model, node.name):
+                us = self.quantized.get(node.name, 5.0)
+                nodes.append(ProfiledNode(f"{node.name}_token_7", f"QLinear{node.op_type}", inputs, outputs, us))
+                fused.update(outputs)
+            elif has_qdq and node.op_type == "Relu" and node.input[0] in fused:
+                fused.update(outputs)  # the integer kernel before it runs it
+            elif not has_qdq and node.op_type == "Conv":
+                name = f"{node.output[0]}_nchwc"
+                nodes.append(
+                    ProfiledNode(name, "Conv", inputs, ("reorder_token_0",), self.float_us.get(node.name, 10.0))
+                )
+            else:
+                nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, self.float_us.get(node.name, 10.0)))
+        profile = NodeProfile(tuple(nodes), sum(n.us for n in nodes), 5)
+        return dict.fromkeys(batch_sizes, profile)
+
+
 def _placement_run(
-    tmp_path: Path, data: np.ndarray, config: QuantizeConfig, model: onnx.ModelProto | None = None
+    tmp_path: Path,
+    data: np.ndarray,
+    config: QuantizeConfig,
+    model: onnx.ModelProto | None = None,
+    calibration_seconds: float = 100.0,
 ) -> PlacementRun:
     path = save(model or two_regions(), tmp_path / "model.onnx")
     prepared = prepare(path)
@@ -114,7 +173,8 @@ def _placement_run(
     calibrated = calibrate(prepared, base, {"input": data}, config)
     exported = export(prepared, calibrated, tmp_path / "out", platform=config.platform)
     batches = Batches({"input": data}, input_specs(prepared.model), config.batch_size, what="calibration")
-    return PlacementRun(prepared, batches, {"input": data[:16]}, base, calibrated, exported, tmp_path / "out")
+    sample = {"input": data[:16]}
+    return PlacementRun(prepared, batches, sample, base, calibrated, exported, tmp_path / "out", calibration_seconds)
 
 
 def test_regions_of_a_small_model(tmp_path, data) -> None:
@@ -125,94 +185,107 @@ def test_regions_of_a_small_model(tmp_path, data) -> None:
     assert regions[0].op_types(run.prepared.model.graph) == {"Conv": 1, "Relu": 1}
 
 
-def test_a_region_slower_quantized_goes_float_and_loses_its_qdq(tmp_path, data) -> None:
+def test_real_profiles_are_traced_back_to_their_regions(tmp_path, data) -> None:
+    """ONNX Runtime's own names: the QDQ model's conv1 runs fused as ``conv1_token_<n>`` (QLinearConv), the FP32
+    model's conv2 as an NCHWc Conv named after relu2's output (``out_nchwc``); both are found, and every region
+    gets an estimate at each batch size. Structure only: which way the estimate points is the machine's."""
+    config = QuantizeConfig(**FAST)
+    run = _placement_run(tmp_path, data, config)
+    graph = run.prepared.model.graph
+    regions = quantized_regions(graph, run.base_calibrated)
+    qdq = build_qdq_model(run.prepared, run.base_calibrated)
+    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
+    fp32, quantized = profile_nodes(models, (1, 4), specs=input_specs(run.prepared.model), sample=run.sample, threads=1)
+    assert isinstance(fp32, dict) and isinstance(quantized, dict) and set(fp32) == set(quantized) == {1, 4}
+    owners = dict(zip((n.name for n in quantized[1].nodes), attribute(quantized[1], qdq.graph, regions), strict=True))
+    fused = [n for n in quantized[1].nodes if n.op_type == "QLinearConv"]
+    assert [n.name.split("_token_")[0] for n in fused] == ["conv1"] and owners[fused[0].name] == 0
+    assert owners["input_QuantizeLinear"] == 0  # the region's boundary conversion
+    fp32_owners = attribute(fp32[1], graph, regions)
+    convs = {n.name: owner for n, owner in zip(fp32[1].nodes, fp32_owners, strict=True) if n.op_type == "Conv"}
+    assert convs == {"r1_nchwc": 0, "out_nchwc": 1}
+    costs = region_costs(fp32, graph, quantized, qdq.graph, regions)
+    assert all(cost.cost is not None and set(cost.float_us) == {1, 4} for cost in costs)
+
+
+def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(tmp_path, data) -> None:
+    """conv2 takes 10 µs float and 40 µs as its integer kernel (plus 2 µs per conversion): its region goes float
+    and its Q/DQ go; conv1's region, 10 + 10 µs float against 5 µs quantized and 2 µs per conversion, stays."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
-    outcome = place(run, config, timer=FakeTimer(slow=("conv2",)))
+    profiler = FakeProfiler(quantized={"conv2": 40.0})
+    outcome = place(run, config, profiler=profiler, timer=FakeTimer(slow=("conv2",)))
     report = outcome.report
-    decisions = {tuple(row["nodes"]): row["kept"] for row in report["regions"] if row["move"] == "region"}
-    assert decisions == {("conv1", "relu1"): "quantized", ("conv2",): "float"}
+    first = {tuple(row["nodes"]): row for row in report["regions"] if row["round"] == 1}
+    assert {nodes: row["kept"] for nodes, row in first.items()} == {
+        ("conv1", "relu1"): "quantized",
+        ("conv2",): "float",
+    }
+    assert first[("conv2",)]["cost"] > 0 > first[("conv1", "relu1")]["cost"]
+    assert first[("conv2",)]["estimate"]["batch_1"] == {"float_us": 10.0, "quantized_us": 44.0}  # + s's Q, DQ
     assert report["kept"] == "placed" and report["float_nodes"] == ["conv2"]
-    assert report["final"]["batch_1"]["speedup_p50"] == pytest.approx(1.0)  # 1 ms each: fake times
     exported = onnx.load(str(outcome.exported.model_path))
     assert not _reads_dequantized(exported, "conv2") and _reads_dequantized(exported, "conv1")
     assert "conv2" in outcome.config.exclude_node_patterns
+    # round 2 profiled the placed model (conv1's region again: quantized) and stopped; one profile a round
+    assert report["rounds"] == 2 and report["stopped"] == "no region changed the model" and profiler.calls == 2
+    assert report["measurements"] == 3  # two profiles, the final comparison: no region was timed on its own
 
 
-def test_iteration_stops_when_no_region_changes(tmp_path, data) -> None:
+def test_every_region_estimated_slower_leaves_fp32_untimed_twice(tmp_path, data) -> None:
+    """Both regions estimated slower quantized go float in round 1; nothing quantized is left to profile, and
+    the placed model, FP32's twin, is not timed beside FP32: FP32 is kept by the final comparison."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
-    timer = FakeTimer()  # every model 1 ms: nothing is clearly faster, so everything stays quantized
-    report = place(run, config, timer=timer).report
-    assert report["rounds"] == 1 and report["stopped"] == "no move changed the model"
-    assert report["kept"] == "quantized"
-    assert timer.calls == 5  # two regions, two op classes (Conv across both, relu1 split off), the final comparison
-    everything = FakeTimer(slow=("conv1", "conv2"))
-    report = place(run, config, timer=everything).report
-    assert report["rounds"] <= MAX_ROUNDS and report["stopped"] == "no move changed the model"
-    assert report["kept"] == "placed" and set(report["float_nodes"]) == {"conv1", "relu1", "conv2"}
+    profiler = FakeProfiler({"conv1": 100.0, "conv2": 40.0})
+    report = place(run, config, profiler=profiler, timer=FakeTimer(slow=("conv1", "conv2"))).report
+    assert [row["kept"] for row in report["regions"]] == ["float", "float"] and profiler.calls == 1
+    assert report["stopped"] == "no quantized region left" and report["kept"] == "fp32"
+    assert report["final"]["batch_1"]["placed"] is None and report["final"]["batch_1"]["quantized"] is not None
+    assert sorted(report["float_nodes"]) == ["conv1", "conv2", "relu1"]
 
 
-def three_convs() -> onnx.ModelProto:
-    """input (N, 4, 8, 8) → conv1 → softmax1 → conv2 → softmax2 → dwconv (depthwise, group 4) → out: three
-    regions, one node each (Softmax stays float on the CPU EP)."""
-    rng = np.random.default_rng(2)
-    weights = [
-        numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
-        for name, shape in (("w1", (4, 4, 3, 3)), ("w2", (4, 4, 3, 3)), ("w3", (4, 1, 3, 3)))
-    ]
-    nodes = [
-        helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Softmax", ["c1"], ["s1"], name="softmax1", axis=1),
-        helper.make_node("Conv", ["s1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Softmax", ["c2"], ["s2"], name="softmax2", axis=1),
-        helper.make_node("Conv", ["s2", "w3"], ["out"], name="dwconv", pads=[1, 1, 1, 1], group=4),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "three_convs",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 8, 8])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4, 8, 8])],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def test_kernels_that_lose_only_together_go_float_as_an_op_class(tmp_path) -> None:
-    """conv1 and conv2 cost 0.5 ms while either is quantized: neither region alone is faster float, the
-    class of dense Convs is; the depthwise Conv (its own class) stays quantized."""
-    data = np.random.default_rng(3).normal(size=(32, 4, 8, 8)).astype(np.float32)
+def test_every_region_estimated_faster_quantized_stays(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, three_convs())
-    assert [r.nodes for r in quantized_regions(run.prepared.model.graph, run.base_calibrated)] == [
-        ("conv1",),
-        ("conv2",),
-        ("dwconv",),
-    ]
-    report = place(run, config, timer=FakeTimer(slow=("conv1", "conv2"), joint=True)).report
-    decisions = {(row["move"], tuple(row["nodes"])): row["kept"] for row in report["regions"] if row["round"] == 1}
-    assert decisions == {
-        ("region", ("conv1",)): "quantized",
-        ("region", ("conv2",)): "quantized",
-        ("region", ("dwconv",)): "quantized",
-        ("op class Conv", ("conv1", "conv2")): "float",
-    }
-    assert report["kept"] == "placed" and sorted(report["float_nodes"]) == ["conv1", "conv2"]
+    run = _placement_run(tmp_path, data, config)
+    timer = FakeTimer()
+    report = place(run, config, profiler=FakeProfiler(), timer=timer).report
+    assert report["rounds"] == 1 and report["stopped"] == "no region changed the model"
+    assert report["kept"] == "quantized" and all(row["kept"] == "quantized" for row in report["regions"])
+    assert timer.calls == 1  # the final comparison only
+
+
+def test_regions_without_an_estimate_are_timed_within_the_calibration_budget(tmp_path, data) -> None:
+    """A quantized model ONNX Runtime will not profile leaves every region without an estimate: each is timed
+    as a whole-model pair (the old way) while the budget lasts. A fake pair stands for 2 batch sizes x 9 runs x
+    both models' times (1 ms, 1.5 ms while conv2 is quantized): 54 ms for conv1's region, then 45 ms for conv2's.
+    A budget of 80 ms lets both run and none in round 2; 0 s none."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.08 / placement.FALLBACK_SHARE)
+    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=FakeTimer(slow=("conv2",))).report
+    first = [row for row in report["regions"] if row["round"] == 1]
+    assert [row["kept"] for row in first] == ["quantized", "float"] and all(row["cost"] is None for row in first)
+    assert first[1]["timings"]["batch_1"]["float"]["p50_ms"] == pytest.approx(1.0)
+    assert report["kept"] == "placed" and report["float_nodes"] == ["conv2"]
+    second = [row for row in report["regions"] if row["round"] == 2]
+    assert [row["reason"] for row in second] == ["no estimate, and the fallback budget (0.08 s) is spent"]
+    broke = replace(run, calibration_seconds=0.0)
+    timer = FakeTimer(slow=("conv2",))
+    spent = place(broke, config, profiler=FakeProfiler(refuse=True), timer=timer).report
+    assert all(row["kept"] == "quantized" for row in spent["regions"]) and timer.calls == 1
 
 
 def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_path, data) -> None:
-    """Every run of every model spreads from 0.6x to 2x its median (quartiles 0.8x, 1.4x): no move is clearly
-    faster, and the quantized model's median, 1.3x FP32's, is within FP32's spread. A model never slower than
-    FP32 is the promise, so FP32 is kept."""
+    """Every region is estimated faster quantized, but every whole-model run spreads from 0.6x to 2x its median
+    (quartiles 0.8x, 1.4x) and the quantized model's median is 1.3x FP32's, within FP32's spread. A model never
+    slower than FP32 is the promise, and the final comparison keeps it: FP32."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
     timer = FakeTimer(slow=("conv1", "conv2"), penalty=0.3, joint=True, spread=True)
-    report = place(run, config, timer=timer).report
+    report = place(run, config, profiler=FakeProfiler(), timer=timer).report
     assert all(row["kept"] == "quantized" for row in report["regions"])
     assert report["kept"] == "fp32"
-    even = place(run, config, timer=FakeTimer(spread=True)).report  # the same medians: the quantized model stays
+    even = place(run, config, profiler=FakeProfiler(), timer=FakeTimer(spread=True)).report  # the same medians
     assert even["kept"] == "quantized"
 
 
@@ -232,14 +305,14 @@ def test_the_round_limit_bounds_the_search(tmp_path, data, monkeypatch) -> None:
     monkeypatch.setattr(placement, "MAX_ROUNDS", 1)
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
-    report = place(run, config, timer=FakeTimer(slow=("conv2",))).report
+    report = place(run, config, profiler=FakeProfiler({"conv2": 40.0}), timer=FakeTimer(slow=("conv2",))).report
     assert report["rounds"] == 1 and report["stopped"] == "round limit (1)"
 
 
 def test_a_region_onnx_runtime_refuses_quantized_stays_float_with_the_reason(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
-    report = place(run, config, timer=FakeTimer(refused=("conv1",))).report
+    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=FakeTimer(refused=("conv1",))).report
     row = next(row for row in report["regions"] if row["nodes"] == ["conv1", "relu1"])
     assert row["kept"] == "float" and "refuses" in row["reason"] and "injected" in row["reason"]
 
@@ -247,26 +320,27 @@ def test_a_region_onnx_runtime_refuses_quantized_stays_float_with_the_reason(tmp
 def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
     run = _placement_run(tmp_path, data, config)
-    first, second = FakeTimer(slow=("conv2",)), FakeTimer(slow=("conv2",))
-    placed = place(run, config, timer=first).report
-    again = place(run, config, timer=second).report
-    assert first.calls > 0 and second.calls == 0
-    assert again["measurements"] == 0 and again["cached_measurements"] == first.calls + placed["cached_measurements"]
+    profilers = FakeProfiler({"conv2": 40.0}), FakeProfiler({"conv2": 40.0})
+    timers = FakeTimer(slow=("conv2",)), FakeTimer(slow=("conv2",))
+    placed = place(run, config, profiler=profilers[0], timer=timers[0]).report
+    again = place(run, config, profiler=profilers[1], timer=timers[1]).report
+    assert profilers[0].calls > 0 and timers[0].calls > 0 and profilers[1].calls == timers[1].calls == 0
+    assert again["measurements"] == 0 and again["cached_measurements"] == placed["measurements"]
     assert again["float_nodes"] == placed["float_nodes"] and all(row["cached"] for row in again["regions"])
     assert (tmp_path / "cache" / "cpu-timings.json").is_file()
 
 
-def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data, monkeypatch) -> None:
-    """Each fake measurement stands for 2 models x 2 batch sizes x 9 runs x 1 ms = 36 ms of timed runs: a 50 ms
-    budget stops the first run after two of its four moves, and the rerun, from the cache, at the same place."""
-    monkeypatch.setattr(placement, "BUDGET_S", 0.05)
+def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data) -> None:
+    """Regions without an estimate and a budget for one fake pair (36 ms of timed runs): the first run times one
+    region, and the rerun, from the cache, the same one."""
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
-    run = _placement_run(tmp_path, data, config)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.03 / placement.FALLBACK_SHARE)
     first, second = FakeTimer(), FakeTimer()
-    report = place(run, config, timer=first).report
-    assert len(report["regions"]) == 2 and report["stopped"].startswith("time budget")
-    again = place(run, config, timer=second).report
-    assert second.calls == 0 and again["stopped"] == report["stopped"] and len(again["regions"]) == 2
+    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=first).report
+    timed = [bool(row["timings"]) for row in report["regions"]]
+    assert timed == [True, False]
+    again = place(run, config, profiler=FakeProfiler(refuse=True), timer=second).report
+    assert second.calls == 0 and [bool(row["timings"]) for row in again["regions"]] == timed
 
 
 def test_accuracy_objective_exports_what_the_stages_export_without_placement(tmp_path, data) -> None:
@@ -299,7 +373,7 @@ def test_latency_objective_runs_in_the_pipeline_and_reports(tmp_path, data) -> N
     assert "place" in [stage for stage, _, _ in calls]
     section = result.report["placement"]
     assert section["threads"] == 1 and section["batch_sizes"] == [1, 4]
-    assert {tuple(row["nodes"]) for row in section["regions"] if row["round"] == 1 and row["move"] == "region"} == {
+    assert {tuple(row["nodes"]) for row in section["regions"] if row["round"] == 1} == {
         ("conv1", "relu1"),
         ("conv2",),
     }
@@ -316,3 +390,15 @@ def test_latency_needs_the_onnxruntime_platform() -> None:
     with pytest.raises(ValueError, match="cpu_threads"):
         QuantizeConfig(platform="onnxruntime", cpu_threads=0)
     assert QuantizeConfig().cpu_objective == "accuracy"  # a library call places nothing unless asked
+
+
+def test_the_timing_cache_drops_the_oldest_entries_past_its_byte_cap(tmp_path, monkeypatch) -> None:
+    """Node profiles are ~100x a timing's size: the cache is bounded by its JSON bytes as well as its entries."""
+    profile = NodeProfile((ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0),), 5.0, 3)
+    size = len(json.dumps([{"1": profile.to_dict()}]))
+    monkeypatch.setattr(latency_cache, "MAX_BYTES", 2 * size + 1)  # two entries fit, not three
+    cache = TimingCache(tmp_path)
+    for key in ("a", "b", "c"):
+        cache.put_profiles(key, [{1: profile}])
+    assert cache.get_profiles("a") is None
+    assert cache.get_profiles("b") == cache.get_profiles("c") == [{1: profile}]
