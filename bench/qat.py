@@ -3,14 +3,16 @@ post-training reconstructions (AdaRound, BRECQ, QDrop) on models with real accur
 
     nice -n 5 .venv/bin/python -m bench.qat                                  # digits and narrow at W4A4, seed 0
     nice -n 5 .venv/bin/python -m bench.qat --models narrow --precisions w4a8,w4a4 --seeds 0,1,2 --epochs 20
+    nice -n 5 .venv/bin/python -m bench.qat --models digits --methods '' --label-weight 0.1 --crop-padding 1
 
 The models, data, protocol and the RTN / AdaRound / BRECQ / QDrop columns are ``bench.reconstruct``'s
 (``run_model``: platform ``academic``, 1024 training samples calibrate and train, the exported QDQ model
 run by ONNX Runtime with exact Q/DQ arithmetic on the 500 held-out digits). QAT starts from the same
 round-to-nearest calibration: ``quantcore.qat`` on those 1024 samples (the last 20 % of them held out
-to choose the epoch kept), no labels, the FP32 model's logits as targets (``--loss``), one torch
-thread. Wall time is the ``qat`` call alone (FP32 targets included). "recovered" is (acc - RTN) / (FP32
-- RTN) for QAT.
+to choose the epoch kept), the FP32 model's logits as targets (``--loss``), one torch thread; with
+``--label-weight``, plus the cross-entropy on those samples' labels; with ``--flip`` / ``--crop-padding``,
+the training images augmented (``QatAugment``). Wall time is the ``qat`` call alone (FP32 targets
+included). "recovered" is (acc - RTN) / (FP32 - RTN) for QAT.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from bench.reconstruct import CALIBRATION_SAMPLES, METHODS, NARROW_WIDTH, measure, run_model, table
 from quantcore import QatConfig, QuantizeConfig, annotate, calibrate, export, prepare, qat
+from quantcore.config import QatAugment
 from quantcore.runtime.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
 from samples.trained import build_resnet
@@ -36,7 +39,7 @@ PRECISIONS = ("w4a4",)
 def run_qat(name: str, model_path: Path, row: dict, options: dict, seeds: list[int], workdir: Path) -> None:
     """Add QAT's top-1, SQNR and seconds (lists, one entry per seed) to ``row`` (``run_model``'s)."""
     images, labels = load_dataset(0)
-    calibration = {"input": images[:CALIBRATION_SAMPLES]}
+    calibration, calibration_labels = {"input": images[:CALIBRATION_SAMPLES]}, labels[:CALIBRATION_SAMPLES]
     heldout, heldout_labels = images[TRAIN_SAMPLES:], labels[TRAIN_SAMPLES:]
     with open_session(model_path) as session:
         reference = session.run(None, {"input": heldout})[0]
@@ -52,7 +55,7 @@ def run_qat(name: str, model_path: Path, row: dict, options: dict, seeds: list[i
             qat=QatConfig(num_samples=CALIBRATION_SAMPLES, threads=1, seed=seed, **options),
         )
         started = time.perf_counter()
-        result = qat(prepared, annotation, calibration, config)
+        result = qat(prepared, annotation, calibration, config, labels=calibration_labels)
         row["qat_seconds"].append(time.perf_counter() - started)
         exported = export(result.prepared, result.annotation, workdir / name / row["precision"] / f"qat-{seed}")
         top1, sqnr = measure(exported.model_path, heldout, heldout_labels, reference)
@@ -75,12 +78,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--loss", default="mse", choices=("mse", "kl"))
+    parser.add_argument("--label-weight", type=float, default=0.0, help="cross-entropy on the labels (0: none)")
+    parser.add_argument("--flip", action="store_true", help="augment: random horizontal flips")
+    parser.add_argument("--crop-padding", type=int, default=0, help="augment: random crops, shifts up to N px")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # small models: one thread is fastest and does not fight other processes
     methods = [m for m in args.methods.split(",") if m]
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    options = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size, "loss": args.loss}
+    augment = QatAugment(args.flip, args.crop_padding) if args.flip or args.crop_padding else None
+    options = {
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "loss": args.loss,
+        "label_weight": args.label_weight,
+        "augment": augment,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-qat-") as temporary:
         workdir = args.workdir or Path(temporary)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
     print(
         f"{CALIBRATION_SAMPLES} calibration samples, {args.iters} reconstruction steps, QAT {args.epochs} epochs "
-        f"lr {args.lr:g} batch {args.batch_size} loss {args.loss}, seeds {args.seeds}"
+        f"lr {args.lr:g} batch {args.batch_size} loss {args.loss} label weight {args.label_weight:g} "
+        f"augment {augment}, seeds {args.seeds}"
     )
     print(table(rows, [*methods, "qat"], recovered_by="qat"))
 

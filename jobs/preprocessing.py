@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from jobs.dataset_fit import dataset_mismatches
+from jobs.dataset_fit import LABELS, dataset_mismatches
 from jobs.models import Dataset, DatasetKind
+from jobs.recipe_methods import qat_data_problems
 
 if TYPE_CHECKING:
     from jobs.recipe import Recipe
@@ -129,15 +130,31 @@ def decoded_bytes(spec: PreprocessingSpec, num_images: int) -> int:
     return num_images * spec.channels * height * width * ITEM_BYTES[spec.dtype]
 
 
+def _qat_data(model_info: dict[str, Any], dataset: Dataset, spec: PreprocessingSpec | None) -> dict[str, Any]:
+    """``qat_data_problems``' view of the data: whether it has labels, and each model input's (dtype, shape of
+    one sample): the preprocessed image's, or the array's past its first axis."""
+    inputs = [i["name"] for i in model_info.get("inputs", [])]
+    if dataset.kind == DatasetKind.images:
+        has_labels = (dataset.images or {}).get("label_source") is not None
+        name = spec.input if spec is not None and spec.input else inputs[0] if len(inputs) == 1 else None
+        samples = {} if spec is None or name is None else {name: (spec.dtype, spec.sample_shape())}
+        return {"has_labels": has_labels, "samples": samples}
+    arrays = {a["name"]: a for a in dataset.arrays}
+    samples = {name: (arrays[name]["dtype"], arrays[name]["shape"][1:]) for name in inputs if name in arrays}
+    return {"has_labels": LABELS in arrays and LABELS not in inputs, "samples": samples}
+
+
 def job_input_mismatches(
     model_info: dict[str, Any], *, dataset: Dataset, recipe: Recipe, max_decoded_bytes: int
 ) -> list[tuple[str, str]]:
     """(field, reason) pairs why a job's data cannot feed the model: arrays checked by name, images
     through the preprocessing they will get, the decoded images against the worker's memory cap, and the
-    calibration samples against one QAT training batch."""
+    calibration samples against one QAT training batch, its label loss and augmentation."""
     preprocessing = recipe.preprocessing
     shortfall = recipe.qat_shortfall(dataset.num_samples or 0)
     qat = [] if shortfall is None else [("recipe.qat.batch_size", shortfall)]
+    if recipe.qat is not None:
+        qat += qat_data_problems(recipe.qat, **_qat_data(model_info, dataset, preprocessing))
     if dataset.kind == DatasetKind.images:
         problems = preprocessing_mismatches(model_info, preprocessing, dataset.num_samples)
         if preprocessing is not None and not problems:

@@ -401,6 +401,17 @@ class Recipe(_Spec):
             )
         return value
 
+    @field_validator("strategy")
+    @classmethod
+    def _auto_without_label_loss(cls, value: str, info: ValidationInfo) -> str:
+        qat = info.data.get("qat")
+        if value == "auto" and qat is not None and qat.label_weight > 0:
+            raise ValueError(
+                "strategy auto cannot be combined with qat.label_weight: the search holds some calibration samples "
+                "out for its selection and passes no labels on to training"
+            )
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _record_platform_named(cls, data: Any) -> Any:

@@ -5,6 +5,7 @@ with the rest of the recipe."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -62,6 +63,24 @@ class ReconstructionSpec(Spec):
     )
 
 
+MAX_IMAGE_CHANNELS = 4  # QAT augments NCHW images: gray, RGB, RGBA (quantcore.qat.augmentation)
+
+
+class QatAugmentSpec(Spec):
+    flip: bool = Field(
+        False,
+        description="Mirror each training image left-right with probability 1/2 (with label_weight: only where a "
+        "mirrored image keeps its class).",
+    )
+    crop_padding: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Zero-pad each training image by this many pixels on every side, then crop it back to its "
+        "size at a random offset: shifts of up to this many pixels (0: none).",
+    )
+
+
 class QatSpec(Spec):
     epochs: int = Field(10, ge=1, le=1000, description="Passes of training, each followed by the held-out metric.")
     steps: int | None = Field(
@@ -85,6 +104,24 @@ class QatSpec(Spec):
         "divergence from FP32's distribution for class-score (batch, classes) and Softmax outputs.",
     )
     learn_scales: bool = Field(True, description="Also learn the activation and weight scales (LSQ).")
+    label_weight: float = Field(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="Weight of a cross-entropy term on the dataset's labels, added to the distillation loss and "
+        "read from the first class output (0: distillation alone). Needs a dataset with labels.",
+    )
+    augment: QatAugmentSpec | None = Field(
+        None,
+        description="Random flips and shifted crops of the training samples, for image models (every input NCHW "
+        "float with at most 4 channels); the FP32 targets are computed again on each augmented batch.",
+    )
+    intermediate: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Tensors inside the model (names as in Netron) distilled as well: each one's squared error "
+        "relative to its FP32 mean square is added to the loss.",
+    )
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Seeds the batch order (null: the recipe's seed).")
     checkpoint_every: int = Field(
         100,
@@ -105,6 +142,29 @@ def qat_batch_shortfall(qat: QatSpec, calibration_samples: int) -> str | None:
         f"qat.batch_size {qat.batch_size} exceeds the {train} training samples left of {available} "
         f"calibration samples after holding out {qat.holdout:g}: lower batch_size or give more samples"
     )
+
+
+def qat_data_problems(
+    qat: QatSpec, *, has_labels: bool, samples: Mapping[str, tuple[str, list[int | str | None]]]
+) -> list[tuple[str, str]]:
+    """(field, reason) pairs why the data cannot serve ``qat``'s label loss or augmentation (empty: it can),
+    the rules quantcore.qat applies, checked before the job is queued. ``samples``: model input → (dtype,
+    the shape of one sample)."""
+    problems = []
+    if qat.label_weight > 0 and not has_labels:
+        problems.append(("recipe.qat.label_weight", "a label loss needs a dataset with labels; this one has none"))
+    if qat.augment is not None and (qat.augment.flip or qat.augment.crop_padding > 0):
+        for name, (dtype, shape) in samples.items():
+            channels = shape[0] if len(shape) == 3 else None
+            if not dtype.startswith("float") or not isinstance(channels, int) or channels > MAX_IMAGE_CHANNELS:
+                problems.append(
+                    (
+                        "recipe.qat.augment",
+                        f"input '{name}' takes {dtype} {shape} per sample; augmentation flips and crops images "
+                        f"only: NCHW floats with at most {MAX_IMAGE_CHANNELS} channels",
+                    )
+                )
+    return problems
 
 
 class WeightOnlySpec(Spec):

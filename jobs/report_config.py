@@ -70,6 +70,11 @@ class ReconstructionConfig(Section):
     threads: int
 
 
+class QatAugment(Section):
+    flip: bool
+    crop_padding: int = Field(description="Pixels of zero padding on each side before the random crop; 0: no crop.")
+
+
 class QatConfig(Section):
     epochs: int
     steps: int | None = Field(description="Optimizer steps per epoch; null: one pass over the training samples.")
@@ -80,6 +85,9 @@ class QatConfig(Section):
     holdout: float = Field(description="Fraction of them held out for the metric measured every epoch.")
     loss: Literal["mse", "kl"]
     learn_scales: bool
+    label_weight: float = Field(0.0, description="Weight of the cross-entropy on labels in the loss; 0: none.")
+    augment: QatAugment | None = Field(None, description="Random flips and crops of the training images; null: none.")
+    intermediate: list[str] = Field(default_factory=list, description="Tensors inside the model distilled as well.")
     seed: int
     threads: int
     checkpoint_every: int = Field(description="Optimizer steps between two resume checkpoints.")
@@ -157,5 +165,3 @@ class RunConfig(Section):
     cpu_threads: int | None = Field(None, title="CPU threads", description="null: every core of the worker.")
     cpu_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], title="CPU batch sizes")
     weight_only: WeightOnlyConfig | None = Field(None, description="Platform onnxruntime-weight-only only.")
-
-

@@ -40,6 +40,7 @@ def test_split_takes_samples_along_each_inputs_batch_axis(tmp_path) -> None:
     np.testing.assert_array_equal(split.calibration["x"], data["x"][calibration])
     np.testing.assert_array_equal(split.evaluation["x"], data["x"][evaluation])
     np.testing.assert_array_equal(split.labels, labels[evaluation])
+    np.testing.assert_array_equal(split.calibration_labels, labels[calibration])  # QAT's label loss reads them
     assert split.calibration["sr"].shape == split.evaluation["sr"].shape == () == data["sr"].shape  # whole, twice
     record = split.record
     assert record["num_samples"] == 40 and record["batch_axes"] == {"x": 0, "state": 1, "sr": None}

@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -333,7 +334,9 @@ def _execute(
             raise Canceled("canceled")
         work_dir.mkdir(parents=True, exist_ok=True)
         config = to_quantize_config(recipe, timing_cache=settings.var_dir / "cpu-timings")  # shared by the workers
-        run = quantize_auto if config.strategy == "auto" else quantize
+        # the automatic search re-splits the calibration samples, and the recipe refuses a label loss with it
+        labelled = partial(quantize, calibration_labels=split.calibration_labels)
+        run = quantize_auto if config.strategy == "auto" else labelled
         result = run(
             model_path,
             split.calibration,

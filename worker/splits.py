@@ -7,7 +7,8 @@ report says exactly what it measured.
 
 Samples run along each model input's batch axis, by quantcore's rule (`quantcore.runtime.batching`): a
 state declared (2, batch, 128) is split along axis 1, and a constant input (a scalar sample rate)
-goes whole into both parts. `labels` holds one integer per sample.
+goes whole into both parts. `labels` holds one integer per sample; the evaluation samples' are
+`Split.labels`, the calibration samples' `Split.calibration_labels` (QAT's label loss).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Split:
     calibration_indices: list[int]
     evaluation_indices: list[int]
     record: dict[str, Any] = field(default_factory=dict)
+    calibration_labels: np.ndarray | None = None
 
 
 def split_indices(num_samples: int, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +116,7 @@ def split_dataset(path: Path, axes: Mapping[str, int | None], recipe: Recipe) ->
         calibration_indices=calibration,
         evaluation_indices=evaluation,
         record=record,
+        calibration_labels=None if labels is None else labels[calibration_idx],
     )
 
 
@@ -140,7 +143,7 @@ def split_images(
     calibration_files = [listing.files[i] for i in calibration_idx]
     evaluation_files = [listing.files[i] for i in evaluation_idx]
     load = {"spec": spec, "max_pixels": max_pixels, "should_stop": should_stop}
-    labels = None if listing.labels is None else np.asarray(listing.labels, np.int64)[evaluation_idx]
+    all_labels = None if listing.labels is None else np.asarray(listing.labels, np.int64)
     record = _record(DatasetKind.images.value, recipe.seed, len(listing.files), calibration_files, evaluation_files)
     record["batch_axes"] = {name: 0}  # images are stacked along the first axis
     record["hashed"] = "member names, one per line"
@@ -149,8 +152,9 @@ def split_images(
     return Split(
         calibration={name: load_images(path, calibration_files, **load)},
         evaluation={name: load_images(path, evaluation_files, **load)},
-        labels=labels,
+        labels=None if all_labels is None else all_labels[evaluation_idx],
         calibration_indices=calibration_idx.tolist(),
         evaluation_indices=evaluation_idx.tolist(),
         record=record,
+        calibration_labels=None if all_labels is None else all_labels[calibration_idx],
     )

@@ -12,6 +12,7 @@ from quantcore.config import (
     AnalysisOptions,
     AutoOptions,
     MixedPrecisionConfig,
+    QatAugment,
     QatConfig,
     WeightOnlyConfig,
 )
@@ -57,6 +58,9 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
             holdout=qat.holdout,
             loss=qat.loss,
             learn_scales=qat.learn_scales,
+            label_weight=qat.label_weight,
+            augment=None if qat.augment is None else QatAugment(qat.augment.flip, qat.augment.crop_padding),
+            intermediate=tuple(qat.intermediate),
             seed=recipe.seed if qat.seed is None else qat.seed,
             checkpoint_every=qat.checkpoint_every,
         )

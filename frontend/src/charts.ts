@@ -8,6 +8,8 @@ import {
   Chart,
   Legend,
   LinearScale,
+  LineController,
+  LineElement,
   PointElement,
   ScatterController,
   Tooltip,
@@ -15,7 +17,7 @@ import {
 } from "chart.js";
 import { h } from "./dom";
 
-Chart.register(BarController, BarElement, CategoryScale, LinearScale, PointElement, ScatterController, Tooltip, Legend);
+Chart.register(BarController, BarElement, CategoryScale, LinearScale, LineController, LineElement, PointElement, ScatterController, Tooltip, Legend);
 Chart.defaults.animation = false;
 Chart.defaults.font.family = "system-ui, sans-serif";
 Chart.defaults.color = "#1f2937";

@@ -1,8 +1,8 @@
 // Renders a job's report JSON (schema: the `Report` model of the OpenAPI document). Known sections
 // get purpose-built views (summary, the onnxruntime platform recommended for a job with no engine, automatic
-// search, accuracy target, outputs, layers ranked by harm, CPU latency and placement); anything else, such
-// as sections a newer engine adds, falls through to a generic, readable rendering: nothing in the report is
-// ever hidden from the user.
+// search, accuracy target, QAT's loss curve, outputs, layers ranked by harm, CPU latency and placement);
+// anything else, such as sections a newer engine adds, falls through to a generic, readable rendering:
+// nothing in the report is ever hidden from the user.
 
 import type { Schemas } from "./api/client";
 import { autoSearchView } from "./autosearch";
@@ -10,6 +10,7 @@ import { chart, PALETTE } from "./charts";
 import { bytes, h, label, num, percent, scroll, table } from "./dom";
 import { cpuAlternativeView } from "./cpualternative";
 import { placementView } from "./placement";
+import { qatView } from "./qat";
 
 type Analysis = Schemas["Analysis"];
 type LayerHarm = Schemas["LayerHarm"];
@@ -22,7 +23,7 @@ type Obj = { [key: string]: Json };
 
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 
-const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity", "latency", "auto", "placement"]);
+const HANDLED_TOP = new Set(["format", "evaluation", "stage_seconds", "warnings", "config", "analysis", "target", "parity", "latency", "auto", "placement", "qat"]);
 const HANDLED_EVAL = new Set(["model", "num_samples", "top1_output", "latency_ms_per_sample"]);
 
 /** Render into `section`; returns a cleanup that destroys the charts. */
@@ -47,6 +48,11 @@ export function renderReport(section: HTMLElement, report: Obj): () => void {
     destroyers.push(view.destroy);
   }
   if (isObj(report.target)) section.append(targetView(report.target as unknown as Target));
+  if (isObj(report.qat)) {
+    const view = qatView(report.qat as unknown as Schemas["Qat"]);
+    section.append(view.el);
+    destroyers.push(view.destroy);
+  }
   section.append(outputMetrics(variants));
 
   if (isObj(report.analysis)) {

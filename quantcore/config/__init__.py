@@ -25,7 +25,7 @@ from quantcore.config.choices import (
     default_precision,
 )
 from quantcore.config.mixed_precision import MixedPrecisionConfig
-from quantcore.config.qat import QatConfig
+from quantcore.config.qat import QatAugment, QatConfig
 from quantcore.config.reconstruction import ReconstructionConfig
 from quantcore.config.run import NodeOverride, QuantizeConfig
 from quantcore.config.weight_only import WeightOnlyConfig
@@ -42,6 +42,7 @@ __all__ = [
     "MixedPrecisionConfig",
     "NodeOverride",
     "PlatformName",
+    "QatAugment",
     "QatConfig",
     "QuantizeConfig",
     "ReconstructionConfig",

@@ -105,6 +105,7 @@ def quantize(
     out_dir: str | Path,
     *,
     labels: np.ndarray | None = None,
+    calibration_labels: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
     engine_builder: Callable[..., EngineResult] = build_engine,
@@ -116,8 +117,10 @@ def quantize(
     calibration / evaluation: ``{input name: array}``, samples along each input's batch axis
     (``quantcore.runtime.batching``: usually the first; a constant input's array is its value), batched by
     ``config.batch_size`` or the model's fixed batch dimension. labels: optional (N_eval,) integer
-    class ids for top-1 accuracy. engine_builder: called like ``build_engine`` for the engine stage (a
-    service passes one that builds where a GPU is, or skips with the reason). Raises
+    class ids for top-1 accuracy. calibration_labels: optional (N_calibration,) class ids of the
+    calibration samples, for QAT's label loss (``QatConfig.label_weight``). engine_builder: called like
+    ``build_engine`` for the engine stage (a service passes one that builds where a GPU is, or skips with
+    the reason). Raises
     ``InvalidModelError``, ``UnsupportedModelError``, ``InvalidDataError`` (checked before any slow
     stage), or ``Canceled``.
 
@@ -142,7 +145,7 @@ def quantize(
     monitor = Monitor(progress, should_cancel)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(model_path, calibration, evaluation, labels, out_dir, monitor, StageClock(monitor))
+    run = Run(model_path, calibration, evaluation, labels, out_dir, monitor, StageClock(monitor), calibration_labels)
     if config.platform == WEIGHT_ONLY_PLATFORM:
         exported, report = quantize_weight_only(run, config)
         return QuantizeResult.of(exported, None, write_report(out_dir, report), report)

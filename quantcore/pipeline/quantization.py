@@ -44,6 +44,7 @@ from quantcore.prepare.preparation import PreparedModel, prepare
 from quantcore.qat import QatResult, qat
 from quantcore.qat.checkpoint import FILE as QAT_CHECKPOINT
 from quantcore.qat.checkpoint import Checkpointing
+from quantcore.qat.training import check_qat_data
 from quantcore.reconstruction import ReconstructionResult, reconstruct
 from quantcore.report.stage_results import PreparedInputs, QuantizedModel
 from quantcore.runtime.batching import Batches, input_specs
@@ -64,17 +65,18 @@ class Calibration:
     qat: QatResult | None = None  # the qat stage's, once it has run
 
 
-def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
+def prepare_stage(run: Run, config: QuantizeConfig, *, external_data: bool = True) -> PreparedInputs:
     """Prepare the model and check the data against it, before any slow stage: batches both data sets
-    for the prepared model, checks the labels and the target, and prices the analysis' memory. Raises
-    ``InvalidModelError``, ``UnsupportedModelError`` (also: a target whose ranking cannot fit), or
-    ``InvalidDataError``. With ``config.equalization``, the prepared model is equalized; with
-    ``config.smoothquant``, then smoothed (the smoothed graph has the same inputs: the batches stand)."""
+    for the prepared model, checks the labels, the target and QAT's labels and tensor names, and prices the
+    analysis' memory. Raises ``InvalidModelError``, ``UnsupportedModelError`` (also: a target whose ranking
+    cannot fit), or ``InvalidDataError``. With ``config.equalization``, the prepared model is equalized; with
+    ``config.smoothquant``, then smoothed (the smoothed graph has the same inputs: the batches stand).
+    ``external_data=False``: the prepared model's external tensors stay in their files (``prepare``'s)."""
     started = run.clock.begin("prepare")
     # The first calibration batch lets prepare fold Ifs that depend on input shapes or flag inputs.
     source_specs = input_specs(onnx.load(str(run.model_path), load_external_data=False))
     sample = next(iter(Batches(run.calibration, source_specs, config.batch_size, what="calibration")), None)
-    prepared = prepare(run.model_path, sample=sample)
+    prepared = prepare(run.model_path, sample=sample if external_data else None, external_data=external_data)
     done = f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes"
     if config.equalization:
         prepared, equalization = equalize(prepared)
@@ -84,6 +86,8 @@ def prepare_stage(run: Run, config: QuantizeConfig) -> PreparedInputs:
     evaluation = Batches(run.evaluation, specs, config.batch_size, what="evaluation")
     check_labels(run.labels, evaluation.total_samples, evaluation.num_samples)
     check_target(config.target, run.labels)
+    if config.qat is not None:
+        check_qat_data(config.qat, prepared.model, run.calibration_labels)
     if config.smoothquant:  # after the data checks: it runs the model on the calibration data
         prepared, smoothing = smooth(prepared, calibration, config, run.monitor)
         done = f"{done}; {smoothing.statement()}"
@@ -247,6 +251,7 @@ def qat_stage(
         calibration.calibrated,
         inputs.calibration,
         config,
+        labels=run.calibration_labels,
         progress=run.monitor.progress,
         should_cancel=run.monitor.should_cancel,
         checkpointing=Checkpointing(

@@ -37,8 +37,9 @@ class StageClock:
 @dataclass(frozen=True)
 class Run:
     """``quantize``'s arguments that every stage reads, unchanged: ``model_path`` as given (str or Path),
-    the calibration and evaluation arrays (``{input name: array}``), the optional (N_eval,) labels,
-    ``out_dir`` (created), the two callbacks in ``monitor``, and the clock every stage reports through."""
+    the calibration and evaluation arrays (``{input name: array}``), the optional (N_eval,) labels and
+    (N_calibration,) ``calibration_labels`` (QAT's label loss), ``out_dir`` (created), the two callbacks in
+    ``monitor``, and the clock every stage reports through."""
 
     model_path: str | Path
     calibration: Mapping[str, np.ndarray]
@@ -47,3 +48,4 @@ class Run:
     out_dir: Path
     monitor: Monitor
     clock: StageClock  # over ``monitor``
+    calibration_labels: np.ndarray | None = None

@@ -6,7 +6,8 @@ steps (whole or not at all, ``quantcore.atomic``) and removes it when training e
 ``resume_from`` when that file exists and holds ``key`` (the run's fingerprint of model, calibration data and
 config, ``quantcore.export.checkpoint.fingerprint``), and ignores it otherwise. The file holds tensors and
 plain values only (read with ``torch.load(weights_only=True)``): the module's parameters, Adam's state,
-the batch order's generator state and pending indices, the epoch and step reached, the running loss of the
+the batch order's generator state and pending indices, the augmentation's generator state (with
+``QatConfig.augment``), the epoch and step reached, the running loss of the
 epoch, the finished epochs' reports, and the best epoch with its parameters.
 """
 
@@ -71,7 +72,9 @@ class Position:
     resumed_from: int | None = None  # the step (counted over epochs) the last resume went on from
 
 
-def save(checkpointing: Checkpointing, position: Position, module, optimizer, order: BatchOrder) -> None:
+def save(
+    checkpointing: Checkpointing, position: Position, module, optimizer, order: BatchOrder, augmentation=None
+) -> None:
     buffer = io.BytesIO()
     document = {
         "key": checkpointing.key,
@@ -79,14 +82,15 @@ def save(checkpointing: Checkpointing, position: Position, module, optimizer, or
         "module": module.state(),
         "optimizer": optimizer.state_dict(),
         "order": order.state(),
+        "augmentation": None if augmentation is None else augmentation.state(),
     }
     torch.save(document, buffer)
     atomic.write_bytes(checkpointing.path, buffer.getvalue())
 
 
-def restore(checkpointing: Checkpointing, module, optimizer, order: BatchOrder) -> Position | None:
-    """The position a matching checkpoint in ``resume_from`` holds, with the module, optimizer and batch
-    order restored from it; None (nothing changed) when there is none."""
+def restore(checkpointing: Checkpointing, module, optimizer, order: BatchOrder, augmentation=None) -> Position | None:
+    """The position a matching checkpoint in ``resume_from`` holds, with the module, optimizer, batch
+    order and augmentation restored from it; None (nothing changed) when there is none."""
     if checkpointing.resume_from is None or not checkpointing.resume_from.is_file():
         return None
     document = torch.load(checkpointing.resume_from, map_location="cpu", weights_only=True)
@@ -95,6 +99,8 @@ def restore(checkpointing: Checkpointing, module, optimizer, order: BatchOrder) 
     module.load_state(document["module"])
     optimizer.load_state_dict(document["optimizer"])
     order.restore(document["order"])
+    if augmentation is not None:
+        augmentation.restore(document["augmentation"])
     return Position(**document["position"])
 
 

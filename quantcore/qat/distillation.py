@@ -1,5 +1,5 @@
 """QAT's loss and held-out metric: the quantized graph's outputs ŷ against the FP32 model's y on the same
-samples (the FP32 model is the teacher; no labels).
+samples (the FP32 model is the teacher), optionally with labels.
 
 Each float graph output has a kind (``output_kinds``), read from the graph:
 
@@ -7,6 +7,7 @@ Each float graph output has a kind (``output_kinds``), read from the graph:
     scores          any other float output of shape (B, C), C ≥ 2: class logits, as the evaluation's
                     task metrics read the first such output
     values          every other float output
+    intermediate    a tensor inside the graph chosen for distillation (``QatConfig.intermediate``)
 
 Loss per output, summed over outputs (``Distillation.loss``):
 
@@ -16,9 +17,15 @@ Loss per output, summed over outputs (``Distillation.loss``):
     kl    scores:        KL(softmax(y) ‖ softmax(ŷ)), averaged over the batch
           probabilities: Σ y·(log y - log ŷ), averaged over the batch (ŷ, y floored at 1e-12 in the logs)
           values:        as mse
+    intermediate: as mse, whatever ``loss``
 
-Metric (``Distillation.sqnr_db``): per output 10·log10(Σ y² / Σ (ŷ - y)²) over the held-out split, the
-mean over outputs in dB; +inf where ŷ equals y exactly, -inf where y is all zeros and ŷ is not.
+    labels (``label_weight`` w > 0): + w · CE(label output, labels), averaged over the batch; the label
+    output is the first class output (scores: cross-entropy of softmax(ŷ); probabilities: -log ŷ[label],
+    ŷ floored at 1e-12).
+
+Metric (``Distillation.sqnr_db``): per graph output 10·log10(Σ y² / Σ (ŷ - y)²) over the held-out split,
+the mean over outputs in dB (intermediate tensors and labels do not count); +inf where ŷ equals y
+exactly, -inf where y is all zeros and ŷ is not.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 PROBABILITY_FLOOR = 1e-12  # log(0) guard for probabilities a quantized Softmax rounds to 0
+CLASS_KINDS = ("scores", "probabilities")
 
 
 def output_kinds(model: onnx.ModelProto, names: Sequence[str], targets: Mapping[str, np.ndarray]) -> dict[str, str]:
@@ -49,14 +57,29 @@ def output_kinds(model: onnx.ModelProto, names: Sequence[str], targets: Mapping[
     return kinds
 
 
-class Distillation:
-    """The loss of ``loss`` ("mse" | "kl") over the outputs of ``kinds``; ``power``: each output's
-    mean(y²) on the training split (the mse normaliser)."""
+def label_output(kinds: Mapping[str, str]) -> str | None:
+    """The output a label loss reads: the first of kind scores or probabilities (None: no class output)."""
+    return next((name for name, kind in kinds.items() if kind in CLASS_KINDS), None)
 
-    def __init__(self, loss: str, kinds: Mapping[str, str], power: Mapping[str, float]) -> None:
+
+class Distillation:
+    """The loss of ``loss`` ("mse" | "kl") over the tensors of ``kinds`` (outputs first, then intermediate
+    tensors), plus ``label_weight`` times the label cross-entropy of ``label_output(kinds)``; ``power``: each
+    tensor's mean(y²) on the training split (the mse normaliser)."""
+
+    def __init__(
+        self, loss: str, kinds: Mapping[str, str], power: Mapping[str, float], label_weight: float = 0.0
+    ) -> None:
         self.loss_name = loss
         self.kinds = dict(kinds)
         self.power = {name: max(float(p), float(np.finfo(np.float32).tiny)) for name, p in power.items()}
+        self.label_weight = label_weight
+        self.label_output = label_output(self.kinds)  # read only with label_weight > 0, where it exists
+
+    @property
+    def outputs(self) -> list[str]:
+        """The graph outputs distilled (the metric's), without the intermediate tensors."""
+        return [name for name, kind in self.kinds.items() if kind != "intermediate"]
 
     def _term(self, name: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         kind = self.kinds[name]
@@ -69,13 +92,27 @@ class Distillation:
             return (target * (log_target - log_output)).sum(-1).mean()
         return ((output - target) ** 2).mean() / self.power[name]
 
-    def loss(self, outputs: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return sum((self._term(name, outputs[name], targets[name]) for name in self.kinds), torch.zeros(()))
+    def _label_term(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.kinds[self.label_output] == "probabilities":
+            return F.nll_loss(torch.log(output.clamp_min(PROBABILITY_FLOOR)), labels)
+        return F.cross_entropy(output, labels)
+
+    def loss(
+        self,
+        outputs: Mapping[str, torch.Tensor],
+        targets: Mapping[str, torch.Tensor],
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The batch's loss; ``labels`` (B,) int64 class ids, required when ``label_weight`` > 0."""
+        total = sum((self._term(name, outputs[name], targets[name]) for name in self.kinds), torch.zeros(()))
+        if self.label_weight > 0:
+            total = total + self.label_weight * self._label_term(outputs[self.label_output], labels)
+        return total
 
     def sqnr_db(self, outputs: Mapping[str, np.ndarray], targets: Mapping[str, np.ndarray]) -> float:
-        """Mean over outputs of 10·log10(Σ y² / Σ (ŷ - y)²), float64 sums."""
+        """Mean over the graph outputs of 10·log10(Σ y² / Σ (ŷ - y)²), float64 sums."""
         values = []
-        for name in self.kinds:
+        for name in self.outputs:
             y = targets[name].astype(np.float64)
             signal, noise = float((y**2).sum()), float(((outputs[name].astype(np.float64) - y) ** 2).sum())
             values.append(math.inf if noise == 0 else -math.inf if signal == 0 else 10 * math.log10(signal / noise))

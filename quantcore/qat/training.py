@@ -5,7 +5,11 @@ weights and scales to export.
    converter runs (``reconstruction.torch_ops.OPS``), inputs batched off axis 0, or no float output to
    distill: the stage is skipped with the reason and the post-training model goes on unchanged.
 2. Data: the first ``num_samples`` calibration samples; the last ``holdout`` fraction is held out (whole
-   batches where the model fixes its batch size). Targets: the FP32 model's outputs (ONNX Runtime).
+   batches where the model fixes its batch size). Targets: the FP32 model's outputs, and its
+   ``intermediate`` tensors (ONNX Runtime), computed once; with ``augment``, the training batches are
+   flipped and cropped (``quantcore.qat.augmentation``) and their targets computed again on each augmented
+   batch, since a stored target belongs to the unaugmented sample. Labels (``label_weight``): the
+   calibration samples' own, when given.
 3. Train: Adam on the weights and biases (``lr``) and the log-scales (``scale_lr``), ``epochs`` times
    ``steps`` batches of ``batch_size`` in a seeded order, loss ``quantcore.qat.distillation``. After every
    epoch the held-out SQNR is measured and reported; ``should_cancel`` is polled before every step. With
@@ -19,19 +23,21 @@ weights and scales to export.
    scales shared along their dominator chains, ``reconstruction.reconstruct.set_scale``), so the QDQ
    exporter stores exactly what was trained.
 
-Deterministic for a seed on one device: the batches are drawn from a seeded generator and nothing else
-is random.
+Deterministic for a seed on one device: the batches and the augmentation are drawn from seeded
+generators and nothing else is random.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from quantcore.annotate.annotation import Annotation
@@ -41,10 +47,11 @@ from quantcore.graph.index import GraphIndex
 from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.qat import checkpoint
+from quantcore.qat.augmentation import Augmentation, image_problem
 from quantcore.qat.checkpoint import BatchOrder, Checkpointing, Position
-from quantcore.qat.distillation import Distillation, output_kinds
+from quantcore.qat.distillation import Distillation, label_output, output_kinds
 from quantcore.qat.graph_module import GraphModule, graph_outputs
-from quantcore.reconstruction.blocks import whole_graph
+from quantcore.reconstruction.blocks import Block, whole_graph
 from quantcore.reconstruction.reconstruct import calibration_samples, set_scale, with_weights
 from quantcore.runtime.batching import Batches
 from quantcore.runtime.session import open_session
@@ -58,7 +65,7 @@ EVAL_BATCH = 256  # samples per no-grad forward when measuring the held-out spli
 class EpochReport:
     epoch: int
     steps: int
-    loss: float  # mean distillation loss over the epoch's steps
+    loss: float  # mean training loss over the epoch's steps (distillation, plus the label term if any)
     heldout_sqnr_db: float  # after the epoch
 
 
@@ -132,35 +139,69 @@ def _split(count: int, qc: QatConfig, fixed_batch: int | None) -> tuple[int, int
     return train, heldout
 
 
-def _targets(prepared: PreparedModel, samples: Mapping[str, np.ndarray], count: int, batch: int, device: str):
-    """The FP32 model's graph outputs on every sample, {output: (count, ...)}."""
-    names = [o.name for o in prepared.model.graph.output]
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    with open_session(prepared.model, device=device) as session:
+class _Teacher:
+    """The FP32 model in ONNX Runtime: ``run(feed)`` → {name: (B, ...)} for the graph outputs and the
+    ``intermediate`` tensors, each with its samples along axis 0 (InvalidDataError naming
+    ``qat.intermediate`` for one whose first axis is not the batch's)."""
+
+    def __init__(self, session, prepared: PreparedModel, intermediate: tuple[str, ...]) -> None:
+        self.session = session
+        self.names = [o.name for o in prepared.model.graph.output] + list(intermediate)
+        self.intermediate = set(intermediate)
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = dict(zip(self.names, (np.asarray(v) for v in self.session.run(self.names, feed)), strict=True))
+        count = len(next(iter(feed.values())))
+        for name in self.intermediate:
+            if values[name].ndim == 0 or values[name].shape[0] != count:
+                raise InvalidDataError(
+                    f"qat.intermediate: tensor {name!r} has shape {list(values[name].shape)} for a batch of "
+                    f"{count}; only tensors whose first axis is the batch can be distilled"
+                )
+        return values
+
+    def targets(self, samples: Mapping[str, np.ndarray], count: int, batch: int) -> dict[str, np.ndarray]:
+        """The teacher's values on every sample, {name: (count, ...)}."""
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in self.names}
         for start in range(0, count, batch):
-            feed = {name: value[start : start + batch] for name, value in samples.items()}
-            for name, value in zip(names, session.run(names, feed), strict=True):
-                parts[name].append(np.asarray(value))
-    return {name: np.concatenate(values) for name, values in parts.items()}
+            for name, value in self.run({n: v[start : start + batch] for n, v in samples.items()}).items():
+                parts[name].append(value)
+        return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def _tensor(value: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(value)).to(device)
 
 
 @dataclass(frozen=True)
 class _Samples:
-    """The samples and FP32 targets in host memory (the first ``num_train`` train, the rest are held out),
-    handed to the device batch by batch."""
+    """The samples, FP32 targets and labels in host memory (the first ``num_train`` train, the rest are held
+    out), handed to the device batch by batch. With ``augmentation``, training batches are augmented and
+    their targets are ``teacher``'s on the augmented batch."""
 
     inputs: Mapping[str, np.ndarray]
     targets: Mapping[str, np.ndarray]
+    labels: np.ndarray | None  # (count,) int64 class ids, with a label loss
     num_train: int
     train_batch: int
     eval_batch: int
     device: torch.device
+    augmentation: Augmentation | None = None
+    teacher: _Teacher | None = None
 
     def batch(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {n: torch.from_numpy(np.ascontiguousarray(v[index])).to(self.device) for n, v in self.inputs.items()}
+        return {n: _tensor(v[index], self.device) for n, v in self.inputs.items()}
 
-    def target(self, names, index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {n: torch.from_numpy(np.ascontiguousarray(self.targets[n][index])).to(self.device) for n in names}
+    def training(self, names, index: np.ndarray):
+        """(inputs, targets of ``names``, labels or None) of the training batch ``index``, on the device."""
+        labels = None if self.labels is None else _tensor(self.labels[index], self.device)
+        if self.augmentation is None:
+            targets = {n: _tensor(self.targets[n][index], self.device) for n in names}
+            return self.batch(index), targets, labels
+        inputs = self.augmentation.apply({n: v[index] for n, v in self.inputs.items()})
+        targets = self.teacher.run(inputs)
+        tensors = {n: _tensor(v, self.device) for n, v in inputs.items()}
+        return tensors, {n: _tensor(targets[n], self.device) for n in names}, labels
 
     @property
     def heldout(self) -> np.ndarray:
@@ -174,7 +215,7 @@ def _outputs(module: GraphModule, outputs: list[torch.Tensor], names) -> dict[st
 
 def _heldout_sqnr(module: GraphModule, samples: _Samples, distillation: Distillation) -> float:
     module.eval()
-    names, index = list(distillation.kinds), samples.heldout
+    names, index = distillation.outputs, samples.heldout
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     with torch.no_grad():
         for start in range(0, len(index), samples.eval_batch):
@@ -204,7 +245,8 @@ def _train(
     order = BatchOrder(samples.num_train, samples.train_batch, qc.seed)
     steps = qc.steps or math.ceil(samples.num_train / samples.train_batch)
     names = list(distillation.kinds)
-    at = checkpoint.restore(checkpointing, module, optimizer, order) if checkpointing else None
+    augmentation = samples.augmentation
+    at = checkpoint.restore(checkpointing, module, optimizer, order, augmentation) if checkpointing else None
     if at is not None:
         at.resumed_from = (at.epoch - 1) * steps + at.step
     at = at or Position(best=before)
@@ -212,10 +254,8 @@ def _train(
         module.train()
         while at.step < steps:
             monitor.check(STAGE)
-            index = order.next()
-            loss = distillation.loss(
-                _outputs(module, module(samples.batch(index)), names), samples.target(names, index)
-            )
+            inputs, targets, labels = samples.training(names, order.next())
+            loss = distillation.loss(_outputs(module, module(inputs), names), targets, labels)
             if not torch.isfinite(loss):
                 return at, (
                     f"the loss became {float(loss.detach())} at epoch {at.epoch} step {at.step + 1}; "
@@ -226,7 +266,7 @@ def _train(
             optimizer.step()
             at.step, at.total = at.step + 1, at.total + float(loss.detach())
             if checkpointing is not None and ((at.epoch - 1) * steps + at.step) % qc.checkpoint_every == 0:
-                checkpoint.save(checkpointing, at, module, optimizer, order)
+                checkpoint.save(checkpointing, at, module, optimizer, order, augmentation)
         metric = _heldout_sqnr(module, samples, distillation)
         at.epochs.append(asdict(EpochReport(at.epoch, steps, at.total / steps, metric)))
         message = f"epoch {at.epoch}/{qc.epochs}: loss {at.total / steps:.4g}, held-out SQNR {metric:.2f} dB"
@@ -237,12 +277,65 @@ def _train(
     return at, None
 
 
+def check_qat_data(qc: QatConfig, model: onnx.ModelProto, labels: np.ndarray | None) -> None:
+    """What ``qat`` checks before it trains, callable before any slow stage: InvalidDataError naming
+    ``qat.label_weight`` for a label loss without ``labels``, or ``qat.intermediate`` for a name no node of
+    the (prepared) ``model`` computes."""
+    if qc.label_weight > 0 and labels is None:
+        raise InvalidDataError(
+            "qat.label_weight: a label loss needs labels for the calibration samples, and this data has none"
+        )
+    computed = {o for node in model.graph.node if node.op_type != "Constant" for o in node.output}
+    unknown = [name for name in qc.intermediate if name not in computed]
+    if unknown:
+        raise InvalidDataError(
+            f"qat.intermediate: no node of the model computes {unknown}; name tensors a node outputs, as Netron "
+            "shows them (a BatchNormalization folded into its Conv leaves the Conv's output under the BN's name)"
+        )
+
+
+def _labels(qc: QatConfig, labels: np.ndarray | None, count: int) -> np.ndarray | None:
+    """The (count,) int64 labels of the samples trained on with a label loss (None without one); raises
+    InvalidDataError naming ``qat.label_weight`` unless they are one integer per sample."""
+    if qc.label_weight == 0:
+        return None
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) < count:
+        raise InvalidDataError(
+            f"qat.label_weight: labels must be one integer per calibration sample ({count}), got "
+            f"{labels.dtype} {list(labels.shape)}"
+        )
+    return labels[:count].astype(np.int64)
+
+
+def _check_label_output(kinds: Mapping[str, str], targets: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
+    """InvalidDataError naming ``qat.label_weight`` unless a class output exists and every label indexes it."""
+    name = label_output(kinds)
+    if name is None:
+        raise InvalidDataError(
+            "qat.label_weight: a label loss needs a class output, (batch, classes) scores or a Softmax's "
+            f"probabilities; the model's float outputs are {sorted(k for k, v in kinds.items() if v != 'intermediate')}"
+        )
+    classes = targets[name].shape[-1]
+    if labels.min() < 0 or labels.max() >= classes:
+        raise InvalidDataError(
+            f"qat.label_weight: labels range over {labels.min()}..{labels.max()}, but output {name!r} has "
+            f"{classes} classes"
+        )
+
+
+def _with_intermediate(block: Block, intermediate: tuple[str, ...]) -> Block:
+    """``block`` also returning the ``intermediate`` tensors (``check_qat_data``'s), after the graph outputs."""
+    return replace(block, outputs=(*block.outputs, *(n for n in intermediate if n not in block.outputs)))
+
+
 def qat(
     prepared: PreparedModel,
     annotation: Annotation,
     calibration: Mapping[str, np.ndarray] | Batches,
     config: QuantizeConfig,
     *,
+    labels: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
     checkpointing: Checkpointing | None = None,
@@ -250,10 +343,13 @@ def qat(
     """Train a calibrated ``annotation`` of ``prepared`` per ``config.qat`` (module docstring).
 
     Returns new ``prepared``/``annotation`` objects (the inputs are not modified); export them as usual.
+    ``labels``: the calibration samples' class ids (N,), read with ``config.qat.label_weight`` > 0.
     ``checkpointing``: where training is checkpointed every ``config.qat.checkpoint_every`` steps and
     resumed from (``quantcore.qat.checkpoint``); None: neither. Raises ValueError without ``config.qat``
-    (or with device cuda where torch sees none), InvalidDataError when the samples cannot fill one
-    training batch, ``Canceled`` when ``should_cancel()`` turns True.
+    (or with device cuda where torch sees none), InvalidDataError naming the ``qat`` field when the samples
+    cannot fill one training batch, a label loss has no labels or no class output to read, augmentation
+    meets inputs that are not images, or an intermediate tensor is unknown; ``Canceled`` when
+    ``should_cancel()`` turns True.
     """
     qc = config.qat
     if qc is None:
@@ -267,7 +363,8 @@ def qat(
         seconds = round(time.perf_counter() - started, 3)
         return QatResult(config=qc, device=config.device, status=status, seconds=seconds, **kept)
 
-    block = whole_graph(prepared.model.graph, annotation)
+    check_qat_data(qc, prepared.model, labels)
+    block = _with_intermediate(whole_graph(prepared.model.graph, annotation), qc.intermediate)
     if block.unsupported:
         return ended("skipped", reason=f"no torch converter for {', '.join(block.unsupported)}")
     try:
@@ -276,40 +373,56 @@ def qat(
         )
     except UnsupportedModelError as error:
         return ended("skipped", reason=str(error))
+    train_labels = _labels(qc, labels, count)
+    augmentation = None
+    if qc.augment is not None and qc.augment.active:
+        problem = image_problem(inputs)
+        if problem is not None:
+            raise InvalidDataError(f"qat.augment: {problem}")
+        augmentation = Augmentation(qc.augment, qc.seed)
     num_train, num_heldout = _split(count, qc, batch if fixed else None)
-    targets = _targets(prepared, inputs, count, batch, config.device)
-    names = [n for n in graph_outputs(prepared.model, block) if targets[n].dtype.kind == "f"]
-    if not names:
-        return ended("skipped", reason="the model has no float output to distill")
-    kinds = output_kinds(prepared.model, names, targets)
-    power = {n: float(np.mean(targets[n][:num_train].astype(np.float64) ** 2)) for n in names}
-    distillation = Distillation(qc.loss, kinds, power)
-    device = torch.device(config.device)
-    # the model's own batch where it fixes one (a Reshape may hard-code it), else batch_size / EVAL_BATCH
-    batches = (batch, batch) if fixed else (min(qc.batch_size, num_train), EVAL_BATCH)
-    samples = _Samples(inputs, targets, num_train, *batches, device)
-    common = {"num_train": num_train, "num_heldout": num_heldout, "outputs": kinds}
-    with torch_threads(qc.threads if device.type == "cpu" else 0):
-        module = GraphModule(
-            block, GraphIndex(prepared.model.graph), annotation, annotation.configs,
-            learn_scales=qc.learn_scales, device=device,
-        )  # fmt: skip
-        before = _heldout_sqnr(module, samples, distillation)
-        monitor = Monitor(progress, should_cancel)
-        at, diverged = _train(module, samples, distillation, qc, before, monitor, checkpointing)
-        if checkpointing is not None:
-            checkpoint.remove(checkpointing)
-        epochs = tuple(EpochReport(**e) for e in at.epochs)
-        common["resumed_from"] = at.resumed_from
-        if diverged is not None:
-            return ended("diverged", reason=diverged, before_sqnr_db=before, epochs=epochs, **common)
-        if at.best_state is None:
-            return ended("kept_ptq", before_sqnr_db=before, after_sqnr_db=before, epochs=epochs, **common)
-        module.load_state(at.best_state)
-        values, weight_configs = module.trained()
-        configs = {**annotation.configs, **weight_configs}
-        for root, scale in module.learned_scales().items():
-            set_scale(configs, root, scale)
+    with contextlib.ExitStack() as teaching:
+        session = teaching.enter_context(open_session(prepared.model, device=config.device, outputs=qc.intermediate))
+        teacher: _Teacher | None = _Teacher(session, prepared, qc.intermediate)
+        targets = teacher.targets(inputs, count, batch)
+        if augmentation is None:  # the stored targets serve every batch: the FP32 session goes before training
+            teacher = session = None
+            teaching.close()
+        names = [n for n in graph_outputs(prepared.model, block) if targets[n].dtype.kind == "f"]
+        if not names:
+            return ended("skipped", reason="the model has no float output to distill")
+        kinds = {**output_kinds(prepared.model, names, targets), **dict.fromkeys(qc.intermediate, "intermediate")}
+        if train_labels is not None:
+            _check_label_output(kinds, targets, train_labels)
+        power = {n: float(np.mean(targets[n][:num_train].astype(np.float64) ** 2)) for n in kinds}
+        distillation = Distillation(qc.loss, kinds, power, qc.label_weight)
+        device = torch.device(config.device)
+        # the model's own batch where it fixes one (a Reshape may hard-code it), else batch_size / EVAL_BATCH
+        batches = (batch, batch) if fixed else (min(qc.batch_size, num_train), EVAL_BATCH)
+        samples = _Samples(inputs, targets, train_labels, num_train, *batches, device, augmentation, teacher)
+        outputs = {n: kinds[n] for n in distillation.outputs}
+        common = {"num_train": num_train, "num_heldout": num_heldout, "outputs": outputs}
+        with torch_threads(qc.threads if device.type == "cpu" else 0):
+            module = GraphModule(
+                block, GraphIndex(prepared.model.graph), annotation, annotation.configs,
+                learn_scales=qc.learn_scales, device=device,
+            )  # fmt: skip
+            before = _heldout_sqnr(module, samples, distillation)
+            monitor = Monitor(progress, should_cancel)
+            at, diverged = _train(module, samples, distillation, qc, before, monitor, checkpointing)
+            if checkpointing is not None:
+                checkpoint.remove(checkpointing)
+            epochs = tuple(EpochReport(**e) for e in at.epochs)
+            common["resumed_from"] = at.resumed_from
+            if diverged is not None:
+                return ended("diverged", reason=diverged, before_sqnr_db=before, epochs=epochs, **common)
+            if at.best_state is None:
+                return ended("kept_ptq", before_sqnr_db=before, after_sqnr_db=before, epochs=epochs, **common)
+            module.load_state(at.best_state)
+            values, weight_configs = module.trained()
+            configs = {**annotation.configs, **weight_configs}
+            for root, scale in module.learned_scales().items():
+                set_scale(configs, root, scale)
     return ended(
         "trained",
         prepared=with_weights(prepared, values),

@@ -206,7 +206,8 @@ def _mixed_precision(section: Mapping[str, Any] | None) -> str:
 
 
 def _qat(section: Mapping[str, Any] | None) -> str:
-    """QAT's outcome, the held-out SQNR per epoch as a chart (epoch 0: the post-training model) and a table."""
+    """QAT's outcome, the training loss and the held-out SQNR per epoch as charts (epoch 0: the post-training
+    model, which has a held-out SQNR but no training loss) and a table."""
     if not section:
         return ""
     sqnr = section.get("heldout_sqnr_db") or {}
@@ -227,6 +228,7 @@ def _qat(section: Mapping[str, Any] | None) -> str:
     )
     return (
         f'<h2>Quantization-aware training</h2><p class="{"ok" if status == "trained" else "note"}">{_e(statement)}</p>'
+        f"{line_chart([(p['epoch'], p['loss']) for p in curve], label='Training loss per epoch', unit='')}"
         f"{line_chart(points, label='Held-out SQNR per epoch', unit='dB')}{epochs}"
     )
 

@@ -123,8 +123,10 @@ def test_progress_per_epoch_and_the_report_documents_the_section(trained) -> Non
     assert report.qat is not None and undocumented(report) == []
     page = (result.report_path.parent / "report.html").read_text()
     chart = page[page.index("<h2>Quantization-aware training</h2>") :]
-    # the curve: the post-training model (epoch 0) and one point per epoch, each a dot with its value
-    assert chart.count("<circle") == EPOCHS + 1 and "held-out SQNR" in chart
+    # the curves, each point a dot with its value: the training loss per epoch, and the held-out SQNR of
+    # the post-training model (epoch 0) and after each epoch
+    assert chart.count("<circle") == EPOCHS + EPOCHS + 1 and "held-out SQNR" in chart
+    assert 'aria-label="Training loss per epoch"' in chart
 
 
 def softplus_model() -> onnx.ModelProto:
