@@ -99,3 +99,44 @@ def external_decoder(directory: Path, *, d_model: int, layers: int, vocab: int =
     path = directory / "model.onnx"
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
+
+
+EMBEDDING_VOCAB, EMBEDDING_WIDTH = 66_000, 8192  # a 2.16 GB float32 table: past protobuf's 2 GiB by 15 MB
+
+
+def embedding_model(directory: Path, *, hidden: int, external_weight: bool = False) -> tuple[Path, np.ndarray]:
+    """token ids (batch, 16) -> Gather from a 2.16 GB table (written straight to ``model.onnx.data``) ->
+    MatMul (EMBEDDING_WIDTH, ``hidden``) -> Relu, saved as ``directory/model.onnx``; the MatMul's weight
+    in the data file too with ``external_weight``. Returns the model's path and the table's first 1000
+    rows (the table repeats them)."""
+    rows = np.random.default_rng(0).normal(size=(1000, EMBEDDING_WIDTH)).astype(np.float32)
+    weight = np.random.default_rng(1).normal(scale=EMBEDDING_WIDTH**-0.5, size=(EMBEDDING_WIDTH, hidden))
+    with open(directory / "model.onnx.data", "wb") as data:
+        table = external_tensor("table", rows, data)  # the first rows, then the same rows again, ...
+        for start in range(1000, EMBEDDING_VOCAB, 1000):
+            rows[: min(1000, EMBEDDING_VOCAB - start)].tofile(data)
+        projection = (
+            external_tensor("w", weight.astype(np.float32), data)
+            if external_weight
+            else numpy_helper.from_array(weight.astype(np.float32), "w")
+        )
+    table.dims[0] = EMBEDDING_VOCAB
+    next(entry for entry in table.external_data if entry.key == "length").value = str(table_bytes())
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["embedded"], name="embed"),
+            helper.make_node("MatMul", ["embedded", "w"], ["projected"], name="project"),
+            helper.make_node("Relu", ["projected"], ["output"], name="relu"),
+        ],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16, hidden])],
+        [table, projection],
+    )
+    path = directory / "model.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path, rows
+
+
+def table_bytes() -> int:
+    return EMBEDDING_VOCAB * EMBEDDING_WIDTH * 4

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 import quantcore.runtime.memory_plan
 from quantcore import QuantizeConfig, quantize
@@ -15,40 +15,8 @@ from quantcore.config import AccuracyTarget, AnalysisOptions, ReconstructionConf
 from quantcore.errors import UnsupportedModelError
 from quantcore.graph.protobuf import fits_in_protobuf, initializer_bytes, skeleton
 from quantcore.runtime.memory_plan import RUN_FACTOR, WITH_CONES, WITHOUT_CONES, available_bytes, plan_memory
-from samples.large import external_tensor, matmul_chain
+from samples.large import EMBEDDING_VOCAB, embedding_model, matmul_chain, table_bytes
 from samples.zoo import build
-
-VOCAB, WIDTH, HIDDEN = 66_000, 8192, 32  # a 2.16 GB embedding table: past 2 GiB by 15 MB
-
-
-def embedding_model(directory) -> tuple[str, np.ndarray]:
-    """token ids -> Gather from a 2.16 GB table (written straight to model.onnx.data) -> MatMul -> Relu.
-    Returns the model's path and the table's first 1000 rows (the table repeats them)."""
-    rows = np.random.default_rng(0).normal(size=(1000, WIDTH)).astype(np.float32)
-    with open(directory / "model.onnx.data", "wb") as data:
-        table = external_tensor("table", rows, data)  # the first rows, then the same rows again, ...
-        for start in range(1000, VOCAB, 1000):
-            rows[: min(1000, VOCAB - start)].tofile(data)
-    table.dims[0] = VOCAB
-    next(entry for entry in table.external_data if entry.key == "length").value = str(VOCAB * WIDTH * 4)
-    weight = numpy_helper.from_array(
-        np.random.default_rng(1).normal(scale=WIDTH**-0.5, size=(WIDTH, HIDDEN)).astype(np.float32), "w"
-    )
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["table", "ids"], ["embedded"], name="embed"),
-            helper.make_node("MatMul", ["embedded", "w"], ["projected"], name="project"),
-            helper.make_node("Relu", ["projected"], ["output"], name="relu"),
-        ],
-        "embedding",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16, HIDDEN])],
-        [table, weight],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path = directory / "model.onnx"
-    onnx.save_model(model, str(path))
-    return str(path), rows
 
 
 def chain(layers: int, width: int) -> onnx.ModelProto:
@@ -67,14 +35,14 @@ def test_a_model_beyond_2_gib_quantizes_exports_and_runs(tmp_path) -> None:
     2.16 GB model: protobuf cannot serialise it, nor measure it, so each session gets its skeleton and
     the table beside it, and shape inference its skeleton. Before, calibration died in protobuf
     ("Failed to serialize proto") and shape inference failed with a warning."""
-    source, rows = embedding_model(tmp_path)
-    ids = np.random.default_rng(2).integers(0, VOCAB, size=(24, 16), dtype=np.int64)
+    source, rows = embedding_model(tmp_path, hidden=32)
+    ids = np.random.default_rng(2).integers(0, EMBEDDING_VOCAB, size=(24, 16), dtype=np.int64)
     config = QuantizeConfig(platform="tensorrt", analysis=AnalysisOptions(enabled=False), cpu_latency=False)
     result = quantize(source, {"ids": ids[:16]}, {"ids": ids[16:]}, config, tmp_path / "out")
 
     # the table is read by a Gather, not quantized: the export is past 2 GiB too, its weights beside it
     assert result.model_data_path == result.model_path.with_name("model.qdq.onnx.data")
-    assert result.model_data_path.stat().st_size > VOCAB * WIDTH * 4
+    assert result.model_data_path.stat().st_size > table_bytes()
     report = result.report
     assert not [w for w in report["warnings"] if "shape inference" in w], report["warnings"]
     sqnr = report["evaluation"]["qdq_exact"]["outputs"]["output"]["sqnr_db"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from quantcore import QuantizeConfig, quantize
 from quantcore.annotate.annotation import annotate
@@ -18,7 +18,7 @@ from quantcore.config import WeightOnlyConfig
 from quantcore.prepare.preparation import prepare
 from quantcore.weight_only.layers import weight_layers
 from quantcore.weight_only.tensors import TensorReader
-from samples.large import external_decoder, external_tensor
+from samples.large import EMBEDDING_VOCAB, EMBEDDING_WIDTH, embedding_model, external_decoder, table_bytes
 
 PLATFORM = "onnxruntime-weight-only"
 
@@ -71,44 +71,20 @@ def test_a_run_that_streams_prepares_the_model_without_its_weights(tmp_path: Pat
         np.testing.assert_array_equal(layer.read(), whole[layer.weight_name])
 
 
-VOCAB, WIDTH, HIDDEN = 66_000, 8192, 64  # a 2.16 GB embedding table: past 2 GiB by 15 MB
-
-
 def test_a_model_beyond_2_gib_is_quantized_from_its_data_file_to_another(tmp_path: Path) -> None:
     """token ids -> Gather from a 2.16 GB table -> MatMul (8192, 64): the table is kept (a Gather's), copied
     from the source's data file to the export's in chunks, the MatMul's weight quantized; no protobuf of
     the model with its data is ever made (protobuf cannot hold it)."""
-    rows = np.random.default_rng(0).normal(size=(1000, WIDTH)).astype(np.float32)
-    with open(tmp_path / "model.onnx.data", "wb") as data:
-        table = external_tensor("table", rows, data)  # the first rows, then the same rows again, ...
-        for start in range(1000, VOCAB, 1000):
-            rows[: min(1000, VOCAB - start)].tofile(data)
-        weight = np.random.default_rng(1).normal(scale=WIDTH**-0.5, size=(WIDTH, HIDDEN)).astype(np.float32)
-        projection = external_tensor("w", weight, data)
-    table.dims[0] = VOCAB
-    next(entry for entry in table.external_data if entry.key == "length").value = str(VOCAB * WIDTH * 4)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["table", "ids"], ["embedded"], name="embed"),
-            helper.make_node("MatMul", ["embedded", "w"], ["projected"], name="project"),
-            helper.make_node("Relu", ["projected"], ["output"], name="relu"),
-        ],
-        "embedding",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 16])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16, HIDDEN])],
-        [table, projection],
-    )
-    source = tmp_path / "model.onnx"
-    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
-    ids = np.random.default_rng(2).integers(0, VOCAB, size=(8, 16), dtype=np.int64)
+    source, rows = embedding_model(tmp_path, hidden=64, external_weight=True)
+    ids = np.random.default_rng(2).integers(0, EMBEDDING_VOCAB, size=(8, 16), dtype=np.int64)
     result = quantize(source, {"ids": ids[:4]}, {"ids": ids[4:]}, _config("rtn", "matmulnbits"), tmp_path / "out")
 
     header = onnx.load(str(result.model_path), load_external_data=False)
     assert [n.op_type for n in header.graph.node] == ["Gather", "MatMulNBits", "Relu"]
-    assert result.model_data_path is not None and result.model_data_path.stat().st_size > VOCAB * WIDTH * 4
+    assert result.model_data_path is not None and result.model_data_path.stat().st_size > table_bytes()
     stored = next(t for t in header.graph.initializer if t.name == "table")
     offset = int(next(e.value for e in stored.external_data if e.key == "offset"))
-    copied = np.fromfile(result.model_data_path, np.float32, count=1000 * WIDTH, offset=offset)
-    np.testing.assert_array_equal(copied.reshape(1000, WIDTH), rows)  # the table's bytes, exactly
+    copied = np.fromfile(result.model_data_path, np.float32, count=1000 * EMBEDDING_WIDTH, offset=offset)
+    np.testing.assert_array_equal(copied.reshape(1000, EMBEDDING_WIDTH), rows)  # the table's bytes, exactly
     # numerics: w4 blocks of 32 keep about 20 dB of a Gaussian projection's output (measured 20.8 dB here)
     assert result.report["evaluation"]["qdq_exact"]["outputs"]["output"]["sqnr_db"] > 15
