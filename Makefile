@@ -45,8 +45,11 @@ frontend/node_modules/.installed: frontend/package.json frontend/package-lock.js
 frontend/dist/index.html: frontend/node_modules/.installed $(VENV)/.installed $(FRONTEND_SRC) $(OPENAPI_SRC)
 	cd frontend && QUANT_PYTHON=$(abspath $(BIN))/python npm run build
 
+# Two pytest workers, whole files each (module fixtures built once): much of the suite waits on
+# worker processes, heartbeats and retries rather than on a core.
+TEST_WORKERS ?= 2
 test: lint frontend
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf var test-artifacts .pytest_cache frontend/dist

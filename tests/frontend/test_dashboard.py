@@ -21,6 +21,8 @@ from tests.test_api import npz_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("service", ["sqlite"], indirect=True)]
 JOB_TIMEOUT_MS = 240_000  # the worker shares 2 cores with the rest of the suite; a quick job takes ~10 s alone
+# An upload is validated by the default queue's worker (about 1 s alone); past expect's 5 s under load.
+VALIDATION_TIMEOUT_MS = 60_000
 
 
 def test_upload_quantize_watch_report_download(page, service: Service, digits: tuple[Path, Path], tmp_path: Path):
@@ -39,7 +41,7 @@ def test_upload_quantize_watch_report_download(page, service: Service, digits: t
     page.get_by_label("Upload an ONNX model").set_input_files(str(model_path))
     page.get_by_role("button", name="Upload", exact=True).click()
     row = page.locator("#models-table tbody tr").first
-    expect(row).to_contain_text("ready")
+    expect(row).to_contain_text("ready", timeout=VALIDATION_TIMEOUT_MS)
     expect(row).to_contain_text(model_path.name)
     screenshot(page, "models")
     audit(page, "models")
