@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,9 +184,9 @@ SERVICE_ENV = {
 }
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    kind = request.param
+@contextmanager
+def started_service(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """The API, the `default` worker (with beat) and the `gpu` worker on a fresh ``kind`` database."""
     var_dir = tmp_path_factory.mktemp(f"var-{kind}")
     with make_database(kind) as database_url, redis_database() as broker_url:
         env = dict(
@@ -202,3 +202,27 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             yield Service(kind=kind, url=url, database_url=database_url, var_dir=var_dir, stack=stack)
         finally:
             stack.stop()
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Service]]:
+    """kind -> its service, started on first use and kept to the end of the session.
+
+    ``service`` is parametrized, and pytest ends a parametrized fixture whenever the next test wants the
+    other parameter: with the tests sent file by file to the pytest workers, each file would otherwise
+    start both services again (some 20 s each).
+    """
+    with ExitStack() as stack:
+        started: dict[str, Service] = {}
+
+        def get(kind: str) -> Service:
+            if kind not in started:
+                started[kind] = stack.enter_context(started_service(kind, tmp_path_factory))
+            return started[kind]
+
+        yield get
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def service(request: pytest.FixtureRequest, services: Callable[[str], Service]) -> Service:
+    return services(request.param)

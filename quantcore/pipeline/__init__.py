@@ -105,12 +105,12 @@ def quantize(
     out_dir: str | Path,
     *,
     labels: np.ndarray | None = None,
-    calibration_labels: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
     should_cancel: CancelCheck | None = None,
     engine_builder: Callable[..., EngineResult] = build_engine,
     resume_from: str | Path | None = None,
     auto: Mapping[str, Any] | None = None,
+    calibration_labels: np.ndarray | None = None,
 ) -> QuantizeResult:
     """Quantize the FP32 ONNX model at ``model_path`` to a QDQ model for ``config.platform`` in ``out_dir``.
 
