@@ -155,33 +155,33 @@ class _Search:
         """Each model's node profile per batch size (or refusal); and whether they came from the cache."""
         signatures = [signature(onnx.load_from_string(m)) for m in models]
         key = timing_key([PROFILE, *signatures], self.batch_sizes, self.threads)
-        if self.cache is not None and (hit := self.cache.get_profiles(key)) is not None:
-            self.cached += 1
-            return hit, True
-        started = time.perf_counter()
-        profiles = self.profiler(models, self.batch_sizes)
-        self.seconds += time.perf_counter() - started
-        self.measured += 1
-        if self.cache is not None:
-            self.cache.put_profiles(key, profiles)
-        return profiles, False
+        get, put = (None, None) if self.cache is None else (self.cache.get_profiles, self.cache.put_profiles)
+        return self._cached(key, get, put, lambda: self.profiler(models, self.batch_sizes))
 
     def measure(self, models: Sequence[bytes]) -> tuple[Measured, bool]:
         """Per batch size, each model's ``Timing`` or refusal; and whether it came from the cache."""
         key = timing_key([signature(onnx.load_from_string(m)) for m in models], self.batch_sizes, self.threads)
-        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+
+        def run() -> Measured:
+            raw = self.timer(models, self.batch_sizes)
+            return {batch: [t if isinstance(t, str) else Timing.of(t) for t in times] for batch, times in raw.items()}
+
+        get, put = (None, None) if self.cache is None else (self.cache.get, self.cache.put)
+        return self._cached(key, get, put, run)
+
+    def _cached(self, key, get, put, run):
+        """``get(key)`` when the cache holds it, else ``run()`` (its seconds counted) stored with ``put``;
+        and whether it came from the cache."""
+        if get is not None and (hit := get(key)) is not None:
             self.cached += 1
             return hit, True
         started = time.perf_counter()
-        raw = self.timer(models, self.batch_sizes)
+        value = run()
         self.seconds += time.perf_counter() - started
         self.measured += 1
-        measured: Measured = {
-            batch: [t if isinstance(t, str) else Timing.of(t) for t in times] for batch, times in raw.items()
-        }
-        if self.cache is not None:
-            self.cache.put(key, measured)
-        return measured, False
+        if put is not None:
+            put(key, value)
+        return value, False
 
 
 def _timed_seconds(measured: Measured) -> float:
