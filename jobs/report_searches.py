@@ -165,13 +165,21 @@ class Placement(Section):
     )
     regions: list[PlacementRegion] = Field(description="Every region estimated (or timed), round by round.")
     kept: Literal["quantized", "placed", "fp32"] = Field(
-        description="The model kept: quantized (every region), placed, or fp32 (every region float): of the two "
-        "quantized ones the placed one only where clearly faster, and that one only where it is clearly slower than "
-        "FP32 at no batch size and its median within 2 % of FP32's at every one (or it is clearly faster at one), "
-        "else the other, else FP32."
+        description="The model kept: quantized (every region), placed, or fp32 (every region float). The placed one "
+        "(or, where it has no quantized region left, the quantized one) when the profiles' runs find it no slower "
+        "than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one (or clearly "
+        "faster at one). Otherwise, from the final comparison: of the two quantized ones the placed one only where "
+        "clearly faster, and that one only where no slower than FP32, else the other, else FP32."
     )
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
-    final: dict[str, PlacementFinal] = Field(description="FP32, all quantized and placed timed together, per batch.")
+    final: dict[str, PlacementFinal] = Field(
+        description="Per batch size, the timings the choice read: FP32 and the model judged, from the profile; or "
+        "FP32, all quantized and placed timed together."
+    )
+    final_source: Literal["profile", "timed"] = Field(
+        description="profile: the last profile's runs (FP32 and the model judged, interleaved) decided, nothing more "
+        "was timed; timed: the final whole-model comparison did."
+    )
     final_cached: bool
     measurements: int = Field(description="Node profiles and whole-model timings made (0 on a cached rerun).")
     cached_measurements: int

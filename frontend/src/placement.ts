@@ -47,7 +47,8 @@ export function placementView(placement: Placement): HTMLElement {
       "p",
       { class: "hint" },
       `${placement.cpu}, ONNX Runtime ${placement.onnxruntime}, ${placement.threads} thread(s); ${placement.rounds} round(s), stopped: ${placement.stopped}. ` +
-        `Model kept: ${placement.kept}. Estimates are µs of profiled kernels (cost above 0: slower quantized); timed pairs and the speed-up are p50 ms of interleaved runs.`,
+        `Model kept: ${placement.kept}. Estimates are µs of profiled kernels (cost above 0: slower quantized); timed pairs and the speed-up are p50 ms of interleaved runs` +
+        (placement.final_source === "profile" ? " (the last profile's own runs: nothing more was timed)." : " (a final comparison)."),
     ),
     scroll(
       "Placement regions",

@@ -19,17 +19,20 @@ reach ``FALLBACK_SHARE`` x the job's calibration seconds; the regions not measur
 A region ONNX Runtime refuses to run quantized (the session fails with it, runs without it) goes float
 with ONNX Runtime's message.
 
-Last, FP32 (the prepared model), the fully quantized model and the placed one are timed together (a
-placed model without quantized regions is FP32's twin and not timed): the estimate chooses, this
-whole-model comparison guarantees. Every profile and timing runs each batch size for ``RUN_SHARE`` x
-the calibration seconds, within ``RUN_S``, and at least its minimum of runs. Of the two quantized ones
-the placed one is preferred only when clearly faster than the fully quantized one; the preferred one is
-kept when it is no slower than FP32 (``paired_latency.no_slower``: clearly slower at no batch size, and
-its median within ``MIN_GAIN`` of FP32's or below at every one, or clearly faster at one), else the
-other one if it is, else FP32. The objective promises a model never slower than FP32, so FP32 need not
-be clearly faster to win: under load the spread of a run can swallow a 2x gap between medians. The kept
-configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is calibrated on the full
-calibration data (unless the first calibration can be reused exactly,
+Last, the choice, judged first on the profiles' own runs (each profile times its models' whole runs,
+interleaved): when the last round profiled the placed model and found it no slower than FP32
+(``paired_latency.no_slower``: clearly slower at no batch size, and its median within ``MIN_GAIN`` of
+FP32's or below at every one, or clearly faster at one), it is kept without another measurement. A placed
+model with no quantized region left is FP32's twin: the first round's profile of the fully quantized model
+decides between it and FP32. Otherwise FP32 (the prepared model), the fully quantized model and the
+placed one are timed together before FP32 wins (the estimate chooses, a whole-model comparison
+guarantees): of the two quantized ones the placed one is preferred only when clearly faster than the
+fully quantized one; the preferred one is kept when it is no slower than FP32, else the other one if it
+is, else FP32. The objective promises a model never slower than FP32, so FP32 need not be clearly faster
+to win: under load the spread of a run can swallow a 2x gap between medians. Every profile and timing
+runs each batch size for ``RUN_SHARE`` x the calibration seconds, within ``RUN_S``, and at least its
+minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
+calibrated on the full calibration data (unless the first calibration can be reused exactly,
 ``accuracy_target.reuse_calibration``) and exported into ``out_dir``; the evaluate stage then measures its
 accuracy as always.
 
@@ -70,6 +73,7 @@ from quantcore.runtime.batching import Batches, input_specs
 from quantcore.runtime.cpu_features import cpu_model
 
 STAGE = "place"
+LABELS = ("fp32", "quantized", "placed")  # the models the final comparison may time
 MAX_ROUNDS = 3
 FALLBACK_SHARE = 1.0  # the fallback pairs' timed runs, as a share of the job's calibration seconds
 RUN_SHARE = 0.25  # seconds of runs per batch size of each profile and timing, as a share of calibration's,
@@ -234,6 +238,7 @@ def place(
     fp32_model = run.prepared.model.SerializeToString()
     rows: list[dict[str, Any]] = []
     stopped, rounds = f"round limit ({MAX_ROUNDS})", 0
+    profiled: list[_Profiled] = []
     for round_index in range(1, MAX_ROUNDS + 1):
         rounds = round_index
         monitor.check(STAGE)
@@ -241,12 +246,13 @@ def place(
         if not regions:
             stopped = "no quantized region left"
             break
-        (fp32, profiled), cached = search.profile([fp32_model, current.model])
-        if isinstance(fp32, str) or isinstance(profiled, str):
+        (fp32, quantized), cached = search.profile([fp32_model, current.model])
+        profiled.append(_Profiled(current, _run_timings(fp32), _run_timings(quantized)))
+        if isinstance(fp32, str) or isinstance(quantized, str):
             costs = [RegionCost({}, {}, None) for _ in regions]
         else:
             qdq_graph = onnx.load_from_string(current.model).graph
-            costs = region_costs(fp32, graph, profiled, qdq_graph, regions)
+            costs = region_costs(fp32, graph, quantized, qdq_graph, regions)
         moved: list[tuple[str, ...]] = []
         for position, (region, estimate) in enumerate(zip(regions, costs, strict=True)):
             row = _row(round_index, region, graph, estimate, cached)
@@ -266,7 +272,7 @@ def place(
             break
         float_nodes = dict.fromkeys((*current.float_nodes, *(n for nodes in moved for n in nodes)))  # ordered set
         current = search.variant(tuple(float_nodes))
-    return _choose(search, base, current, rows, rounds, stopped)
+    return _choose(search, base, current, profiled, rows, rounds, stopped)
 
 
 def _measure_region(search: _Search, current: _Variant, region: Region, row: dict[str, Any]) -> None:
@@ -297,29 +303,53 @@ def _measure_region(search: _Search, current: _Variant, region: Region, row: dic
         row.update(kept="quantized", reason="no estimate; measured, float is not clearly faster")
 
 
+@dataclass(frozen=True)
+class _Profiled:
+    """One round's profile as whole-model timings: FP32's and the variant's runs, interleaved (empty where
+    ONNX Runtime refused one)."""
+
+    variant: _Variant
+    fp32: dict[int, Timing]
+    timings: dict[int, Timing]
+
+
+def _run_timings(profiles: Profiles) -> dict[int, Timing]:
+    """Per batch size, the profiled runs' durations as a ``Timing`` (none where the profile was refused)."""
+    if isinstance(profiles, str):
+        return {}
+    return {b: Timing.of([t / 1000.0 for t in p.run_times_us]) for b, p in profiles.items()}
+
+
 def _choose(
-    search: _Search, base: _Variant, placed: _Variant, rows: list[dict[str, Any]], rounds: int, stopped: str
+    search: _Search,
+    base: _Variant,
+    placed: _Variant,
+    profiled: Sequence[_Profiled],
+    rows: list[dict[str, Any]],
+    rounds: int,
+    stopped: str,
 ) -> PlacementOutcome:
-    """Time FP32, all quantized and placed together, keep the one the module's rule picks, and export it. A
-    placed model with no quantized region left is FP32's twin: it is not timed, FP32's timings stand for it."""
+    """Keep the model the module's rule picks and export it (see the module for the rule, and which
+    measurement it reads: the profiles' runs or the final comparison)."""
     run, config = search.run, search.config
     graph = run.prepared.model.graph
     every = tuple(n for r in quantized_regions(graph, base.calibrated) for n in r.nodes)
-    fp32 = run.prepared.model.SerializeToString()
     all_float = bool(placed.float_nodes) and not quantized_regions(graph, placed.calibrated)
-    labels = ("fp32", "quantized") if all_float or not placed.float_nodes else ("fp32", "quantized", "placed")
-    measured, cached = search.measure([fp32, base.model, placed.model][: len(labels)])
-    timings = {label: _timings(measured, i) for i, label in enumerate(labels)}
-    timings.setdefault("placed", timings["fp32"])
-    preferred = ["quantized", "placed"]
-    if placed.float_nodes and compare(timings["placed"], timings["quantized"]) == "faster":
-        preferred.reverse()
-    if not placed.float_nodes:
-        preferred.remove("placed")
+    # the model the profiles judge: placed, or all quantized where placed is FP32's twin (its first round's)
+    label, candidate = ("quantized", base) if all_float or not placed.float_nodes else ("placed", placed)
+    judged = next((p for p in reversed(profiled) if p.variant is candidate), None) if profiled else None
+    cached = False
+    if judged is not None and judged.timings and (all_float or no_slower(judged.timings, judged.fp32)):
+        source, timings = "profile", {"fp32": judged.fp32, label: judged.timings}
+        chosen = label if not every or no_slower(judged.timings, judged.fp32) else "fp32"
+    else:
+        source, (timings, cached) = "timed", _timed(search, base, placed, all_float)
+        preferred = ["quantized", "placed"] if "placed" in timings else ["quantized"]
+        if "placed" in timings and compare(timings["placed"], timings["quantized"]) == "faster":
+            preferred.reverse()
+        fastest = (name for name in preferred if not every or no_slower(timings[name], timings["fp32"]))
+        chosen = next(fastest, "fp32")
     variants = {"quantized": base, "placed": placed}
-    chosen = next((label for label in preferred if not every or no_slower(timings[label], timings["fp32"])), "fp32")
-    if chosen == "placed" and all_float:
-        chosen = "fp32"
     kept = (placed if all_float else search.variant(every)) if chosen == "fp32" else variants[chosen]
     if kept is not base:
         kept = search.variant(kept.float_nodes, full=True)
@@ -329,13 +359,11 @@ def _choose(
         else export(run.prepared, kept.calibrated, run.out_dir, platform=config.platform)
     )
     final = {}
-    for batch in measured:
-        key = f"batch_{batch}"
-        entry = {label: timings[label][batch].to_dict() if batch in timings[label] else None for label in labels}
-        entry.setdefault("placed", None)
-        fp32_p50, kept_timing = entry["fp32"], timings[chosen].get(batch)
+    for batch in sorted(set().union(*(t.keys() for t in timings.values()))):
+        entry = {name: timings[name][batch].to_dict() if batch in timings.get(name, {}) else None for name in LABELS}
+        fp32_p50, kept_timing = entry["fp32"], timings.get(chosen, {}).get(batch)
         speedup = None if fp32_p50 is None or kept_timing is None else fp32_p50["p50_ms"] / kept_timing.p50_ms
-        final[key] = {**entry, "speedup_p50": speedup}
+        final[f"batch_{batch}"] = {**entry, "speedup_p50": speedup}
     float_moves = sum(1 for row in rows if row["kept"] == "float")
     report = {
         "objective": config.cpu_objective,
@@ -349,6 +377,7 @@ def _choose(
         "kept": chosen,
         "float_nodes": list(kept.float_nodes),
         "final": final,
+        "final_source": source,
         "final_cached": cached,
         "measurements": search.measured,
         "cached_measurements": search.cached,
@@ -357,6 +386,17 @@ def _choose(
         "statement": _statement(chosen, float_moves, len(kept.float_nodes), final),
     }
     return PlacementOutcome(kept.config, kept.annotation, kept.calibrated, exported, report)
+
+
+def _timed(
+    search: _Search, base: _Variant, placed: _Variant, all_float: bool
+) -> tuple[dict[str, dict[int, Timing]], bool]:
+    """FP32, all quantized and (unless it is either's twin) placed, timed together: per label its timings; and
+    whether they came from the cache."""
+    fp32 = search.run.prepared.model.SerializeToString()
+    labels = ("fp32", "quantized") if all_float or not placed.float_nodes else LABELS
+    measured, cached = search.measure([fp32, base.model, placed.model][: len(labels)])
+    return {label: _timings(measured, i) for i, label in enumerate(labels)}, cached
 
 
 def _statement(chosen: str, float_moves: int, float_nodes: int, final: Mapping[str, Any]) -> str:

@@ -6,7 +6,10 @@ written beside the profile, because a profiled node is a node of the *optimized*
 fusions rename nodes (a QLinearConv fused from DequantizeLinear → Conv → QuantizeLinear is named
 ``<Conv's name>_token_<n>``, an NCHWc Conv ``<its output tensor>_nchwc``) and add layout nodes of their
 own (``Transpose``, ``ReorderInput``, ``ReorderOutput``). The optimized graph gives each profiled node
-its input and output tensors, by which ``quantcore.analysis.region_costs`` maps it back.
+its input and output tensors, by which ``quantcore.analysis.region_costs`` maps it back. Each run's
+``model_run`` duration is kept too: the models are profiled interleaved, so their runs compare as
+``paired_latency.interleaved_times``'s do (the profiler's own cost, a few µs per node, falls on the model with
+more nodes: a quantized model's Q/DQ make it look, if anything, slower).
 
 Protocol per batch size, the models compared interleaved (one session each): one untimed run (the first
 run allocates and is several times slower), then ``MIN_RUNS`` to ``RUNS`` runs, all profiled; a node's
@@ -57,18 +60,25 @@ class ProfiledNode:
 
 @dataclass(frozen=True)
 class NodeProfile:
-    """One model at one batch size: its profiled nodes in the optimized graph's order, the median run (µs),
-    and how many runs the medians are of."""
+    """One model at one batch size: its profiled nodes in the optimized graph's order and each timed run's
+    duration (µs), in the order run: the whole-model timing of the runs the node medians are of."""
 
     nodes: tuple[ProfiledNode, ...]
-    run_us: float
-    runs: int
+    run_times_us: tuple[float, ...]
+
+    @property
+    def run_us(self) -> float:
+        """The median run."""
+        return float(statistics.median(self.run_times_us))
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_times_us)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodes": [[n.name, n.op_type, list(n.inputs), list(n.outputs), n.us] for n in self.nodes],
-            "run_us": self.run_us,
-            "runs": self.runs,
+            "run_times_us": list(self.run_times_us),
         }
 
     @classmethod
@@ -77,7 +87,7 @@ class NodeProfile:
             ProfiledNode(str(name), str(op), tuple(inputs), tuple(outputs), float(us))
             for name, op, inputs, outputs, us in data["nodes"]
         )
-        return cls(nodes, float(data["run_us"]), int(data["runs"]))
+        return cls(nodes, tuple(float(t) for t in data["run_times_us"]))
 
 
 def profile_nodes(
@@ -177,6 +187,5 @@ def _parse(
             )
             for name in names
         )
-        run_us = statistics.median(spans[run][1] - spans[run][0] for run in timed)
-        result[batch] = NodeProfile(nodes, float(run_us), count)
+        result[batch] = NodeProfile(nodes, tuple(float(spans[run][1] - spans[run][0]) for run in timed))
     return result

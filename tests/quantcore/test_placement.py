@@ -118,12 +118,19 @@ class FakeProfiler:
     dequantized tensor runs as ``<name>_token_7`` (QLinear<op>) taking ``quantized[name]`` µs (default 5), with a
     Relu after it fused in, each
     QuantizeLinear / DequantizeLinear of an activation 2 µs; in the FP32 model a Conv runs as ``<its output>_nchwc``
-    and every node takes ``float_us[name]`` µs (default 10). ``refuse``: a model with Q/DQ is refused."""
+    and every node takes ``float_us[name]`` µs (default 10). ``refuse``: a model with Q/DQ is refused. Each of the
+    5 runs takes the sum of the nodes' times; or, with ``run_ratio``, 1 ms for FP32 and ``run_ratio`` ms for a
+    model with Q/DQ, times each of ``SPREAD``'s first five factors (quartiles at 0.7x and 0.9x the median)."""
 
     def __init__(
-        self, quantized: dict[str, float] | None = None, float_us: dict[str, float] | None = None, *, refuse=False
+        self,
+        quantized: dict[str, float] | None = None,
+        float_us: dict[str, float] | None = None,
+        *,
+        refuse=False,
+        run_ratio: float | None = None,
     ) -> None:
-        self.quantized, self.float_us, self.refuse = quantized or {}, float_us or {}, refuse
+        self.quantized, self.float_us, self.refuse, self.run_ratio = quantized or {}, float_us or {}, refuse, run_ratio
         self.calls = 0
 
     def __call__(self, models, batch_sizes):
@@ -156,7 +163,11 @@ class FakeProfiler:
                 )
             else:
                 nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, self.float_us.get(node.name, 10.0)))
-        profile = NodeProfile(tuple(nodes), sum(n.us for n in nodes), 5)
+        if self.run_ratio is None:
+            runs = (sum(n.us for n in nodes),) * 5
+        else:
+            runs = tuple(1000.0 * (self.run_ratio if has_qdq else 1.0) * factor for factor in SPREAD[:5])
+        profile = NodeProfile(tuple(nodes), runs)
         return dict.fromkeys(batch_sizes, profile)
 
 
@@ -229,7 +240,8 @@ def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(t
     assert "conv2" in outcome.config.exclude_node_patterns
     # round 2 profiled the placed model (conv1's region again: quantized) and stopped; one profile a round
     assert report["rounds"] == 2 and report["stopped"] == "no region changed the model" and profiler.calls == 2
-    assert report["measurements"] == 3  # two profiles, the final comparison: no region was timed on its own
+    # two profiles, nothing else: the second one's runs find the placed model faster than FP32 (42 against 50 µs)
+    assert report["measurements"] == 2 and report["final_source"] == "profile"
 
 
 def test_every_region_estimated_slower_leaves_fp32_untimed_twice(tmp_path, data) -> None:
@@ -252,7 +264,7 @@ def test_every_region_estimated_faster_quantized_stays(tmp_path, data) -> None:
     report = place(run, config, profiler=FakeProfiler(), timer=timer).report
     assert report["rounds"] == 1 and report["stopped"] == "no region changed the model"
     assert report["kept"] == "quantized" and all(row["kept"] == "quantized" for row in report["regions"])
-    assert timer.calls == 1  # the final comparison only
+    assert timer.calls == 0 and report["final_source"] == "profile"  # the profile's runs: faster than FP32
 
 
 def test_regions_without_an_estimate_are_timed_within_the_calibration_budget(tmp_path, data) -> None:
@@ -276,17 +288,24 @@ def test_regions_without_an_estimate_are_timed_within_the_calibration_budget(tmp
 
 
 def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_path, data) -> None:
-    """Every region is estimated faster quantized, but every whole-model run spreads from 0.6x to 2x its median
-    (quartiles 0.8x, 1.4x) and the quantized model's median is 1.3x FP32's, within FP32's spread. A model never
-    slower than FP32 is the promise, and the final comparison keeps it: FP32."""
+    """Every region is estimated faster quantized, but the quantized model's whole runs have a median 1.3x FP32's,
+    within FP32's spread (runs from 0.6x to 2x their median). A model never slower than FP32 is the promise: the
+    profile's runs do not keep the quantized model, the final comparison times it, and FP32 wins when the timing
+    agrees; when the timing finds the medians even, the quantized model stays. Profile runs with even medians
+    keep it without a timing."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
+    slower = FakeProfiler(run_ratio=1.3)
     timer = FakeTimer(slow=("conv1", "conv2"), penalty=0.3, joint=True, spread=True)
-    report = place(run, config, profiler=FakeProfiler(), timer=timer).report
+    report = place(run, config, profiler=slower, timer=timer).report
     assert all(row["kept"] == "quantized" for row in report["regions"])
-    assert report["kept"] == "fp32"
-    even = place(run, config, profiler=FakeProfiler(), timer=FakeTimer(spread=True)).report  # the same medians
-    assert even["kept"] == "quantized"
+    assert report["kept"] == "fp32" and report["final_source"] == "timed" and timer.calls == 1
+    timer = FakeTimer(spread=True)  # the same medians
+    even = place(run, config, profiler=slower, timer=timer).report
+    assert even["kept"] == "quantized" and timer.calls == 1
+    timer = FakeTimer(slow=("conv1", "conv2"), penalty=0.3, joint=True, spread=True)
+    trusted = place(run, config, profiler=FakeProfiler(run_ratio=1.0), timer=timer).report
+    assert trusted["kept"] == "quantized" and trusted["final_source"] == "profile" and timer.calls == 0
 
 
 def test_no_slower_than_fp32_is_judged_by_median_unless_a_gain_beyond_the_spread_pays() -> None:
@@ -320,7 +339,8 @@ def test_a_region_onnx_runtime_refuses_quantized_stays_float_with_the_reason(tmp
 def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
     run = _placement_run(tmp_path, data, config)
-    profilers = FakeProfiler({"conv2": 40.0}), FakeProfiler({"conv2": 40.0})
+    # profile runs that leave the choice to the final comparison: both kinds of measurement are cached
+    profilers = FakeProfiler({"conv2": 40.0}, run_ratio=1.3), FakeProfiler({"conv2": 40.0}, run_ratio=1.3)
     timers = FakeTimer(slow=("conv2",)), FakeTimer(slow=("conv2",))
     placed = place(run, config, profiler=profilers[0], timer=timers[0]).report
     again = place(run, config, profiler=profilers[1], timer=timers[1]).report
@@ -394,7 +414,7 @@ def test_latency_needs_the_onnxruntime_platform() -> None:
 
 def test_the_timing_cache_drops_the_oldest_entries_past_its_byte_cap(tmp_path, monkeypatch) -> None:
     """Node profiles are ~100x a timing's size: the cache is bounded by its JSON bytes as well as its entries."""
-    profile = NodeProfile((ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0),), 5.0, 3)
+    profile = NodeProfile((ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0),), (5.0, 5.0, 5.0))
     size = len(json.dumps([{"1": profile.to_dict()}]))
     monkeypatch.setattr(latency_cache, "MAX_BYTES", 2 * size + 1)  # two entries fit, not three
     cache = TimingCache(tmp_path)
