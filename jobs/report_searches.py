@@ -166,10 +166,11 @@ class Placement(Section):
     regions: list[PlacementRegion] = Field(description="Every region estimated (or timed), round by round.")
     kept: Literal["quantized", "placed", "fp32"] = Field(
         description="The model kept: quantized (every region), placed, or fp32 (every region float). The placed one "
-        "(or, where it has no quantized region left, the quantized one) when the profiles' runs find it no slower "
-        "than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one (or clearly "
-        "faster at one). Otherwise, from the final comparison: of the two quantized ones the placed one only where "
-        "clearly faster, and that one only where no slower than FP32, else the other, else FP32."
+        "(or, where it has no quantized region left, the quantized one) when the last profile's runs find it no "
+        "slower than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one. "
+        "Otherwise, from the final comparison: of the two quantized ones the placed one only where clearly faster, "
+        "and that one only where no slower than FP32 (as above, or clearly faster at one batch size), else the "
+        "other, else FP32."
     )
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
     final: dict[str, PlacementFinal] = Field(

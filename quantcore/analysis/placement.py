@@ -20,16 +20,17 @@ A region ONNX Runtime refuses to run quantized (the session fails with it, runs 
 with ONNX Runtime's message.
 
 Last, the choice, judged first on the profiles' own runs (each profile times its models' whole runs,
-interleaved): when the last round profiled the placed model and found it no slower than FP32
-(``paired_latency.no_slower``: clearly slower at no batch size, and its median within ``MIN_GAIN`` of
-FP32's or below at every one, or clearly faster at one), it is kept without another measurement. A placed
+interleaved): when the last round profiled the placed model and found it no slower than FP32 on a few
+runs' evidence (``paired_latency.no_slower`` without its trade: clearly slower at no batch size, and its
+median within ``MIN_GAIN`` of FP32's or below at every one), it is kept without another measurement. A placed
 model with no quantized region left is FP32's twin: the first round's profile of the fully quantized model
 decides between it and FP32. Otherwise FP32 (the prepared model), the fully quantized model and the
 placed one are timed together before FP32 wins (the estimate chooses, a whole-model comparison
 guarantees): of the two quantized ones the placed one is preferred only when clearly faster than the
 fully quantized one; the preferred one is kept when it is no slower than FP32, else the other one if it
-is, else FP32. The objective promises a model never slower than FP32, so FP32 need not be clearly faster
-to win: under load the spread of a run can swallow a 2x gap between medians. Every profile and timing
+is, else FP32 (``no_slower``: as above, or clearly faster at one batch size, a gain beyond the spread
+paying for a loss within it). The objective promises a model never slower than FP32, so FP32 need not be
+clearly faster to win: under load the spread of a run can swallow a 2x gap between medians. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, within ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
 calibrated on the full calibration data (unless the first calibration can be reused exactly,
@@ -339,9 +340,9 @@ def _choose(
     label, candidate = ("quantized", base) if all_float or not placed.float_nodes else ("placed", placed)
     judged = next((p for p in reversed(profiled) if p.variant is candidate), None) if profiled else None
     cached = False
-    if judged is not None and judged.timings and (all_float or no_slower(judged.timings, judged.fp32)):
+    if judged is not None and judged.timings and (all_float or no_slower(judged.timings, judged.fp32, trade=False)):
         source, timings = "profile", {"fp32": judged.fp32, label: judged.timings}
-        chosen = label if not every or no_slower(judged.timings, judged.fp32) else "fp32"
+        chosen = label if not every or no_slower(judged.timings, judged.fp32, trade=False) else "fp32"
     else:
         source, (timings, cached) = "timed", _timed(search, base, placed, all_float)
         preferred = ["quantized", "placed"] if "placed" in timings else ["quantized"]

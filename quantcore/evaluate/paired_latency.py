@@ -85,14 +85,15 @@ def compare(a: Mapping[int, Timing], b: Mapping[int, Timing]) -> str:
     return "same"
 
 
-def no_slower(a: Mapping[int, Timing], b: Mapping[int, Timing]) -> bool:
+def no_slower(a: Mapping[int, Timing], b: Mapping[int, Timing], *, trade: bool = True) -> bool:
     """True when ``a`` may stand in for ``b`` under a promise of "never slower than b", over the batch sizes
-    both were timed at (see module)."""
+    both were timed at (see module). ``trade=False``: a gain beyond the spread does not pay for a loss
+    within it (for a judgement on few runs, whose spread says little)."""
     batches = set(a) & set(b)
     if any(clearly_faster(b[k], a[k]) for k in batches):
         return False
     within = all(a[k].p50_ms <= b[k].p50_ms * (1.0 + MIN_GAIN) for k in batches)
-    return within or any(clearly_faster(a[k], b[k]) for k in batches)
+    return within or (trade and any(clearly_faster(a[k], b[k]) for k in batches))
 
 
 def interleaved_times(
