@@ -11,10 +11,12 @@ its input and output tensors, by which ``quantcore.analysis.region_costs`` maps 
 ``paired_latency.interleaved_times``'s do (the profiler's own cost, a few µs per node, falls on the model with
 more nodes: a quantized model's Q/DQ make it look, if anything, slower).
 
-Protocol per batch size, the models compared interleaved (one session each): one untimed run (the first
-run allocates and is several times slower), then ``MIN_RUNS`` to ``RUNS`` runs, all profiled; a node's
-time is the median of its kernel times over those runs (µs), the run's time the median of the profiler's
-``model_run`` durations. With intra-op
+Protocol per batch size, the models compared interleaved (one session each): at the first batch size one
+untimed run (a session's first run initializes its kernels and is several times slower), then ``MIN_RUNS``
+to ``RUNS`` runs, all profiled; a node's time is the median of its kernel times over those runs (µs), the
+run's time the median of the profiler's ``model_run`` durations. A later batch size's first run only
+grows the arena, which the median of at least ``MIN_RUNS`` runs shrugs off: untimed, it would be a fourth
+of the profile of a model whose batch of 32 takes seconds. With intra-op
 threads each kernel's time is its wall clock, so the nodes' times add up to nearly the run's; what is
 left is the executor's own overhead.
 """
@@ -38,7 +40,7 @@ from quantcore.evaluate.cpu_latency import feeds_for, latency_session
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 
-RUNS = 5  # profiled runs after the untimed one, per batch size, at most
+RUNS = 5  # timed runs per batch size, at most
 MIN_RUNS = 3  # at least: the median of three shrugs off one preempted run
 KERNEL_SUFFIX = "_kernel_time"
 
@@ -116,10 +118,11 @@ def profile_nodes(
                 sessions.append(runtime_message(error) if isinstance(error, RUNTIME_ERRORS) else str(error)[:400])
         live = [i for i, session in enumerate(sessions) if not isinstance(session, str)]
         counts = []  # timed rounds per batch size
-        for batch in batch_sizes:
+        for position, batch in enumerate(batch_sizes):
             feeds = feeds_for(specs, batch, sample)
+            untimed = 1 if position == 0 else 0
             started = time.perf_counter()
-            for round_index in range(1 + RUNS):
+            for round_index in range(untimed + RUNS):
                 shift = round_index % max(len(live), 1)
                 for i in live[shift:] + live[:shift]:  # rotated: no model always runs first
                     try:
@@ -127,11 +130,12 @@ def profile_nodes(
                     except RUNTIME_ERRORS as error:
                         sessions[i] = runtime_message(error)
                 live = [i for i in live if not isinstance(sessions[i], str)]
-                if round_index == 0:
+                timed = round_index + 1 - untimed
+                if timed == 0:
                     started = time.perf_counter()  # the untimed round does not count against the budget
-                elif round_index >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s:
+                elif timed >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s:
                     break
-            counts.append(round_index)
+            counts.append(timed)
         return [
             session if isinstance(session, str) else _read(session, directory, batch_sizes, counts)
             for session, directory in zip(sessions, directories, strict=True)
@@ -153,10 +157,10 @@ def _read(
 def _parse(
     events: list[dict[str, Any]], graph: onnx.GraphProto, batch_sizes: Sequence[int], counts: Sequence[int]
 ) -> dict[int, NodeProfile] | str:
-    """Split the profiler's events into its ``model_run``s (a node event lies inside its run's span), drop each
-    batch size's untimed run, and take the medians over its ``counts`` timed runs."""
+    """Split the profiler's events into its ``model_run``s (a node event lies inside its run's span), drop the
+    first batch size's untimed run, and take the medians over each batch size's ``counts`` timed runs."""
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
-    expected = sum(1 + count for count in counts)
+    expected = 1 + sum(counts)
     if len(spans) != expected:
         return f"the profile holds {len(spans)} runs, not {expected}"
     starts = [start for start, _ in spans]
@@ -173,10 +177,10 @@ def _parse(
     tensors = {node.name: (tuple(node.input), tuple(node.output)) for node in graph.node}
     order = {name: position for position, name in enumerate(tensors)}
     result = {}
-    first = 0  # the batch size's untimed run
+    first = 1  # the batch size's first timed run
     for batch, count in zip(batch_sizes, counts, strict=True):
-        timed = range(first + 1, first + 1 + count)
-        first += 1 + count
+        timed = range(first, first + count)
+        first += count
         names = sorted({name for run in timed for name in per_run[run]}, key=lambda n: order.get(n, len(order)))
         nodes = tuple(
             ProfiledNode(
