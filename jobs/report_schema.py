@@ -396,8 +396,9 @@ class WeightOnlyLayer(Section):
     stored_bytes: int = Field(description="Packed codes, scales and zero points of this layer.")
     output_error: float | None = Field(
         None,
-        description="gptq, awq: ||XW - XŴ||² / ||XW||² on the calibration data (X the layer's input), of the "
-        "weight the layer computes with (awq: its stored weight divided back by the channel scales).",
+        description="gptq, awq: ||XW - XŴ||² / ||XW||² on the calibration data (X the layer's input; "
+        "gptq: as computed with the earlier segments' weights already quantized), of the weight the layer "
+        "computes with (awq: its stored weight divided back by the channel scales).",
     )
     rtn_output_error: float | None = Field(None, description="gptq, awq: the same of round-to-nearest, for comparison.")
     damping: float | None = Field(None, description="gptq: the damping used (raised x10 when H was not definite).")

@@ -1,15 +1,16 @@
 """The weight-only run (platform ``onnxruntime-weight-only``):
 
-    prepare → annotate → calibrate (XᵀX for GPTQ and AWQ, AWQ's scale search; RTN, HQQ: skipped)
-        → export (quantize and write) → evaluate → latency
+    prepare → annotate → calibrate (AWQ: XᵀX and the scale search; GPTQ, RTN, HQQ: nothing)
+        → export (quantize and write; GPTQ: XᵀX segment by segment as it goes) → evaluate → latency
 
 prepare, evaluate and latency are the Q/DQ run's own stages (``quantcore.pipeline.quantization``,
 ``deployment``); annotate is too, and fails at once when the platform finds no MatMul/Gemm weight to
 quantize (``quantcore.weight_only.layers.weight_layers``). There is no clip, reconstruct, place, analyze
 (its per-tensor Q/DQ measurements have no Q/DQ to read), target or engine stage, and no resume
-checkpoint. RTN and HQQ on a model whose weights are float32 in external data never hold the model:
-prepare leaves the weights in their file, export reads each as it quantizes it and writes its codes
-straight to the exported model's data file, and evaluation's sessions read the files themselves. The
+checkpoint. RTN, HQQ and GPTQ on a model whose weights are float32 in external data never hold the
+model: prepare leaves the weights in their file, export reads each as it quantizes it (GPTQ: each
+segment's, ``quantcore.weight_only.segments``) and writes its codes straight to the exported model's
+data file, and evaluation's sessions read the files themselves. AWQ loads the model whole. The
 report is ``build_report``'s with its ``weight_only`` section (``weight_only_section``).
 """
 
@@ -29,7 +30,14 @@ from quantcore.pipeline.quantization import annotate_stage, prepare_stage
 from quantcore.pipeline.run import Run
 from quantcore.report.document import build_report
 from quantcore.report.stage_results import Analyzed, PreparedInputs, QuantizedModel
-from quantcore.weight_only import awq_scaling, collect_grams, quantize_layers, weight_layers, write
+from quantcore.weight_only import (
+    awq_scaling,
+    collect_grams,
+    quantize_layers,
+    quantize_sequentially,
+    weight_layers,
+    write,
+)
 from quantcore.weight_only.language import language_metrics, token_input
 from quantcore.weight_only.tensors import TensorReader, is_external
 from quantcore.wording import counted
@@ -41,7 +49,6 @@ FUSED_NOTE = (
 )
 ANALYSIS_SKIPPED = "the layer-wise analysis measures Q/DQ tensors; a weight-only model has none (not run)"
 KEPT_FLOAT_OPS = ("MatMul", "Gemm", "Gather")
-CALIBRATED = ("gptq", "awq")  # the algorithms that read XᵀX; rtn and hqq are data-free
 
 
 def kept_float(model: onnx.ModelProto, annotation: Annotation) -> list[dict[str, str]]:
@@ -112,7 +119,7 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     options = config.weight_only
     assert options is not None
     external, readable = stored_outside(run.model_path)
-    streamed = readable and options.algorithm not in CALIBRATED  # ONNX Runtime must run what calibrates
+    streamed = readable and options.algorithm != "awq"  # AWQ folds its scales into the model in memory
     inputs: PreparedInputs = prepare_stage(run, config, external_data=not streamed)
     annotation = annotate_stage(run, inputs, config)
     model = inputs.prepared.model
@@ -121,18 +128,22 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
 
     started = run.clock.begin("calibrate")
     grams, scales, written = None, None, model
-    if options.algorithm in CALIBRATED:
+    if options.algorithm == "awq":
         grams = collect_grams(model, layers, inputs.calibration, config, run.monitor)
+        written, scales = awq_scaling(model, layers, grams, config, run.monitor)
         done = f"XᵀX of {len(grams)} layer inputs on {inputs.calibration.num_samples} samples"
-        if options.algorithm == "awq":
-            written, scales = awq_scaling(model, layers, grams, config, run.monitor)
-            done += f"; awq: {counted(len(scales), 'layer')} scaled"
+        done += f"; awq: {counted(len(scales), 'layer')} scaled"
+    elif options.algorithm == "gptq":
+        done = f"gptq: XᵀX on {inputs.calibration.num_samples} samples, one segment at a time during export"
     else:
         done = f"skipped: {options.algorithm} needs no calibration data"
     run.clock.end("calibrate", started, done)
 
     started = run.clock.begin("export")
-    quantized = quantize_layers(layers, grams, config, run.monitor, scales)
+    if options.algorithm == "gptq":
+        quantized = quantize_sequentially(model, layers, inputs.calibration, config, run.monitor, reader)
+    else:
+        quantized = quantize_layers(layers, grams, config, run.monitor, scales)
     exported, rows = write(written, quantized, config, run.out_dir, reader, external)
     bits = config.precision_spec.weight_bits
     run.clock.end("export", started, f"{len(rows)} weights at {bits} bit as {options.format}")

@@ -2,16 +2,18 @@
 8 bits in blocks along the reduction axis, activations float32.
 
     layers = weight_layers(model, annotation, reader)    # the annotated MatMul/Gemm weights, W (K, N)
-    grams = collect_grams(model, layers, batches, ...)   # GPTQ, AWQ: XᵀX and Σ|x| of each layer input
+    grams = collect_grams(model, layers, batches, ...)   # AWQ: XᵀX and Σ|x| of each layer input
     model, scales = awq_scaling(model, layers, grams, config, monitor)   # AWQ only
     quantized = quantize_layers(layers, grams, config, monitor, scales)   # one layer at a time
+    quantized = quantize_sequentially(model, layers, batches, config, monitor, reader)   # GPTQ instead
     exported, rows = write(model, quantized, config, out_dir, reader, external)
 
 ``quantcore.weight_only.blocks`` holds the grid and round-to-nearest, ``gptq`` the GPTQ algorithm, ``awq``
 AWQ's channel scales, ``hqq`` the data-free HQQ fit, ``layers`` the layer list and ``gram`` the
-calibration statistics, ``writer`` the two formats (MatMulNBits, blocked DequantizeLinear),
-``language`` the causal-LM metrics, ``tensors`` the reading and writing of one initializer at a time
-(a model's weights may stay in their external-data file from load to export).
+calibration statistics, ``segments`` GPTQ's sequential run, one segment of the graph at a time,
+``writer`` the two formats (MatMulNBits, blocked DequantizeLinear), ``language`` the causal-LM metrics,
+``tensors`` the reading and writing of one initializer at a time (a model's weights may stay in their
+external-data file from load to export).
 ``quantcore.pipeline.weight_only`` runs them as stages.
 """
 
@@ -26,13 +28,15 @@ import onnx
 from quantcore.config import QuantizeConfig
 from quantcore.graph.channel_scaling import find_groups, scale_channels
 from quantcore.progress import Monitor
-from quantcore.weight_only import awq
+from quantcore.runtime.batching import Batches
+from quantcore.weight_only import awq, segments
 from quantcore.weight_only.awq import ChannelScale
 from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight, quantize_rtn
 from quantcore.weight_only.gptq import quantize_gptq
 from quantcore.weight_only.gram import Gram
 from quantcore.weight_only.hqq import quantize_hqq
 from quantcore.weight_only.layers import WeightLayer, collect_grams, weight_layers
+from quantcore.weight_only.tensors import TensorReader
 from quantcore.weight_only.writer import QuantizedLayer, stored_bytes, write
 
 STAGE = "export"
@@ -66,6 +70,48 @@ def awq_scaling(
     return scaled, awq.layer_scales(groups, chosen)
 
 
+def quantize_layer(
+    layer: WeightLayer, gram: Gram | None, config: QuantizeConfig, scale: ChannelScale | None = None
+) -> QuantizedLayer:
+    """``layer``'s weight quantized by ``config.weight_only.algorithm`` (only this W is read and held;
+    ``gram``: its input's XᵀX, needed by GPTQ and AWQ, None for RTN and HQQ; ``scale``: AWQ's, from
+    ``awq_scaling``, None for a layer in no group), with the report's row: node, op type, weight, [K, N],
+    FP32 and stored bytes; with ``gram``, the relative output error ‖XW - XŴ‖²_F / ‖XW‖²_F on the
+    calibration data of the weight kept (AWQ: Ŵ = diag(1/s)·Q(diag(s)·W), what the layer computes with
+    its input ÷ s) and of round-to-nearest, the damping GPTQ used and the alpha AWQ chose."""
+    options = config.weight_only
+    assert options is not None
+    grid = grid_of(config)
+    weight = layer.read()  # (K, N) float32
+    rtn = quantize_rtn(weight, grid)
+    row: dict[str, Any] = {
+        "node": layer.node,
+        "op_type": layer.op_type,
+        "weight": layer.weight_name,
+        "shape": list(layer.shape),
+        "fp32_bytes": weight.nbytes,
+    }
+    kept, computed = rtn, None  # stored codes; the weight the layer computes with (None: the codes')
+    if options.algorithm == "hqq":
+        kept = quantize_hqq(weight, grid)
+    elif options.algorithm == "awq" and gram is not None:
+        channels = np.ones(layer.shape[0]) if scale is None else scale.scale  # no group: s = 1
+        kept, computed = awq.quantize_layer(weight, gram, channels, grid)
+        row["awq_alpha"] = None if scale is None else scale.alpha
+    if gram is not None:
+        if options.algorithm == "gptq":
+            result = quantize_gptq(
+                weight, gram, grid, damping=options.damping, act_order=options.act_order, layer=layer.node
+            )
+            kept = result.weight
+            row["damping"] = result.damping
+        computed = kept.dequantize() if computed is None else computed
+        row["output_error"] = _relative(gram.output_error(weight - computed), gram, weight)
+        row["rtn_output_error"] = _relative(gram.output_error(weight - rtn.dequantize()), gram, weight)
+    row["stored_bytes"] = stored_bytes(kept)
+    return QuantizedLayer(layer, kept, row)
+
+
 def quantize_layers(
     layers: list[WeightLayer],
     grams: Mapping[str, Gram] | None,
@@ -73,49 +119,32 @@ def quantize_layers(
     monitor: Monitor,
     scales: Mapping[str, ChannelScale] | None = None,
 ) -> Iterator[QuantizedLayer]:
-    """Each layer's weight quantized by ``config.weight_only.algorithm``, one layer at a time as the caller
-    takes them (only that layer's W is read and held; ``grams``: its inputs' XᵀX, needed by GPTQ and AWQ,
-    None for RTN and HQQ; ``scales``: AWQ's, by layer node, from ``awq_scaling``), each with the report's
-    row: node, op type, weight, [K, N], FP32 and stored bytes; with ``grams``, the relative output error
-    ‖XW - XŴ‖²_F / ‖XW‖²_F on the calibration data of the weight kept (AWQ: Ŵ = diag(1/s)·Q(diag(s)·W),
-    what the layer computes with its input ÷ s) and of round-to-nearest, the damping GPTQ used and the
-    alpha AWQ chose."""
-    options = config.weight_only
-    assert options is not None
-    grid = grid_of(config)
+    """``quantize_layer`` of each layer, one at a time as the caller takes them (``grams``: by input
+    tensor, None for RTN and HQQ; ``scales``: AWQ's, by layer node, from ``awq_scaling``)."""
+    algorithm = config.weight_only.algorithm if config.weight_only else ""
     for done, layer in enumerate(layers, start=1):
         monitor.check(STAGE)
-        weight = layer.read()  # (K, N) float32
-        rtn = quantize_rtn(weight, grid)
-        row: dict[str, Any] = {
-            "node": layer.node,
-            "op_type": layer.op_type,
-            "weight": layer.weight_name,
-            "shape": list(layer.shape),
-            "fp32_bytes": weight.nbytes,
-        }
-        kept, computed = rtn, None  # stored codes; the weight the layer computes with (None: the codes')
-        if options.algorithm == "hqq":
-            kept = quantize_hqq(weight, grid)
-        elif options.algorithm == "awq" and grams is not None:
-            choice = (scales or {}).get(layer.node)  # None: a layer in no group keeps s = 1
-            scale = np.ones(layer.shape[0]) if choice is None else choice.scale
-            kept, computed = awq.quantize_layer(weight, grams[layer.activation], scale, grid)
-            row["awq_alpha"] = None if choice is None else choice.alpha
-        if grams is not None:
-            gram = grams[layer.activation]
-            if options.algorithm == "gptq":
-                result = quantize_gptq(
-                    weight, gram, grid, damping=options.damping, act_order=options.act_order, layer=layer.node
-                )
-                kept = result.weight
-                row["damping"] = result.damping
-            computed = kept.dequantize() if computed is None else computed
-            row["output_error"] = _relative(gram.output_error(weight - computed), gram, weight)
-            row["rtn_output_error"] = _relative(gram.output_error(weight - rtn.dequantize()), gram, weight)
-        row["stored_bytes"] = stored_bytes(kept)
-        monitor.report(STAGE, done / (len(layers) + 1), f"{options.algorithm}: layer {done}/{len(layers)}")
-        yield QuantizedLayer(layer, kept, row)
+        gram = None if grams is None else grams[layer.activation]
+        entry = quantize_layer(layer, gram, config, (scales or {}).get(layer.node))
+        monitor.report(STAGE, done / (len(layers) + 1), f"{algorithm}: layer {done}/{len(layers)}")
+        yield entry
+
+
+def quantize_sequentially(
+    model: onnx.ModelProto,
+    layers: list[WeightLayer],
+    batches: Batches,
+    config: QuantizeConfig,
+    monitor: Monitor,
+    reader: TensorReader,
+) -> Iterator[QuantizedLayer]:
+    """GPTQ's sequential run (``quantcore.weight_only.segments``): ``quantize_layer`` of each layer with
+    the Gram of its input in the model whose earlier segments are already quantized, one segment of
+    ``model`` at a time (its initializers read through ``reader``), as the caller takes them."""
+    plan = segments.plan(model, layers)
+    return segments.run(
+        model, plan, batches, reader, config.device, monitor, lambda layer, gram: quantize_layer(layer, gram, config)
+    )
 
 
 __all__ = [
@@ -127,8 +156,10 @@ __all__ = [
     "awq_scaling",
     "collect_grams",
     "grid_of",
+    "quantize_layer",
     "quantize_layers",
     "quantize_rtn",
+    "quantize_sequentially",
     "weight_layers",
     "write",
 ]

@@ -18,6 +18,11 @@ reference's ``static_groups``), so that blocks stay contiguous rows of W, the la
 Rows whose input is always zero (diag(H) = 0) get H_kk = 1 and w_k = 0, as in the reference. When the
 damped H is still not positive definite (rank-deficient inputs in float64 rounding), λ is multiplied by
 10, up to ``MAX_DAMPING_TRIES`` times, and the layer's report says by how much.
+
+Memory: H times a constant c leaves every update unchanged (U scales by 1/√c, e by √c), so U is
+computed from XᵀX + λ'·I, λ' = damping · mean(diag XᵀX), in place (LAPACK's potrf, potri, potrf) in the
+upper triangle of the Gram's own XᵀX, whose lower triangle keeps XᵀX; the upper one is mirrored back
+afterwards. One (K, K) float64 array per layer (537 MB at K = 8192) instead of five.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.linalg import lapack
 
 from quantcore.errors import UnsupportedModelError
 from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight, assemble
@@ -33,6 +39,7 @@ from quantcore.weight_only.gram import Gram
 
 LAZY_ROWS = 128  # rows per lazy batch: a power of two, so it is a multiple of every block_size up to 128
 MAX_DAMPING_TRIES = 4
+MIRROR_ROWS = 256  # rows per block when a triangle is copied onto the other
 
 
 @dataclass(frozen=True)
@@ -41,20 +48,34 @@ class GptqResult:
     damping: float  # the λ factor used (``damping`` times the 10s that made H positive definite)
 
 
-def _upper_inverse_factor(hessian: torch.Tensor, damping: float, layer: str) -> tuple[torch.Tensor, float]:
-    """(U, damping used): U upper triangular with (H + λI)⁻¹ = UᵀU."""
-    mean_diagonal = float(torch.mean(torch.diag(hessian)))
+def _mirror(work: np.ndarray, diagonal: np.ndarray) -> None:
+    """Sets the upper triangle of the symmetric ``work`` (K, K) from its strictly lower one, and its
+    diagonal to ``diagonal`` (K,), a block of ``MIRROR_ROWS`` rows at a time (no (K, K) temporary)."""
+    k = work.shape[0]
+    for start in range(0, k, MIRROR_ROWS):
+        stop = min(start + MIRROR_ROWS, k)
+        work[start:stop, stop:] = work[stop:, start:stop].T
+        lower = np.tril(work[start:stop, start:stop], -1)
+        work[start:stop, start:stop] = lower + lower.T + np.diag(diagonal[start:stop])
+
+
+def _upper_inverse_factor(work: np.ndarray, diagonal: np.ndarray, damping: float, layer: str) -> float:
+    """Writes U into the upper triangle of ``work`` (K, K) float64 C-ordered, the diagonal included, with
+    (A + λI)⁻¹ = UᵀU, A the symmetric matrix that ``work``'s strictly lower triangle and ``diagonal``
+    hold, λ = damping·mean(diagonal); the strictly lower triangle is left as it was. Returns the damping
+    used. LAPACK works column-major, on ``work.T``: its lower triangle is ``work``'s upper one."""
+    mean_diagonal = float(np.mean(diagonal))
+    column_major = work.T
     for _ in range(MAX_DAMPING_TRIES):
-        damped = hessian.clone()  # (K, K) float64: each one is K²·8 bytes (537 MB at K = 8192), so no eye
-        damped.diagonal().add_(damping * mean_diagonal)
-        factor, info = torch.linalg.cholesky_ex(damped)
-        del damped
-        if int(info) == 0:
-            inverse = torch.cholesky_inverse(factor)
-            del factor
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
-            if int(info) == 0:
-                return upper, damping
+        _mirror(work, diagonal + damping * mean_diagonal)
+        factor, info = lapack.dpotrf(column_major, lower=1, clean=0, overwrite_a=1)  # A + λI = LLᵀ
+        if info == 0:
+            inverse, info = lapack.dpotri(factor, lower=1, overwrite_c=1)  # (A + λI)⁻¹ from L
+            if info == 0:
+                factor, info = lapack.dpotrf(inverse, lower=1, clean=0, overwrite_a=1)  # = L'L'ᵀ, U = L'ᵀ
+                if info == 0:
+                    assert np.shares_memory(factor, work)  # LAPACK worked in place, so ``work`` holds U
+                    return damping
         damping *= 10.0
     raise UnsupportedModelError(f"GPTQ: the Hessian of layer {layer} is not positive definite even damped")
 
@@ -62,43 +83,50 @@ def _upper_inverse_factor(hessian: torch.Tensor, damping: float, layer: str) -> 
 def quantize_gptq(
     weight: np.ndarray, gram: Gram, grid: BlockGrid, *, damping: float, act_order: bool, layer: str
 ) -> GptqResult:
-    """GPTQ of a (K, N) ``weight`` with its input's ``gram`` (module docstring); ``layer`` names it in errors."""
+    """GPTQ of a (K, N) ``weight`` with its input's ``gram`` (module docstring); ``layer`` names it in
+    errors. Without ``act_order``, the upper triangle of ``gram.xtx`` is the working storage of U and is
+    restored before this returns, so no other (K, K) array is made; with it, a permuted copy is."""
     w = torch.tensor(np.asarray(weight), dtype=torch.float64)
     k = w.shape[0]
-    hessian = torch.from_numpy(gram.hessian())  # a new float64 array: taken, not copied
-    dead = torch.diag(hessian) == 0
-    hessian[dead, dead] = 1.0
-    w[dead, :] = 0.0
-    order = torch.argsort(torch.diag(hessian), descending=True) if act_order else torch.arange(k)
+    xtx_diagonal = np.diag(gram.xtx).copy()
+    dead = xtx_diagonal == 0
+    diagonal = np.where(dead, max(gram.rows, 1) / 2.0, xtx_diagonal)  # the reference's H_kk = 1 (H = 2·XᵀX/n)
+    w[torch.from_numpy(dead), :] = 0.0
+    order = np.argsort(-diagonal, kind="stable") if act_order else np.arange(k)
     block_of = order // grid.block_size  # the block each visited row belongs to, in W's own row order
     static = (
         [grid.params(w[s : s + grid.block_size].numpy()) for s in range(0, k, grid.block_size)] if act_order else []
     )
+    work = gram.xtx
     if act_order:
-        w, hessian = w[order], hessian[order][:, order]
-    upper, used = _upper_inverse_factor(hessian, damping, layer)
+        w, work, diagonal = w[order], gram.xtx[np.ix_(order, order)], diagonal[order]
+    try:
+        used = _upper_inverse_factor(work, diagonal, damping, layer)
+        upper = torch.from_numpy(work)  # U in the upper triangle; only that triangle is read below
 
-    params: dict[int, tuple[np.ndarray, np.ndarray]] = dict(enumerate(static))
-    codes = torch.zeros_like(w)
-    lazy = max(LAZY_ROWS, grid.block_size)
-    for start in range(0, k, lazy):
-        stop = min(start + lazy, k)
-        rows = w[start:stop].clone()  # (B, N), updated as the batch goes
-        errors = torch.zeros_like(rows)
-        for i in range(stop - start):
-            block = int(block_of[start + i])
-            if block not in params:  # no act_order: the block starts here, its rows as updated so far
-                params[block] = grid.params(rows[i : i + grid.block_size].numpy())
-            scale, zero = params[block]
-            row = rows[i]
-            q = torch.from_numpy(grid.codes(row.numpy(), scale, zero))
-            codes[start + i] = q
-            rounded = (q - torch.from_numpy(zero)) * torch.from_numpy(scale.astype(np.float64))
-            error = (row - rounded) / upper[start + i, start + i]
-            rows[i:] -= torch.outer(upper[start + i, start + i : stop], error)
-            errors[i] = error
-        w[stop:] -= upper[start:stop, stop:].T @ errors
-    inverse = torch.argsort(order)
-    blocks = sorted(params)
-    stored = assemble(grid, codes[inverse].numpy(), [params[b][0] for b in blocks], [params[b][1] for b in blocks])
+        params: dict[int, tuple[np.ndarray, np.ndarray]] = dict(enumerate(static))
+        codes = torch.zeros(w.shape, dtype=torch.uint8)
+        lazy = max(LAZY_ROWS, grid.block_size)
+        for start in range(0, k, lazy):
+            stop = min(start + lazy, k)
+            rows = w[start:stop].clone()  # (B, N), updated as the batch goes
+            errors = torch.zeros_like(rows)
+            for i in range(stop - start):
+                block = int(block_of[start + i])
+                if block not in params:  # no act_order: the block starts here, its rows as updated so far
+                    params[block] = grid.params(rows[i : i + grid.block_size].numpy())
+                scale, zero = params[block]
+                row = rows[i]
+                q = torch.from_numpy(grid.codes(row.numpy(), scale, zero))
+                codes[start + i] = q
+                rounded = (q - torch.from_numpy(zero)) * torch.from_numpy(scale.astype(np.float64))
+                error = (row - rounded) / upper[start + i, start + i]
+                rows[i:] -= torch.outer(upper[start + i, start + i : stop], error)
+                errors[i] = error
+            w[stop:].addmm_(upper[start:stop, stop:].T, errors, alpha=-1.0)  # in place: no (K, N) temporary
+    finally:
+        if not act_order:
+            _mirror(work, xtx_diagonal)  # XᵀX again, from its lower triangle
+    scales, zeros = zip(*(params[b] for b in sorted(params)), strict=True)
+    stored = assemble(grid, codes[np.argsort(order)].numpy(), list(scales), list(zeros))
     return GptqResult(stored, used)

@@ -24,7 +24,7 @@ from quantcore.errors import UnsupportedModelError
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches
 from quantcore.runtime.session import open_session
-from quantcore.weight_only.gram import Gram
+from quantcore.weight_only.gram import Gram, GramSum
 from quantcore.weight_only.tensors import TensorReader
 
 STAGE = "calibrate"
@@ -85,17 +85,12 @@ def collect_grams(
     """Input tensor → its XᵀX and Σ|x| over every calibration batch (X: the tensor reshaped to (-1, K))."""
     names = list(dict.fromkeys(layer.activation for layer in layers))
     width = {layer.activation: layer.shape[0] for layer in layers}
-    xtx = {name: np.zeros((width[name], width[name])) for name in names}
-    abs_sum = {name: np.zeros(width[name]) for name in names}
-    rows = dict.fromkeys(names, 0)
+    sums = {name: GramSum(width[name]) for name in names}
     count = len(batches)
     with open_session(model, device=config.device, outputs=names) as session:
         for done, batch in enumerate(batches, start=1):
             monitor.check(STAGE)
             for name, value in zip(names, session.run(names, batch), strict=True):
-                x = np.asarray(value, dtype=np.float64).reshape(-1, width[name])
-                xtx[name] += x.T @ x
-                abs_sum[name] += np.abs(x).sum(axis=0)
-                rows[name] += x.shape[0]
+                sums[name].add(value)
             monitor.report(STAGE, done / (count + 1), f"batch {done}/{count}: XᵀX of {len(names)} layer inputs")
-    return {name: Gram(xtx[name], abs_sum[name], rows[name]) for name in names}
+    return {name: total.gram() for name, total in sums.items()}

@@ -33,7 +33,9 @@ def _tensors(path: Path) -> dict[str, bytes]:
     return {t.name: numpy_helper.to_array(t).tobytes() for t in onnx.load(str(path)).graph.initializer}
 
 
-@pytest.mark.parametrize(("algorithm", "form"), [("rtn", "matmulnbits"), ("hqq", "dequantize_linear")])
+@pytest.mark.parametrize(
+    ("algorithm", "form"), [("rtn", "matmulnbits"), ("hqq", "dequantize_linear"), ("gptq", "matmulnbits")]
+)
 def test_the_streamed_export_writes_the_bytes_of_the_in_memory_one(tmp_path: Path, algorithm: str, form: str) -> None:
     """The same model stored with external data (streamed: weights read one at a time, the export's data
     file written as they come) and stored whole (loaded whole, exported in one file)."""
