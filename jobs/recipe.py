@@ -269,8 +269,10 @@ class AutoSpec(_Spec):
         900.0,
         ge=10.0,
         le=86_400.0,
-        description="Seconds the search may spend on its candidates (the first, the recipe as given, always runs "
-        "whole; the final run with the chosen settings comes on top).",
+        description="Seconds the search and the final run with the chosen settings may take together: each "
+        "candidate's final run is estimated from its own stages and held back. The first candidate (the recipe as "
+        "given) is stopped too when it and its final run cannot both fit; the final run is then the recipe as "
+        "given, unscored and without the layer-wise analysis, and the report says so.",
     )
     objective: ObjectiveSpec = Field(
         default_factory=ObjectiveSpec,

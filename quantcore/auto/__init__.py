@@ -9,9 +9,10 @@ How candidates are scored, bounded by the budget and, when none meets the object
 accuracy-target method, is ``quantcore.auto.search``'s docstring; how a later candidate must beat an
 earlier one, ``quantcore.auto.scoring``'s. The final run calibrates on every calibration sample and
 evaluates on the user's evaluation data, keeping the clip the chosen candidate's own clip search kept (so
-it quantizes as the scored run did), so the files and the report are those of the chosen model, its
-``config`` the chosen one (strategy ``fixed``: running it again gives the same files) and its ``auto``
-section every candidate tried (``search_report``).
+it quantizes as the scored run did) and its layer-wise analysis held to what the budget left it
+(``quantcore.auto.budget``), so the files and the report are those of the chosen model, its ``config``
+the chosen one (strategy ``fixed``: running it again gives the same files) and its ``auto`` section every
+candidate tried (``search_report``).
 
 Progress: stage ``auto`` from 0.0 to 1.0 over the search (one message per candidate with its score),
 then the final run's stages. Cancellation is polled inside every candidate as in any run.
@@ -29,9 +30,19 @@ import numpy as np
 import onnx
 
 from quantcore.analysis.accuracy_target import check_target
+from quantcore.auto.budget import FinalRun, final_analysis
 from quantcore.auto.candidates import candidate_configs
 from quantcore.auto.scoring import LEVEL
-from quantcore.auto.search import STAGE, Search, Tried, choose_among, fallback, pareto_front, run_candidates
+from quantcore.auto.search import (
+    BUDGET_SPENT,
+    STAGE,
+    Search,
+    Tried,
+    choose_among,
+    fallback,
+    pareto_front,
+    run_candidates,
+)
 from quantcore.auto.selection import SELECTION_FRACTION, fp32_predictions, split_selection
 from quantcore.config import QuantizeConfig
 from quantcore.errors import UnsupportedModelError
@@ -80,16 +91,20 @@ def quantize_auto(
         (len(split.calibration_indices) + len(split.selection_indices)) / len(split.calibration_indices),
         evaluation_samples / len(split.selection_indices),
     )
+    final = FinalRun.of(config, scale, evaluation_samples)
     with tempfile.TemporaryDirectory(prefix=".auto-", dir=out_dir) as work_dir:
-        search = Search(model_path, specs, split, selection_labels, Path(work_dir), monitor, scale)
+        search = Search(model_path, specs, split, selection_labels, Path(work_dir), monitor, final)
         tried, stopped = run_candidates(search, candidate_configs(config), config.auto.budget_seconds, deadline)
         best = choose_among(tried, objective.higher_is_better, deadline - time.perf_counter())
-        if best is None:
+        if best is None and tried[0].error != BUDGET_SPENT:
             errors = "; ".join(f"{t.name}: {t.error}" for t in tried)
             raise UnsupportedModelError(f"strategy auto: no candidate produced a model ({errors})")
+        best = best or tried[0]  # the config as given, stopped by the budget before it was scored
         chosen, fallen_back = best.config, None
-        if not best.met and deadline - time.perf_counter() > best.final_seconds:
+        if best.error is None and not best.met and deadline - time.perf_counter() > best.final_seconds:
             chosen, fallen_back = fallback(search, best, deadline)
+    left = deadline - time.perf_counter()
+    chosen, analysis_left_out = final_analysis(chosen, left, best.final_seconds, final, best.analysis_seconds)
     section = search_report(
         config,
         tried,
@@ -97,6 +112,7 @@ def quantize_auto(
         fallen_back,
         stopped,
         split_sizes=(len(split.calibration_indices), len(split.selection_indices)),
+        analysis_left_out=analysis_left_out,
     )
     section["seconds"] = round(time.perf_counter() - started, 3)
     monitor.report(STAGE, 1.0, section["reason"])
@@ -137,6 +153,12 @@ def _reason(
     objective_statement: str, metric: str, tried: list[Tried], best: Tried, fallen_back: dict[str, Any] | None
 ) -> tuple[str, bool]:
     """(the choice in one sentence, whether the objective was met on the selection split)."""
+    if best.error is not None:
+        return (
+            f"the budget stopped {best.name} before it was scored (it and its final run could not both fit): the "
+            f"final run is {best.name}, unscored, and no other candidate was tried",
+            False,
+        )
     why = _why(metric, tried, best)
     if best.met:
         return f"{why}, and it meets the objective {objective_statement}", True
@@ -163,11 +185,14 @@ def search_report(
     stopped: str | None,
     *,
     split_sizes: tuple[int, int],
+    analysis_left_out: str | None = None,
 ) -> dict[str, Any]:
-    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``)."""
+    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``); ``analysis_left_out``: why
+    the final run runs without the analysis (``quantcore.auto.budget.final_analysis``), added to the reason."""
     objective = config.auto.objective
     front = pareto_front(tried, objective.higher_is_better)
     reason, met = _reason(objective.statement(), objective.metric, tried, best, fallen_back)
+    reason = reason if analysis_left_out is None else f"{reason}; {analysis_left_out}"
     return {
         "objective": {**objective.to_dict(), "statement": objective.statement()},
         "measured_on": "the selection split, the exported model as deployed on ONNX Runtime (exact Q/DQ where the "
@@ -181,7 +206,7 @@ def search_report(
         "candidates": [t.to_dict(t.name in front) for t in tried],
         "stopped": stopped,
         "chosen": best.name,
-        "final_seconds": round(best.final_seconds, 3),
+        "final_seconds": None if best.final_seconds is None else round(best.final_seconds, 3),
         "fallback": fallen_back,
         "met": met,
         "reason": reason,

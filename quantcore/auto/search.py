@@ -10,20 +10,20 @@ on ONNX Runtime, exact Q/DQ where the deployed session could not be built), and 
 (``quantcore.auto.scoring``): a later candidate is chosen over an earlier one only when it is better
 beyond the paired bootstrap interval on the selection split.
 
-Budget: ``budget_seconds`` bounds the search and the final run together. The final run calibrates on
-every calibration sample and evaluates on the user's data, so a candidate's final run is estimated from
-its own seconds (``final_seconds``: each of its stages' time grown by the final run's samples over its
-own, evaluation / selection samples for the evaluation, none for the clip search, whose choice the final
-run keeps, all / the candidates' calibration samples for the others; the rest, such as the per-sample
-scoring, as it was), and that of the candidate chosen so far is held back. The first candidate (the
-config as given) always runs whole: without it there is nothing to compare with. A later one starts only
-if the time left holds what the first took (no candidate does less work) plus the larger of the final run
-held back and its own final run at that estimate; inside, it is stopped at the next batch once the time
-left no longer holds that larger final run at the seconds it will have taken by the projected end of its
-current stage (``Deadline``; recorded as stopped). A candidate whose final run no longer fits the time
-left when the choice is made is not chosen (the first always may be). A candidate whose run raises
-anything (a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not suit)
-is recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
+Budget: ``budget_seconds`` bounds the search and the final run together. A candidate's final run is
+estimated from its own stage seconds (``final_seconds``, ``quantcore.auto.budget``: the stages grown by the
+final run's samples, plus the analysis and the latency stage the candidates skip), and that of the
+candidate chosen so far is held back. Every candidate, the first (the config as given) included, is
+stopped at its next batch once the time left no longer holds the larger of the final run held back and
+its own final run at the seconds it will have taken by the projected end of its current stage
+(``Deadline``: its own final run estimated from the stages it has run, that one to its projected end;
+recorded as stopped). When the first is stopped, nothing is scored: the final run is the config as given,
+without the analysis, and the report says so. A later candidate starts only if the time left holds what
+the first took (no candidate does less work; the first's analysis probe aside) plus the larger of the
+final run held back and its own final run at the first's factor. A candidate whose final run no longer
+fits the time left when the choice is made is not chosen (the first always may be). A candidate whose run
+raises anything (a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not
+suit) is recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
 worker's time limit), is not an error of the candidate and ends the search.
 
 Fallback: when no candidate meets the objective, the best one is run again with
@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from quantcore.analysis.accuracy_target import measure
+from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import Candidate
 from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
 from quantcore.auto.selection import SelectionSplit
@@ -69,19 +70,29 @@ PROJECT_FROM = 0.1
 class Deadline:
     """A candidate's ``should_cancel``: the caller's, then the budget's (``deadline``: a ``perf_counter``
     time, None: none). True once the time left no longer holds ``reserve`` seconds (the final run held
-    back) nor the run's own final run, ``factor`` times its seconds, counted at the projected end of
+    back) nor the run's own final run (``final``'s estimate from the run's stage seconds, ``analysis`` the
+    probe's estimate, None: this run probes it; no ``final``: none), both counted at the projected end of
     the stage it is in (``progressed``: the stage's seconds so far over its done share, from
-    ``PROJECT_FROM``): a candidate that cannot finish in time, AdaRound on a large model, stops early
-    rather than spend the time left. ``user_asked`` tells a cancellation from a budget spent."""
+    ``PROJECT_FROM``): a candidate that cannot finish in time, AdaRound on a large model, stops early rather
+    than spend the time left. ``user_asked`` tells a cancellation from a budget spent."""
 
-    def __init__(self, monitor: Monitor, deadline: float | None, reserve: float = 0.0, factor: float = 0.0) -> None:
+    def __init__(
+        self,
+        monitor: Monitor,
+        deadline: float | None,
+        reserve: float = 0.0,
+        final: FinalRun | None = None,
+        analysis: float | None = None,
+    ) -> None:
         self.monitor = monitor
         self.deadline = deadline
         self.reserve = reserve
-        self.factor = factor
+        self.final = final
+        self.analysis = analysis
         self.started = time.perf_counter()
         self.stage: tuple[str, float] | None = None  # the stage the run is in, since when
         self.stage_end = self.started  # its projected end
+        self.stage_seconds: dict[str, float] = {}  # the stages before it
         self.user_asked = False
         self.raised: BaseException | None = None  # what the caller's check raised (e.g. a worker's time limit)
 
@@ -89,6 +100,8 @@ class Deadline:
         """The run's progress: ``fraction`` of ``stage`` done."""
         now = time.perf_counter()
         if self.stage is None or self.stage[0] != stage:
+            if self.stage is not None:
+                self.stage_seconds[self.stage[0]] = now - self.stage[1]
             self.stage = (stage, now)
         elapsed = now - self.stage[1]
         self.stage_end = now + (elapsed * (1 - fraction) / fraction if fraction >= PROJECT_FROM else 0.0)
@@ -105,7 +118,18 @@ class Deadline:
         if self.deadline is None:
             return False
         end = max(time.perf_counter(), self.stage_end)
-        return end + max(self.reserve, self.factor * (end - self.started)) > self.deadline
+        return end + max(self.reserve, self.own_final(end)) > self.deadline
+
+    def own_final(self, end: float) -> float:
+        """The run's own final run, were the run to end at ``end`` (a ``perf_counter`` time) with the stage it
+        is in."""
+        if self.final is None:
+            return 0.0
+        stages = dict(self.stage_seconds)
+        if self.stage is not None:
+            stages[self.stage[0]] = end - self.stage[1]
+        analysis = self.final.analysis(stages) if self.analysis is None else self.analysis
+        return self.final.seconds(end - self.started, stages, analysis)
 
 
 @dataclass(frozen=True)
@@ -124,6 +148,8 @@ class Tried:
     error: str | None
     sums: SampleSums | None = None  # per selection sample, for the paired comparison; None: no model
     final_seconds: float | None = None  # its final run's estimate (see module); None: no model
+    analysis_seconds: float = 0.0  # the final run's analysis but its layer-wise runs, as the probe measured it
+    probe_seconds: float = 0.0  # of ``seconds``, those its run spent on the analysis probe (the first's)
     difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
 
     def to_dict(self, pareto: bool) -> dict[str, Any]:
@@ -146,7 +172,7 @@ class Tried:
 class Search:
     """The inputs every candidate run shares: the model, its inputs, the split, the selection split's labels
     (the FP32 predictions, for a ``top1_drop`` objective; else None), the directory candidates run in, the
-    caller's callbacks, and the final run's samples over a candidate's: (calibration, evaluation)."""
+    caller's callbacks, and the final run's estimate (``quantcore.auto.budget``)."""
 
     model_path: str | Path
     specs: list[InputSpec]
@@ -154,13 +180,7 @@ class Search:
     labels: np.ndarray | None
     work_dir: Path
     monitor: Monitor
-    scale: tuple[float, float]
-
-    def final_seconds(self, seconds: float, stage_seconds: dict[str, float]) -> float:
-        """A candidate's final run estimated from its ``seconds`` and ``stage_seconds`` (see module)."""
-        calibration, evaluation = self.scale
-        ratios = {"evaluate": evaluation, "clip": 0.0}  # the final run keeps the candidate's clip: no clip stage
-        return seconds + sum(v * (ratios.get(k, calibration) - 1) for k, v in stage_seconds.items())
+    final: FinalRun
 
     def run(
         self, config: QuantizeConfig, name: str, should_cancel: Callable[[], bool], report: Callable[[str, float], None]
@@ -193,11 +213,18 @@ def _quiet(config: QuantizeConfig) -> QuantizeConfig:
 
 
 def try_candidate(
-    search: Search, index: int, total: int, candidate: Candidate, config: QuantizeConfig, should_cancel: Deadline
+    search: Search,
+    index: int,
+    total: int,
+    candidate: Candidate,
+    config: QuantizeConfig,
+    should_cancel: Deadline,
+    analysis: float | None,
 ) -> Tried:
-    """Run candidate ``index`` (0-based) of ``total`` as the module says, stopped by ``should_cancel``. Raises
-    ``Canceled`` when the caller asked to stop; a budget spent inside the run is recorded as the candidate's
-    error."""
+    """Run candidate ``index`` (0-based) of ``total`` as the module says, stopped by ``should_cancel``;
+    ``analysis``: the final run's analysis estimate an earlier run's probe measured, None: this run probes it
+    (``quantcore.auto.budget``). Raises ``Canceled`` when the caller asked to stop; a budget spent inside
+    the run is recorded as the candidate's error."""
     objective = config.auto.objective
     started = time.perf_counter()
 
@@ -214,7 +241,8 @@ def try_candidate(
         return Tried(candidate.name, candidate.change, config, value, met, size, latency, seconds, error, **more)
 
     try:
-        result = search.run(_quiet(config), candidate.name, should_cancel, report)
+        quiet = _quiet(config) if analysis is not None else search.final.probe(_quiet(config))
+        result = search.run(quiet, candidate.name, should_cancel, report)
         evaluation = result["evaluation"]
         sums = sample_sums(
             search.model_path,
@@ -246,8 +274,15 @@ def try_candidate(
         )
         latency = measured["quantized"].get("batch_1", {}).get("p50_ms")
     outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None, sums=sums)
-    final_seconds = search.final_seconds(outcome.seconds, result["stage_seconds"])
-    outcome = replace(outcome, final_seconds=final_seconds, config=clip_kept(config, result))
+    stage_seconds = result["stage_seconds"]
+    analysis = search.final.analysis(stage_seconds) if analysis is None else analysis
+    outcome = replace(
+        outcome,
+        final_seconds=search.final.seconds(outcome.seconds, stage_seconds, analysis),
+        analysis_seconds=analysis,
+        probe_seconds=stage_seconds.get("analyze", 0.0),
+        config=clip_kept(config, result),
+    )
     shown = "undefined" if outcome.value is None else f"{outcome.value:.6g}"
     search.monitor.report(
         STAGE, (index + 1) / total, f"candidate {index + 1}/{total} {candidate.name}: {objective.metric} {shown}"
@@ -286,26 +321,31 @@ def run_candidates(
     """Try ``candidates`` in order within the budget (``deadline``: a ``perf_counter`` time), as the module
     says: (every candidate tried, in order; None, or why the search stopped before the last)."""
     tried: list[Tried] = []
-    factor = search.scale[0]  # a final run's seconds per candidate second, until the first has measured it
+    held_back = search.final.held_back
+    # a final run's seconds per candidate second, for a candidate not yet run, and its analysis, measured by
+    # the first run that produced a model (its analysis by the probe: ``quantcore.auto.budget``)
+    factor, analysis = search.final.first_factor, None
     for index, (candidate, config) in enumerate(candidates):
-        if index == 0:
-            tried.append(try_candidate(search, 0, len(candidates), candidate, config, Deadline(search.monitor, None)))
-            if tried[0].error is None:
-                factor = tried[0].final_seconds / max(tried[0].seconds, 1e-9)
-            continue
-        left = deadline - time.perf_counter()
-        kept = choose_among(list(tried), config.auto.objective.higher_is_better, left)
-        reserve = 0.0 if kept is None else kept.final_seconds
-        needed = tried[0].seconds
-        if left < needed + max(reserve, factor * needed):
-            untried = ", ".join(c.name for c, _ in candidates[index:])
-            return tried, (
-                f"the budget of {budget_seconds:g} s had {max(0.0, left):.1f} s left, less than {candidate.name} is "
-                f"estimated to take ({needed:.1f} s) with the final run after it ({max(reserve, factor * needed):.1f} "
-                f"s): not tried: {untried}"
-            )
-        should_cancel = Deadline(search.monitor, deadline, reserve, factor)
-        tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel))
+        reserve = 0.0
+        if index > 0:
+            left = deadline - time.perf_counter()
+            kept = choose_among(list(tried), config.auto.objective.higher_is_better, left)
+            reserve = 0.0 if kept is None else kept.final_seconds
+            needed = tried[0].seconds - tried[0].probe_seconds  # the others run no probe
+            after = max(reserve, factor * needed + (analysis or 0.0) + held_back)
+            if left < needed + after:
+                untried = ", ".join(c.name for c, _ in candidates[index:])
+                return tried, (
+                    f"the budget of {budget_seconds:g} s had {max(0.0, left):.1f} s left, less than {candidate.name} "
+                    f"is estimated to take ({needed:.1f} s) with the final run after it ({after:.1f} s): not tried: "
+                    f"{untried}"
+                )
+        should_cancel = Deadline(search.monitor, deadline, reserve, search.final, analysis)
+        tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel, analysis))
+        last = tried[-1]
+        if analysis is None and last.error is None:
+            analysis = last.analysis_seconds
+            factor = (last.final_seconds - analysis - held_back) / max(last.seconds - last.probe_seconds, 1e-9)
         if tried[-1].error == BUDGET_SPENT:
             untried = ", ".join(c.name for c, _ in candidates[index + 1 :]) or "none"
             return tried, (

@@ -15,9 +15,10 @@ class AutoOptions:
     """What ``strategy="auto"`` may try and spend (``quantcore.auto``).
 
     budget_seconds: wall-clock seconds for the search and the final run with the chosen config together,
-    in [10, 86400]: the final run's estimate is held back while candidates run (``quantcore.auto.search``);
-    the first candidate, the config as given, always runs whole, so a budget below it and its final run
-    is exceeded.
+    in [10, 86400]: the final run's estimate, its analysis included, is held back while candidates run
+    (``quantcore.auto.budget``); a candidate that cannot finish with its final run is stopped, the first
+    (the config as given) too, whose final run then runs unscored, so only a budget below the final run of
+    the config as given alone (or an engine build, not estimated) is exceeded.
     objective: the accuracy a candidate must reach on the selection split (an ``AccuracyTarget``, its
     ``max_float_layers`` bounding the fallback search); default: the worst float output's cosine to FP32
     >= 0.99. candidates: names from ``AUTO_CANDIDATES`` to try, in that list's order whatever the order

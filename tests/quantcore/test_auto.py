@@ -11,8 +11,10 @@ import pytest
 import quantcore.auto
 import quantcore.config.auto
 from quantcore import AnalysisOptions, AutoOptions, Canceled, QuantizeConfig, quantize, quantize_auto
+from quantcore.auto import budget as budget_module
 from quantcore.auto import scoring
 from quantcore.auto import search as search_module
+from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import CANDIDATES
 from quantcore.auto.search import Search
 from quantcore.config import AUTO_CANDIDATES, AccuracyTarget
@@ -268,14 +270,41 @@ def test_the_job_fails_only_when_no_candidate_produced_a_model(small, tmp_path, 
         quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "out")
 
 
-def test_the_budget_stops_the_search_after_the_first_candidate(small, tmp_path, monkeypatch, recorded_runs) -> None:
+def test_a_budget_below_any_run_stops_the_first_candidate_and_runs_the_config_as_given(
+    small, tmp_path, monkeypatch, recorded_runs
+) -> None:
     path, calibration, evaluation = small
     monkeypatch.setattr(quantcore.config.auto, "AUTO_BUDGET_SECONDS", (1e-3, 86_400.0))  # a budget smaller than any run
-    result = quantize_auto(path, calibration, evaluation, auto_config(budget_seconds=1e-3), tmp_path / "out")
+    config = replace(auto_config(budget_seconds=1e-3), analysis=AnalysisOptions())
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
     section = result.report["auto"]
     assert [name for name, _, _ in recorded_runs] == ["as_given"]
-    assert [c["name"] for c in section["candidates"]] == ["as_given"] and section["chosen"] == "as_given"
-    assert "budget" in section["stopped"] and "not tried: minmax, mse, kl" in section["stopped"]
+    (first,) = section["candidates"]
+    assert first["name"] == "as_given" and first["error"] == search_module.BUDGET_SPENT and first["value"] is None
+    assert "ran out during as_given: not tried: minmax, mse, kl" in section["stopped"]
+    assert section["chosen"] == "as_given" and not section["met"] and "unscored" in section["reason"]
+    final = result.report["config"]
+    assert final["observer"] == "percentile" and final["strategy"] == "fixed"  # the final run: the config as given
+    assert not final["analysis"]["enabled"] and result.report["analysis"] is None  # ... without its analysis
+    assert "without the analysis" in section["reason"]
+
+
+def test_a_budget_the_first_candidate_cannot_fit_with_its_final_run_is_kept(small, tmp_path, progress) -> None:
+    """On the ``progress`` clock, a budget of the config as given's own candidate seconds T: that candidate and
+    the final run after it cannot both fit, so it is stopped (said so) and the config as given runs unscored.
+    The job, counted by the report's own seconds (the search's, then the final run's stages), ends inside
+    the budget, which running the first candidate whole (T, then the final run's stages) would pass."""
+    path, calibration, evaluation = small
+    free = quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "free", progress=progress)
+    budget = free.report["auto"]["candidates"][0]["seconds"]
+    config = auto_config("minmax", budget_seconds=budget)
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out", progress=progress)
+    section = result.report["auto"]
+    final = sum(result.report["stage_seconds"].values())
+    assert final > 0  # so the first candidate run whole (T) and then the final run end past the budget
+    assert [c["error"] for c in section["candidates"]] == [search_module.BUDGET_SPENT]
+    assert "ran out during as_given: not tried: minmax" in section["stopped"] and "unscored" in section["reason"]
+    assert section["seconds"] + final <= budget
 
 
 def test_the_budget_stops_a_candidate_inside(small, tmp_path, monkeypatch) -> None:
@@ -360,3 +389,54 @@ def test_a_candidate_that_cannot_finish_in_time_stops_at_its_projected_end(small
     by_deadline = next(e for e in range(1, 10**4) if seconds + e + max(final, factor * e) > budget)
     assert stopped["seconds"] < by_deadline - 5  # 5 progress messages: the stop came from the projection
     assert section["chosen"] == "as_given" and section["seconds"] + section["final_seconds"] <= budget
+
+
+def test_the_final_run_estimate_on_round_numbers() -> None:
+    """``FinalRun``'s formula (``quantcore.auto.budget``): a probe's analysis plus its graph-wise pass on the
+    other evaluation samples at evaluate's pace; the stages grown by their ratios, clip dropped, the probe's
+    analyze replaced by the analysis estimate, the layer-wise seconds held back added (exact arithmetic)."""
+    final = FinalRun(scale=(4 / 3, 2.0), graphwise=0.5, layerwise=10.0, latency=0.0)
+    stages = {"calibrate": 3.0, "clip": 1.0, "evaluate": 2.0, "analyze": 4.0}
+    assert final.analysis(stages) == 4.0 + 0.5 * 2.0 * (2.0 - 1)
+    # 12 s, 10 of them in stages: calibrate 3 -> 4, clip 1 -> 0, evaluate 2 -> 4, analyze 4 -> the estimate 5
+    assert final.seconds(12.0, stages, 5.0) == pytest.approx(12 + 1 - 1 + 2 - 4 + 5 + 10)
+
+
+def test_the_final_runs_analysis_gets_the_seconds_left_or_is_left_out() -> None:
+    """``final_analysis``: the layer-wise runs get what is left after the rest of the final run (its own bound
+    where lower); under ``MIN_LAYERWISE_SECONDS`` left, or with no estimate, the analysis is left out."""
+    final = FinalRun(scale=(1.0, 1.0), graphwise=1.0, layerwise=10.0, latency=0.0)
+    config = QuantizeConfig(analysis=AnalysisOptions(layerwise_seconds=30.0))
+    # a final run estimated at 50 s, 10 of them held back for the layer-wise runs: 40 s for the rest
+    fitted, note = budget_module.final_analysis(config, 60.0, 50.0, final, 15.0)
+    assert fitted.analysis.enabled and fitted.analysis.layerwise_seconds == 20.0 and note is None
+    fitted, _ = budget_module.final_analysis(config, 100.0, 50.0, final, 15.0)
+    assert fitted.analysis.layerwise_seconds == 30.0  # its own bound
+    for left, estimate in ((40.5, 50.0), (60.0, None)):
+        fitted, note = budget_module.final_analysis(config, left, estimate, final, 15.0)
+        assert not fitted.analysis.enabled and "without the analysis" in note
+
+
+def test_the_final_runs_analysis_is_probed_held_back_and_bounded(small, tmp_path, monkeypatch) -> None:
+    """With the analysis on: the first candidate probes it (everything, its layer-wise runs held to the
+    least), the next skips it, each final run's estimate holds back ``LAYERWISE_SHARE`` of the budget for the
+    layer-wise runs, and the final run's are held to what the budget left them."""
+    path, calibration, evaluation = small
+    analyses = []
+    original = Search.run
+
+    def run(self, config, name, should_cancel, report):
+        analyses.append(config.analysis)
+        return original(self, config, name, should_cancel, report)
+
+    monkeypatch.setattr(Search, "run", run)
+    budget = 100.0
+    config = replace(auto_config("minmax", budget_seconds=budget), analysis=AnalysisOptions(layerwise_seconds=None))
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
+    section = result.report["auto"]
+    probe, other = analyses
+    assert probe.enabled and probe.layerwise_seconds == budget_module.MIN_LAYERWISE_SECONDS and not other.enabled
+    assert all(c["final_seconds"] >= budget_module.LAYERWISE_SHARE * budget for c in section["candidates"])
+    bound = result.report["config"]["analysis"]["layerwise_seconds"]
+    assert bound is not None and bound <= budget - section["seconds"]
+    assert result.report["analysis"] is not None
