@@ -115,7 +115,10 @@ def test_pool_process_killed_mid_job(service: Service, slow_job_inputs: dict) ->
         assert status == "succeeded", job
         assert job["attempts"] >= 2, job
         events = _events(client, job_id)
-        assert any(e["message"] == "worker lost during calibrate; attempt 2" for e in events), events
+        # the stage the kill found: calibrate, or the one after it when calibrate ended between the test's last
+        # look and the kill (a loaded machine stretches that gap)
+        lost = [e["message"] for e in events if e["message"].startswith("worker lost")]
+        assert lost in (["worker lost during calibrate; attempt 2"], ["worker lost during clip; attempt 2"]), lost
         assert_no_overlap(events)
 
 
