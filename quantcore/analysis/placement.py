@@ -22,7 +22,9 @@ with ONNX Runtime's message.
 Last, the choice, judged first on the profiles' own runs (each profile times its models' whole runs,
 interleaved): when the last round profiled the placed model and found it no slower than FP32 on a few
 runs' evidence (``paired_latency.no_slower`` without its trade: clearly slower at no batch size, and its
-median within ``MIN_GAIN`` of FP32's or below at every one), it is kept without another measurement. A placed
+median within ``MIN_GAIN`` of FP32's or below at every one), and no slower against FP32 than the fully
+quantized model was against FP32 in the first round (the ratios of medians, within ``MIN_GAIN``: the
+regions gone float paid off in whole runs too), it is kept without another measurement. A placed
 model with no quantized region left is FP32's twin: the first round's profile of the fully quantized model
 decides between it and FP32. Otherwise FP32 (the prepared model), the fully quantized model and the
 placed one are timed together before FP32 wins (the estimate chooses, a whole-model comparison
@@ -66,7 +68,15 @@ from quantcore.config import QuantizeConfig
 from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
 from quantcore.evaluate.latency_cache import PROFILE, Measured, Profiles, TimingCache, timing_key
 from quantcore.evaluate.node_profile import Profiler, profile_nodes
-from quantcore.evaluate.paired_latency import Timer, Timing, compare, interleaved_times, no_slower, signature
+from quantcore.evaluate.paired_latency import (
+    MIN_GAIN,
+    Timer,
+    Timing,
+    compare,
+    interleaved_times,
+    no_slower,
+    signature,
+)
 from quantcore.export.qdq import ExportResult, build_qdq_model, export
 from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import Monitor
@@ -314,6 +324,18 @@ class _Profiled:
     timings: dict[int, Timing]
 
 
+def _gained(placed: _Profiled, base: _Profiled) -> bool:
+    """Whether the placed model ran no slower against FP32 in its round's profile than the fully quantized one
+    did in its own: at every batch size, its median over FP32's within ``MIN_GAIN`` of the other's (each
+    ratio is of interleaved runs, so load that differs between the two rounds cancels)."""
+    batches = set(placed.timings) & set(placed.fp32) & set(base.timings) & set(base.fp32)
+    return bool(batches) and all(
+        placed.timings[b].p50_ms / placed.fp32[b].p50_ms
+        <= base.timings[b].p50_ms / base.fp32[b].p50_ms * (1.0 + MIN_GAIN)
+        for b in batches
+    )
+
+
 def _run_timings(profiles: Profiles) -> dict[int, Timing]:
     """Per batch size, the profiled runs' durations as a ``Timing`` (none where the profile was refused)."""
     if isinstance(profiles, str):
@@ -340,7 +362,14 @@ def _choose(
     label, candidate = ("quantized", base) if all_float or not placed.float_nodes else ("placed", placed)
     judged = next((p for p in reversed(profiled) if p.variant is candidate), None) if profiled else None
     cached = False
-    if judged is not None and judged.timings and (all_float or no_slower(judged.timings, judged.fp32, trade=False)):
+    settled = (
+        judged is not None
+        and bool(judged.timings)
+        and (all_float or no_slower(judged.timings, judged.fp32, trade=False))
+    )
+    if settled and label == "placed" and not _gained(judged, profiled[0]):
+        settled = False  # the regions gone float did not pay off in the whole runs: time all three together
+    if settled:
         source, timings = "profile", {"fp32": judged.fp32, label: judged.timings}
         chosen = label if not every or no_slower(judged.timings, judged.fp32, trade=False) else "fp32"
     else:

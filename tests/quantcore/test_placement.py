@@ -129,8 +129,10 @@ class FakeProfiler:
         *,
         refuse=False,
         run_ratio: float | None = None,
+        run_us=None,
     ) -> None:
         self.quantized, self.float_us, self.refuse, self.run_ratio = quantized or {}, float_us or {}, refuse, run_ratio
+        self.run_us = run_us  # model → each run's µs, in place of the nodes' sum
         self.calls = 0
 
     def __call__(self, models, batch_sizes):
@@ -163,7 +165,9 @@ class FakeProfiler:
                 )
             else:
                 nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, self.float_us.get(node.name, 10.0)))
-        if self.run_ratio is None:
+        if self.run_us is not None:
+            runs = (self.run_us(model),) * 5
+        elif self.run_ratio is None:
             runs = (sum(n.us for n in nodes),) * 5
         else:
             runs = tuple(1000.0 * (self.run_ratio if has_qdq else 1.0) * factor for factor in SPREAD[:5])
@@ -242,6 +246,26 @@ def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(t
     assert report["rounds"] == 2 and report["stopped"] == "no region changed the model" and profiler.calls == 2
     # two profiles, nothing else: the second one's runs find the placed model faster than FP32 (42 against 50 µs)
     assert report["measurements"] == 2 and report["final_source"] == "profile"
+
+
+def test_a_placed_model_slower_than_all_quantized_in_whole_runs_is_timed_against_it(tmp_path, data) -> None:
+    """conv2's region is estimated slower quantized and goes float, but the whole runs say otherwise: all quantized
+    runs at 0.5x FP32 in the first round's profile, placed at 0.8x in the second's. Each is no slower than FP32,
+    yet the profiles do not settle it: the three are timed together, and the placed model, not clearly faster
+    than all quantized there, gives way to it."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config)
+
+    def run_us(model: onnx.ModelProto) -> float:
+        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+            return 1000.0
+        return 500.0 if _reads_dequantized(model, "conv2") else 800.0
+
+    timer = FakeTimer()
+    profiler = FakeProfiler(quantized={"conv2": 40.0}, run_us=run_us)
+    report = place(run, config, profiler=profiler, timer=timer).report
+    assert [r["kept"] for r in report["regions"] if r["round"] == 1] == ["quantized", "float"]
+    assert report["final_source"] == "timed" and timer.calls == 1 and report["kept"] == "quantized"
 
 
 def test_every_region_estimated_slower_leaves_fp32_untimed_twice(tmp_path, data) -> None:
