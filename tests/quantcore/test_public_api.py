@@ -13,7 +13,9 @@ import quantcore
 from quantcore import errors
 
 PACKAGE = Path(quantcore.__file__).parent
-ALLOWED_THIRD_PARTY = {"numpy", "onnx", "onnxruntime", "torch", "filelock"}  # filelock: the CPU timing cache
+# filelock: the CPU timing cache; scipy: LAPACK in place for GPTQ's factor of H (one KxK array per layer, where
+# numpy and torch allocate a new one per factorization)
+ALLOWED_THIRD_PARTY = {"numpy", "onnx", "onnxruntime", "torch", "filelock", "scipy"}
 LAZY_ONLY = {"tensorrt"}
 
 
@@ -55,7 +57,7 @@ def test_module_names_are_concepts() -> None:
 
 
 def test_quantcore_imports_only_its_allowed_libraries() -> None:
-    """numpy, onnx, onnxruntime, torch and the stdlib anywhere; tensorrt only lazily (inside a
+    """numpy, onnx, onnxruntime, torch, filelock, scipy and the stdlib anywhere; tensorrt only lazily (inside a
     function, so a machine without it still imports quantcore) and in one module (ARCHITECTURE.md)."""
     stdlib = set(sys.stdlib_module_names)
     offenders, lazy_modules = [], set()
