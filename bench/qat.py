@@ -40,11 +40,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 from bench.reconstruct import CALIBRATION_SAMPLES, METHODS, NARROW_WIDTH, measure, run_model, table
 from quantcore import QatConfig, QuantizeConfig, annotate, calibrate, export, prepare, qat, quantize
 from quantcore.config import AnalysisOptions, QatAugment
+from quantcore.runtime.batching import Batches, input_specs
 from quantcore.runtime.session import open_session
 from samples.digits import TRAIN_SAMPLES, build_digits, load_dataset
 from samples.trained import build_resnet
@@ -131,10 +133,6 @@ def run_real(case, qat_config: QatConfig, workdir: Path) -> dict:
 
 def _samples(arrays: dict[str, np.ndarray], model_path: Path) -> int:
     """Samples along the first batched input's batch axis."""
-    import onnx
-
-    from quantcore.runtime.batching import Batches, input_specs
-
     specs = input_specs(onnx.load(str(model_path), load_external_data=False))
     spec = next(s for s in Batches(arrays, specs, REAL_BATCH, what="bench").specs if s.batch_axis is not None)
     return arrays[spec.name].shape[spec.batch_axis]
