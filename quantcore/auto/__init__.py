@@ -8,11 +8,14 @@ selection split (``quantcore.auto.selection``); the final evaluation data is use
 How candidates are scored, bounded by the budget and, when none meets the objective, completed by the
 accuracy-target method, is ``quantcore.auto.search``'s docstring; how a later candidate must beat an
 earlier one, ``quantcore.auto.scoring``'s. The final run calibrates on every calibration sample and
-evaluates on the user's evaluation data, keeping the clip the chosen candidate's own clip search kept (so
-it quantizes as the scored run did) and its layer-wise analysis held to what the budget left it
-(``quantcore.auto.budget``), so the files and the report are those of the chosen model, its ``config``
-the chosen one (strategy ``fixed``: running it again gives the same files) and its ``auto`` section every
-candidate tried (``search_report``).
+evaluates on the user's evaluation data: what depends on the amount of data, the calibrated ranges and
+the clip search, is derived again on all of it, so that a candidate chosen as given gives the fixed
+recipe's model on the same data (its clip chosen on the candidates' fewer samples could differ). Its
+layer-wise analysis is held to what the budget left it, and where even the final run without the analysis
+would not fit, it keeps the clip the chosen candidate's run kept instead of searching again
+(``quantcore.auto.budget``); the reason says so. The files and the report are those of the chosen model,
+its ``config`` the one run (strategy ``fixed``: running it again gives the same files) and its ``auto``
+section every candidate tried (``search_report``).
 
 Progress: stage ``auto`` from 0.0 to 1.0 over the search (one message per candidate with its score),
 then the final run's stages. Cancellation is polled inside every candidate as in any run.
@@ -30,7 +33,7 @@ import numpy as np
 import onnx
 
 from quantcore.analysis.accuracy_target import check_target
-from quantcore.auto.budget import FinalRun, final_analysis
+from quantcore.auto.budget import FinalRun, final_analysis, final_clip
 from quantcore.auto.candidates import candidate_configs
 from quantcore.auto.scoring import LEVEL
 from quantcore.auto.search import (
@@ -87,11 +90,8 @@ def quantize_auto(
     started = time.perf_counter()
     deadline = started + config.auto.budget_seconds
     evaluation_samples = Batches(evaluation, specs, config.batch_size, what="evaluation").num_samples
-    scale = (
-        (len(split.calibration_indices) + len(split.selection_indices)) / len(split.calibration_indices),
-        evaluation_samples / len(split.selection_indices),
-    )
-    final = FinalRun.of(config, scale, evaluation_samples)
+    split_sizes = (len(split.calibration_indices), len(split.selection_indices))
+    final = FinalRun.of(config, split_sizes, evaluation_samples)
     with tempfile.TemporaryDirectory(prefix=".auto-", dir=out_dir) as work_dir:
         search = Search(model_path, specs, split, selection_labels, Path(work_dir), monitor, final)
         tried, stopped = run_candidates(search, candidate_configs(config), config.auto.budget_seconds, deadline)
@@ -105,14 +105,20 @@ def quantize_auto(
             chosen, fallen_back = fallback(search, best, deadline)
     left = deadline - time.perf_counter()
     chosen, analysis_left_out = final_analysis(chosen, left, best.final_seconds, final, best.analysis_seconds)
+    clip_kept = None
+    if best.kept_clip is not None:  # scored: its final run's estimate holds its clip search
+        estimate = best.final_seconds
+        if analysis_left_out is not None:
+            estimate -= best.analysis_seconds + final.layerwise
+        chosen, clip_kept = final_clip(chosen, left, estimate, best.clip_seconds, best.kept_clip, sum(split_sizes))
     section = search_report(
         config,
         tried,
         best,
         fallen_back,
         stopped,
-        split_sizes=(len(split.calibration_indices), len(split.selection_indices)),
-        analysis_left_out=analysis_left_out,
+        split_sizes=split_sizes,
+        final_notes=tuple(note for note in (analysis_left_out, clip_kept) if note is not None),
     )
     section["seconds"] = round(time.perf_counter() - started, 3)
     monitor.report(STAGE, 1.0, section["reason"])
@@ -185,14 +191,15 @@ def search_report(
     stopped: str | None,
     *,
     split_sizes: tuple[int, int],
-    analysis_left_out: str | None = None,
+    final_notes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``); ``analysis_left_out``: why
-    the final run runs without the analysis (``quantcore.auto.budget.final_analysis``), added to the reason."""
+    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``); ``final_notes``: what the
+    final run leaves out for the budget (``quantcore.auto.budget``: the analysis, the clip search again),
+    added to the reason."""
     objective = config.auto.objective
     front = pareto_front(tried, objective.higher_is_better)
     reason, met = _reason(objective.statement(), objective.metric, tried, best, fallen_back)
-    reason = reason if analysis_left_out is None else f"{reason}; {analysis_left_out}"
+    reason = "; ".join((reason, *final_notes))
     return {
         "objective": {**objective.to_dict(), "statement": objective.statement()},
         "measured_on": "the selection split, the exported model as deployed on ONNX Runtime (exact Q/DQ where the "

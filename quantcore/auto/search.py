@@ -21,7 +21,10 @@ recorded as stopped). When the first is stopped, nothing is scored: the final ru
 without the analysis, and the report says so. A later candidate starts only if the time left holds what
 the first took (no candidate does less work; the first's analysis probe aside) plus the larger of the
 final run held back and its own final run at the first's factor. A candidate whose final run no longer
-fits the time left when the choice is made is not chosen (the first always may be). A candidate whose run
+fits the time left when the choice is made is not chosen (the first always may be). The final run runs the
+chosen candidate's config, not its calibration: it chooses the clip again on every calibration sample
+(``quantcore.auto.budget``: within the budget, or it keeps the candidate's clip and says so), so that a
+candidate chosen as given ends as the fixed recipe would on the same data. A candidate whose run
 raises anything (a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not
 suit) is recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
 worker's time limit), is not an error of the candidate and ends the search.
@@ -139,7 +142,8 @@ class Tried:
 
     name: str
     change: str
-    config: QuantizeConfig  # the candidate's config with the user's measurement options (for the final run)
+    config: QuantizeConfig  # the candidate's config with the user's measurement options (the final run's, which
+    # chooses its clip again on every calibration sample)
     value: float | None
     met: bool
     qdq_bytes: int | None
@@ -148,6 +152,8 @@ class Tried:
     error: str | None
     sums: SampleSums | None = None  # per selection sample, for the paired comparison; None: no model
     final_seconds: float | None = None  # its final run's estimate (see module); None: no model
+    clip_seconds: float = 0.0  # of ``final_seconds``, the final run's clip search (``FinalRun.clip``)
+    kept_clip: tuple[float, str] | None = None  # (percentile, clip) its run went on with; None: no model
     analysis_seconds: float = 0.0  # the final run's analysis but its layer-wise runs, as the probe measured it
     probe_seconds: float = 0.0  # of ``seconds``, those its run spent on the analysis probe (the first's)
     difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
@@ -226,6 +232,7 @@ def try_candidate(
     (``quantcore.auto.budget``). Raises ``Canceled`` when the caller asked to stop; a budget spent inside
     the run is recorded as the candidate's error."""
     objective = config.auto.objective
+    final = search.final.for_config(config)
     started = time.perf_counter()
 
     def report(stage: str, fraction: float) -> None:
@@ -241,7 +248,7 @@ def try_candidate(
         return Tried(candidate.name, candidate.change, config, value, met, size, latency, seconds, error, **more)
 
     try:
-        quiet = _quiet(config) if analysis is not None else search.final.probe(_quiet(config))
+        quiet = _quiet(config) if analysis is not None else final.probe(_quiet(config))
         result = search.run(quiet, candidate.name, should_cancel, report)
         evaluation = result["evaluation"]
         sums = sample_sums(
@@ -255,6 +262,16 @@ def try_candidate(
             batch_size=config.batch_size,
             device=config.device,
         )
+        latency = None
+        if config.cpu_latency:  # inside: a model this measurement cannot run is this candidate's fault too
+            measured = cpu_latency(
+                search.model_path,
+                result["model_path"],
+                sample=search.split.selection,
+                settings=CANDIDATE_LATENCY,
+                disabled_optimizers=result["config"]["disabled_optimizers"],
+            )
+            latency = measured["quantized"].get("batch_1", {}).get("p50_ms")
     except Canceled:
         if should_cancel.user_asked or should_cancel.deadline is None:
             raise
@@ -263,39 +280,23 @@ def try_candidate(
         if error is should_cancel.raised:
             raise
         return tried(None, None, None, error_line(error))
-    latency = None
-    if config.cpu_latency:
-        measured = cpu_latency(
-            search.model_path,
-            result["model_path"],
-            sample=search.split.selection,
-            settings=CANDIDATE_LATENCY,
-            disabled_optimizers=result["config"]["disabled_optimizers"],
-        )
-        latency = measured["quantized"].get("batch_1", {}).get("p50_ms")
     outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None, sums=sums)
     stage_seconds = result["stage_seconds"]
-    analysis = search.final.analysis(stage_seconds) if analysis is None else analysis
+    analysis = final.analysis(stage_seconds) if analysis is None else analysis
+    kept = result["config"]
     outcome = replace(
         outcome,
-        final_seconds=search.final.seconds(outcome.seconds, stage_seconds, analysis),
+        final_seconds=final.seconds(outcome.seconds, stage_seconds, analysis),
+        clip_seconds=final.clip(stage_seconds),
+        kept_clip=(kept["percentile"], kept["clip"]),
         analysis_seconds=analysis,
         probe_seconds=stage_seconds.get("analyze", 0.0),
-        config=clip_kept(config, result),
     )
     shown = "undefined" if outcome.value is None else f"{outcome.value:.6g}"
     search.monitor.report(
         STAGE, (index + 1) / total, f"candidate {index + 1}/{total} {candidate.name}: {objective.metric} {shown}"
     )
     return outcome
-
-
-def clip_kept(config: QuantizeConfig, result: dict[str, Any]) -> QuantizeConfig:
-    """``config`` going on with the clip its run (``result``: ``quantize``'s report) kept, and searching none:
-    the final run then quantizes as the scored run did (a clip chosen again on more samples could differ
-    from the one scored), and skips the clip stage."""
-    kept = result["config"]
-    return replace(config, percentile=kept["percentile"], clip=kept["clip"], percentile_candidates=())
 
 
 def choose_among(tried: list[Tried], higher_is_better: bool, seconds_left: float) -> Tried | None:
@@ -340,7 +341,7 @@ def run_candidates(
                     f"is estimated to take ({needed:.1f} s) with the final run after it ({after:.1f} s): not tried: "
                     f"{untried}"
                 )
-        should_cancel = Deadline(search.monitor, deadline, reserve, search.final, analysis)
+        should_cancel = Deadline(search.monitor, deadline, reserve, search.final.for_config(config), analysis)
         tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel, analysis))
         last = tried[-1]
         if analysis is None and last.error is None:

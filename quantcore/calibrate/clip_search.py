@@ -41,7 +41,7 @@ SEARCH_SAMPLES = 32
 # worse on held-out samples for 4 of 9 models (-0.9 to -1.9 dB) and better for 3 (+0.4 to +2.1); with
 # 128 on the bench's real models (``bench.quality``), better for 5 of 9 and worse for 1. 48, not 64:
 # the auto search's candidates calibrate on 3/4 of the job's samples (``quantcore.auto.selection``), and
-# a job of 64 must have its clip chosen by the candidate that is scored, as its final run keeps that clip;
+# in a job of 64 the candidate that is scored must search its clip as the final run, on all 64, does;
 # 48 still gives the thresholds 1.5 times the ``SEARCH_SAMPLES`` the choice is scored on.
 MIN_SAMPLES = 48
 

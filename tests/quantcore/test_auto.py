@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import onnx
 import pytest
 
 import quantcore.auto
@@ -166,29 +167,66 @@ def test_an_undefined_score_is_beaten_by_any_defined_one() -> None:
     assert scoring.choose([undefined, defined], [False, False], higher_is_better=True) == 1
 
 
-def test_candidates_choose_the_clip_the_final_run_keeps(tmp_path, recorded_runs, monkeypatch) -> None:
-    """With 64 calibration samples the candidates calibrate on 48, enough for the clip search, and the final
-    run keeps the clip the chosen candidate kept instead of choosing again."""
+def test_the_final_run_chooses_its_clip_again_on_every_calibration_sample(tmp_path, monkeypatch) -> None:
+    """The candidates calibrate on the first 48 of 64 samples and choose their clip there; the last 16, the
+    selection split, ten times larger, move the choice made on all 64. The config as given, chosen, must end
+    as the fixed recipe on the same data does: its clip chosen again on all 64, the same model."""
     rng = np.random.default_rng(0)
     path = save(conv_relu_gemm(), tmp_path / "m.onnx")
-    calibration = {"input": rng.normal(size=(64, 2, 6, 6)).astype(np.float32)}
-    evaluation = {"input": rng.normal(size=(16, 2, 6, 6)).astype(np.float32)}
-    kept = {}
-    original = search_module.clip_kept
+    samples = rng.normal(size=(64, 2, 6, 6)).astype(np.float32)
+    samples[48:] *= 10.0
+    calibration, evaluation = {"input": samples}, {"input": rng.normal(size=(16, 2, 6, 6)).astype(np.float32)}
+    searched = {}
+    original = Search.run
 
-    def record(config, result):
-        kept[config.observer] = result["calibration"]["percentile_search"], result["config"]
-        return original(config, result)
+    def run(self, config, name, should_cancel, report):
+        result = original(self, config, name, should_cancel, report)
+        searched[name] = result["calibration"]["percentile_search"]
+        return result
 
-    monkeypatch.setattr(search_module, "clip_kept", record)
-    result = quantize_auto(path, calibration, evaluation, auto_config("minmax"), tmp_path / "out")
-    assert len(recorded_runs[0][1]["input"]) == 48
-    search, scored = kept["percentile"]
-    assert search is not None and search["samples"] > 0  # the candidate searched the clip
-    assert result.report["auto"]["chosen"] == "as_given"
-    assert result.report["calibration"]["percentile_search"] is None  # the final run did not search again
-    final = result.report["config"]
-    assert (final["clip"], final["percentile"]) == (scored["clip"], scored["percentile"])
+    monkeypatch.setattr(Search, "run", run)
+    # an objective the config as given meets on the selection split (cosine 0.77 there, its samples ten times
+    # those it calibrated on): no accuracy-target fallback, the final run is the config as given
+    config = auto_config("as_given", objective=AccuracyTarget("cosine", 0.5))
+    auto = quantize_auto(path, calibration, evaluation, config, tmp_path / "auto")
+    fixed = quantize(path, calibration, evaluation, replace(config, strategy="fixed"), tmp_path / "fixed")
+    chosen = fixed.report["calibration"]["percentile_search"]
+    # the premise: on 48 samples the candidate chose another clip than all 64 choose
+    assert searched["as_given"]["samples"] > 0 and chosen["samples"] > 0
+    assert (searched["as_given"]["clip"], searched["as_given"]["chosen"]) != (chosen["clip"], chosen["chosen"])
+    assert auto.report["auto"]["chosen"] == "as_given"
+    assert auto.report["calibration"]["percentile_search"] == chosen
+    assert auto.report["config"] == fixed.report["config"]
+    # the same model: every initializer (weights, scales, offsets) and node, byte for byte
+    auto_graph, fixed_graph = (onnx.load(str(r.model_path)).graph for r in (auto, fixed))
+    assert auto_graph.SerializeToString() == fixed_graph.SerializeToString()
+
+
+def test_the_final_runs_clip_search_is_estimated_and_kept_where_it_cannot_fit() -> None:
+    """``FinalRun``: the clip stage of a candidate that searched counts once (both runs score the clips on the
+    same first samples); where the candidates had too few samples to search (42 of 56) and the final run has
+    enough, it is estimated at evaluate's pace, for the candidates that observe by percentile only.
+    ``final_clip``: the search again is dropped, the candidate's clip kept and said, only where the final run
+    does not fit the time left with it."""
+    config = QuantizeConfig(analysis=NO_ANALYSIS, cpu_latency=False)
+    final = FinalRun.of(config, (48, 16), 32)
+    assert final.scale == (64 / 48, 2.0) and final.unsearched_clip == 0.0
+    assert final.clip({"calibrate": 3.0, "clip": 5.0, "evaluate": 2.0}) == 5.0
+    unsearched = FinalRun.of(config, (42, 14), 32)
+    # the FP32 model and one exact Q/DQ model per clip (99.9, 99.99, 99.999, 100, mse) on 32 samples, against
+    # evaluate's three models on 14
+    assert unsearched.unsearched_clip == pytest.approx((1 + 5) / 3 * 32 / 14)
+    assert unsearched.clip({"calibrate": 3.0, "evaluate": 2.0}) == pytest.approx(2.0 * (1 + 5) / 3 * 32 / 14)
+    assert unsearched.for_config(replace(config, observer="minmax")).unsearched_clip == 0.0
+    assert FinalRun.of(replace(config, percentile_candidates=()), (42, 14), 32).unsearched_clip == 0.0
+
+    kept, note = budget_module.final_clip(config, 30.0, 30.0, 5.0, (99.9, "percentile"), 64)
+    assert kept == config and note is None  # it fits: chosen again
+    kept, note = budget_module.final_clip(config, 29.0, 30.0, 5.0, (99.9, "percentile"), 64)
+    assert (kept.percentile, kept.clip, kept.percentile_candidates) == (99.9, "percentile", ())
+    assert "keeps the chosen candidate's clip (percentile 99.9)" in note and "all 64 calibration samples" in note
+    kept, note = budget_module.final_clip(config, 29.0, 30.0, 0.0, (99.9, "percentile"), 64)
+    assert kept == config and note is None  # nothing of the estimate to drop: the final run as it is
 
 
 @pytest.fixture
@@ -223,6 +261,45 @@ def test_the_final_run_is_held_back_from_the_budget(small, tmp_path, progress) -
     assert section["seconds"] + section["final_seconds"] <= budget
 
 
+def test_a_final_run_that_cannot_afford_its_clip_search_keeps_the_candidates_clip_and_says_so(
+    tmp_path, progress, monkeypatch
+) -> None:
+    """On the ``progress`` clock: once the only candidate is scored, the clock jumps to leave its final run's
+    estimate less half its clip search. The final run (its analysis off, nothing else to leave out) then
+    keeps the clip the candidate chose on its 48 samples instead of choosing again on all 64, and the reason
+    says so."""
+    rng = np.random.default_rng(0)
+    path = save(conv_relu_gemm(), tmp_path / "m.onnx")
+    calibration = {"input": rng.normal(size=(64, 2, 6, 6)).astype(np.float32)}
+    evaluation = {"input": rng.normal(size=(16, 2, 6, 6)).astype(np.float32)}
+    budget = 10_000.0
+    started, scored = {}, []
+    original = search_module.try_candidate
+
+    def clock(stage, fraction, message):
+        progress(stage, fraction, message)
+        if message == "auto started":  # quantize_auto's start: its deadline is this plus the budget
+            started["now"] = search_module.time.perf_counter()
+
+    def try_candidate(*args, **kwargs):
+        tried = original(*args, **kwargs)
+        scored.append(tried)
+        left = tried.final_seconds - tried.clip_seconds / 2
+        monkeypatch.setattr(search_module.time, "perf_counter", lambda: started["now"] + budget - left)
+        return tried
+
+    monkeypatch.setattr(search_module, "try_candidate", try_candidate)
+    config = auto_config("as_given", budget_seconds=budget)
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out", progress=clock)
+    (tried,) = scored
+    assert tried.clip_seconds > 0  # the candidate searched its clip: the final run would have too
+    assert "keeps the chosen candidate's clip" in result.report["auto"]["reason"]
+    assert "all 64 calibration samples" in result.report["auto"]["reason"]
+    assert result.report["calibration"]["percentile_search"] is None  # the final run did not search
+    final = result.report["config"]
+    assert (final["percentile"], final["clip"], final["percentile_candidates"]) == (*tried.kept_clip, [])
+
+
 # ValueError: what a method raises on a model it does not suit (AdaRound's sample cache on a model whose
 # activations are sequence-first), not one of quantcore's own errors
 @pytest.mark.parametrize("error", [UnsupportedModelError, ValueError])
@@ -240,6 +317,43 @@ def test_a_candidate_that_raises_is_recorded_and_skipped(small, tmp_path, monkey
     rows_by_name = {c["name"]: c for c in result.report["auto"]["candidates"]}
     assert rows_by_name["mse"]["error"] == f"{error.__name__}: mse broke" and rows_by_name["mse"]["value"] is None
     assert not rows_by_name["mse"]["pareto"] and result.report["auto"]["chosen"] != "mse"
+
+
+def test_adaround_raising_on_a_model_it_does_not_suit_is_recorded_and_the_search_goes_on(
+    small, tmp_path, monkeypatch
+) -> None:
+    """AdaRound's own ValueError (its sample cache on a sequence-first model: khmer-seg) raised inside the
+    candidate's run, not by the search: the candidate is recorded with it, and the job ends with a model."""
+
+    def reconstruct(*args, **kwargs):
+        raise ValueError("could not broadcast input array from shape (64,1,192) into shape (1,1,192)")
+
+    monkeypatch.setattr("quantcore.pipeline.quantization.reconstruct", reconstruct)
+    path, calibration, evaluation = small
+    result = quantize_auto(path, calibration, evaluation, auto_config("minmax", "adaround"), tmp_path / "out")
+    section = result.report["auto"]
+    rows_by_name = {c["name"]: c for c in section["candidates"]}
+    assert rows_by_name["adaround"]["error"].startswith("ValueError: could not broadcast")
+    assert section["chosen"] in ("as_given", "minmax") and section["stopped"] is None
+    assert result.model_path.exists()
+
+
+def test_a_candidate_whose_latency_cannot_be_measured_is_recorded_and_skipped(small, tmp_path, monkeypatch) -> None:
+    """The candidates' CPU latency runs their model once more: a fault there is the candidate's as well."""
+    original = search_module.cpu_latency
+
+    def cpu_latency(model_path, quantized_path, **kwargs):
+        if "minmax" in str(quantized_path):
+            raise RuntimeError("latency broke")
+        return original(model_path, quantized_path, **kwargs)
+
+    monkeypatch.setattr(search_module, "cpu_latency", cpu_latency)
+    path, calibration, evaluation = small
+    config = replace(auto_config("minmax"), cpu_latency=True, cpu_batch_sizes=(1,))
+    section = quantize_auto(path, calibration, evaluation, config, tmp_path / "out").report["auto"]
+    rows_by_name = {c["name"]: c for c in section["candidates"]}
+    assert rows_by_name["minmax"]["error"] == "RuntimeError: latency broke"
+    assert rows_by_name["as_given"]["latency_p50_ms"] is not None and section["chosen"] == "as_given"
 
 
 class TimeLimit(Exception):
@@ -393,13 +507,14 @@ def test_a_candidate_that_cannot_finish_in_time_stops_at_its_projected_end(small
 
 def test_the_final_run_estimate_on_round_numbers() -> None:
     """``FinalRun``'s formula (``quantcore.auto.budget``): a probe's analysis plus its graph-wise pass on the
-    other evaluation samples at evaluate's pace; the stages grown by their ratios, clip dropped, the probe's
-    analyze replaced by the analysis estimate, the layer-wise seconds held back added (exact arithmetic)."""
+    other evaluation samples at evaluate's pace; the stages grown by their ratios, the clip search counted
+    once (the final run searches again on the same first samples), the probe's analyze replaced by the
+    analysis estimate, the layer-wise seconds held back added (exact arithmetic)."""
     final = FinalRun(scale=(4 / 3, 2.0), graphwise=0.5, layerwise=10.0, latency=0.0)
     stages = {"calibrate": 3.0, "clip": 1.0, "evaluate": 2.0, "analyze": 4.0}
     assert final.analysis(stages) == 4.0 + 0.5 * 2.0 * (2.0 - 1)
-    # 12 s, 10 of them in stages: calibrate 3 -> 4, clip 1 -> 0, evaluate 2 -> 4, analyze 4 -> the estimate 5
-    assert final.seconds(12.0, stages, 5.0) == pytest.approx(12 + 1 - 1 + 2 - 4 + 5 + 10)
+    # 12 s, 10 of them in stages: calibrate 3 -> 4, clip 1 -> 1, evaluate 2 -> 4, analyze 4 -> the estimate 5
+    assert final.seconds(12.0, stages, 5.0) == pytest.approx(12 + 1 + 2 - 4 + 5 + 10)
 
 
 def test_the_final_runs_analysis_gets_the_seconds_left_or_is_left_out() -> None:
