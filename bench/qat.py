@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=300, help="reconstruction steps per block")
     parser.add_argument("--seeds", default="0", help="seeds, comma-separated: mean ± std over them")
     parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=QatConfig.lr, help="Adam step relative to each weight channel")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--loss", default="mse", choices=("mse", "kl"))
     parser.add_argument("--label-weight", type=float, default=0.0, help="cross-entropy on the labels (0: none)")
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calibration-samples", type=int, default=64, help="--real: calibration (and QAT) samples")
     parser.add_argument("--evaluation-samples", type=int, default=64, help="--real: held-out samples")
     parser.add_argument("--steps", type=int, default=None, help="--real: optimizer steps per epoch (default one pass)")
-    parser.add_argument("--scale-lr", type=float, default=1e-3, help="--real: Adam step on the log-scales")
+    parser.add_argument("--scale-lr", type=float, default=QatConfig.scale_lr, help="Adam step on the log-scales")
     parser.add_argument("--fixed-scales", action="store_true", help="--real: do not learn the scales")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # small models: one thread is fastest and does not fight other processes
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     options = {
         "epochs": args.epochs,
         "lr": args.lr,
+        "scale_lr": args.scale_lr,
         "batch_size": args.batch_size,
         "loss": args.loss,
         "label_weight": args.label_weight,
@@ -258,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
     print(
         f"{CALIBRATION_SAMPLES} calibration samples, {args.iters} reconstruction steps, QAT {args.epochs} epochs "
-        f"lr {args.lr:g} batch {args.batch_size} loss {args.loss} label weight {args.label_weight:g} "
-        f"augment {augment}, seeds {args.seeds}"
+        f"lr {args.lr:g} scale lr {args.scale_lr:g} batch {args.batch_size} loss {args.loss} "
+        f"label weight {args.label_weight:g} augment {augment}, seeds {args.seeds}"
     )
     print(table(rows, [*methods, "qat"], recovered_by="qat"))
 

@@ -89,8 +89,18 @@ class QatSpec(Spec):
         le=100_000,
         description="Optimizer steps per epoch (null: one pass over the training part of the calibration samples).",
     )
-    lr: float = Field(1e-4, gt=0, le=1.0, description="Adam step on the weights and biases.")
-    scale_lr: float = Field(1e-3, ge=0, le=1.0, description="Adam step on the log of each learned scale.")
+    lr: float = Field(
+        3e-4,
+        gt=0,
+        le=1.0,
+        description="Adam step on the weights and biases, as a fraction of each tensor's RMS per channel.",
+    )
+    scale_lr: float = Field(
+        2e-2,
+        ge=0,
+        le=1.0,
+        description="Adam step on each learned scale, in quantization steps of its grid's range per step.",
+    )
     batch_size: int = Field(32, ge=1, le=1024, description="Samples per training step.")
     num_samples: int = Field(
         1024, ge=2, le=100_000, description="Calibration samples used: the training part and the held-out part."

@@ -78,8 +78,10 @@ class QatAugment(Section):
 class QatConfig(Section):
     epochs: int
     steps: int | None = Field(description="Optimizer steps per epoch; null: one pass over the training samples.")
-    lr: float = Field(description="Adam step on the weights and biases.")
-    scale_lr: float = Field(description="Adam step on the log of each learned scale.")
+    lr: float = Field(description="Adam step on the weights and biases, a fraction of each tensor's RMS per channel.")
+    scale_lr: float = Field(
+        description="Adam step on each learned scale, in quantization steps of its grid's range per step."
+    )
     batch_size: int
     num_samples: int = Field(description="Calibration samples used, training and held-out parts together.")
     holdout: float = Field(description="Fraction of them held out for the metric measured every epoch.")

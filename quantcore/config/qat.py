@@ -44,11 +44,18 @@ class QatConfig:
     The first ``num_samples`` calibration samples are split: the last ``holdout`` fraction is held out
     for the metric measured after every epoch (SQNR of the outputs against FP32's), the rest trains.
     epochs: passes; steps: optimizer steps per epoch (None: one pass over the training split, in batches
-    of ``batch_size`` drawn without replacement). lr: Adam step on the weights and biases; scale_lr:
-    Adam step on log s of each learned scale (``learn_scales``: the activation scales and the weight
-    scales, LSQ), a relative step, hence its own rate. loss: ``mse`` (every float output's squared error
-    divided by the FP32 output's mean square) or ``kl`` (the same, except class scores and probabilities:
-    KL divergence of the quantized model's distribution from FP32's, ``quantcore.qat.distillation``).
+    of ``batch_size`` drawn without replacement). Both rates are relative, so that one default serves
+    models whose weights differ in size by orders of magnitude and grids of any bit width
+    (``quantcore.qat.graph_module``): lr is Adam's step on the weights and biases as a fraction of each
+    tensor's root mean square per quantization channel (a weight of RMS 1e-4 moves by about lr·1e-4 a
+    step); scale_lr is Adam's step on log s of each learned scale (``learn_scales``: the activation and
+    weight scales, LSQ) in quantization steps of the grid's range (L = quant_max - quant_min steps: log s
+    moves by scale_lr / L). The defaults, lr 3e-4 and scale_lr 2e-2, were chosen on the narrow ResNet at
+    W4A4 and on ocr-det at INT8 together, then checked on the digits CNN and the other real models of
+    ``bench.qat --real`` (``bench/README.md``).
+    loss: ``mse`` (every float output's squared error divided by the FP32 output's mean square) or ``kl``
+    (the same, except class scores and probabilities: KL divergence of the quantized model's distribution
+    from FP32's, ``quantcore.qat.distillation``).
     label_weight w: with labels for the calibration samples, w times the cross-entropy of the first class
     output (scores or probabilities) against them is added to the loss (0: distillation alone).
     augment: random flips and shifted crops of image training samples (``QatAugment``; None: none); the
@@ -61,8 +68,8 @@ class QatConfig:
 
     epochs: int = 10
     steps: int | None = None
-    lr: float = 1e-4
-    scale_lr: float = 1e-3
+    lr: float = 3e-4
+    scale_lr: float = 2e-2
     batch_size: int = 32
     num_samples: int = 1024
     holdout: float = 0.2

@@ -13,6 +13,23 @@ s > 0 and makes the Adam step relative), for every activation dominator root and
 static linear grid without a power-of-two constraint (``learnable_activation``).
 Biases: the float initializer read as input 2 of a Conv, ConvTranspose or Gemm, trained in float (an
 int32 bias is re-derived from the trained scales on export).
+
+Steps relative to what each parameter is measured against (``relative_step``). Adam moves every
+element by about its learning rate a step, whatever the element's magnitude, so one absolute rate cannot
+suit a graph holding weights of 1e-4 beside weights of 1 (measured: one Adam step at lr 1e-5 took
+ocr-det's loss from 0.086 to 1.13, where the narrow ResNet of ``bench.qat`` trained best at 3e-4).
+After each Adam step, every parameter's change is multiplied by its own m (Adam's moments depend on
+the gradients alone, so this is Adam with the learning rate lr·m per element):
+
+- a weight or bias T: m = r_T, the root mean square of T's initial value per quantization channel (along
+  the config's ``channel_axis`` for a per-channel weight of rank ≥ 2; over the whole tensor otherwise),
+  so ``QatConfig.lr`` is a fraction of each channel's size. A channel whose initial value is all zero
+  takes its tensor's RMS; an all-zero tensor (a bias initialised to zero) takes m = 1.
+- a log-scale u of a grid with L = quant_max - quant_min steps: m = 1/L, so that ``scale_lr`` is how
+  many quantization steps the grid's range L·s moves a step, at any bit width. A step of Δu moves the
+  range by L·s·Δu: an absolute rate on u moves an 8-bit range 17 times as many steps as a 4-bit one
+  (measured: the best absolute rate was 1e-3 on the narrow ResNet at W4A4, 1e-4 on ocr-det at INT8, both
+  about 2e-2 steps of the range; ``bench/README.md``).
 """
 
 from __future__ import annotations
@@ -81,6 +98,14 @@ class GraphModule(BlockModule):
                 initial = torch.tensor(np.asarray(configs[name].scale, np.float32), device=device)
                 self.initial_weight_scales[name] = initial  # (C,) per channel, () per tensor
                 self.weight_log_scales[f"w{i}"] = nn.Parameter(torch.zeros_like(initial))
+        # parameter name (``named_parameters``) → m, broadcastable to it: Adam's step multiplier (module docstring)
+        self.step_sizes: dict[str, torch.Tensor] = {}
+        for name, key in self.tensor_keys.items():
+            self.step_sizes[f"tensors.{key}"] = _step_size(self.tensors[key].detach(), configs.get(name))
+        scaled = {f"log_scales.{key}": configs[root] for root, key in self.scale_keys.items()}
+        scaled |= {f"weight_log_scales.{key}": configs[name] for name, key in self.weight_scale_keys.items()}
+        for parameter, tqc in scaled.items():
+            self.step_sizes[parameter] = torch.tensor(1.0 / (tqc.quant_max - tqc.quant_min), device=device)
 
     def weight_scale(self, name: str) -> torch.Tensor | None:
         """W's scale s₀·exp(u) when learned, else None (the config's own)."""
@@ -97,6 +122,13 @@ class GraphModule(BlockModule):
                 tensor = fake_quantize_tensor(tensor, self.configs[name], scale=self.weight_scale(name))
             values[name] = tensor
         return values
+
+    def relative_step(self, previous: Mapping[str, torch.Tensor]) -> None:
+        """After an optimizer step from the values ``previous`` (``state()``, taken before it): multiply each
+        parameter's change by its m (module docstring)."""
+        with torch.no_grad():
+            for name, value in self.named_parameters():
+                value.copy_(previous[name] + (value - previous[name]) * self.step_sizes[name])
 
     def scale_parameters(self) -> list[nn.Parameter]:
         return [*self.log_scales.values(), *self.weight_log_scales.values()]
@@ -122,6 +154,20 @@ class GraphModule(BlockModule):
                 scale = self.weight_scale(name).cpu().numpy().astype(np.float32).reshape(np.shape(tqc.scale))
                 configs[name] = tqc.with_scale(scale, tqc.offset, state=QuantState.ACTIVATED)
         return values, configs
+
+
+def _step_size(value: torch.Tensor, tqc: TensorQuantConfig | None) -> torch.Tensor:
+    """r_T of the module docstring: the RMS of ``value`` per channel of a per-channel weight config (the
+    shape of ``value`` with 1 on every other axis), else over the whole tensor (a scalar); 1-D tensors
+    (biases) always over the whole tensor, since one element of a bias can be near zero."""
+    whole = value.square().mean().sqrt()
+    whole = torch.where(whole > 0, whole, torch.ones_like(whole))
+    if tqc is None or not tqc.per_channel or value.ndim < 2:  # a bias (C,) moves as a whole: its elements may be ~0
+        return whole
+    axis = tqc.channel_axis % value.ndim
+    others = tuple(a for a in range(value.ndim) if a != axis)
+    per_channel = value.square().mean(dim=others, keepdim=True).sqrt() if others else value.abs()
+    return torch.where(per_channel > 0, per_channel, whole)
 
 
 def graph_outputs(model: onnx.ModelProto, block: Block) -> list[str]:

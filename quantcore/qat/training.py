@@ -2,15 +2,19 @@
 weights and scales to export.
 
 1. Convert: the prepared graph with its calibrated annotation becomes a ``GraphModule``. A node no torch
-   converter runs (``reconstruction.torch_ops.OPS``), inputs batched off axis 0, or no float output to
-   distill: the stage is skipped with the reason and the post-training model goes on unchanged.
+   converter runs (``reconstruction.torch_ops.unsupported``: the op, or the attribute, at fault), or no
+   float output to distill: the stage is skipped with the reason and the post-training model goes on
+   unchanged. Inputs batched off axis 0 and constant inputs are held sample-major and put back in the
+   model's layout for every forward (``quantcore.qat.layout``).
 2. Data: the first ``num_samples`` calibration samples; the last ``holdout`` fraction is held out (whole
    batches where the model fixes its batch size). Targets: the FP32 model's outputs, and its
    ``intermediate`` tensors (ONNX Runtime), computed once; with ``augment``, the training batches are
    flipped and cropped (``quantcore.qat.augmentation``) and their targets computed again on each augmented
    batch, since a stored target belongs to the unaugmented sample. Labels (``label_weight``): the
    calibration samples' own, when given.
-3. Train: Adam on the weights and biases (``lr``) and the log-scales (``scale_lr``), ``epochs`` times
+3. Train: Adam on the weights and biases (``lr``) and the log-scales (``scale_lr``), each step relative to
+   what the parameter is measured against (a channel's size, a grid's step: ``GraphModule.relative_step``),
+   ``epochs`` times
    ``steps`` batches of ``batch_size`` in a seeded order, loss ``quantcore.qat.distillation``. After every
    epoch the held-out SQNR is measured and reported; ``should_cancel`` is polled before every step. With
    ``checkpointing``, the loop's whole state is saved every ``checkpoint_every`` steps and a matching
@@ -51,6 +55,7 @@ from quantcore.qat.augmentation import Augmentation, image_problem
 from quantcore.qat.checkpoint import BatchOrder, Checkpointing, Position
 from quantcore.qat.distillation import Distillation, label_output, output_kinds
 from quantcore.qat.graph_module import GraphModule, graph_outputs
+from quantcore.qat.layout import SampleLayout, sample_major
 from quantcore.reconstruction.blocks import Block, whole_graph
 from quantcore.reconstruction.reconstruct import calibration_samples, set_scale, with_weights
 from quantcore.runtime.batching import Batches
@@ -144,13 +149,19 @@ class _Teacher:
     ``intermediate`` tensors, each with its samples along axis 0 (InvalidDataError naming
     ``qat.intermediate`` for one whose first axis is not the batch's)."""
 
-    def __init__(self, session, prepared: PreparedModel, intermediate: tuple[str, ...]) -> None:
+    def __init__(
+        self, session, prepared: PreparedModel, intermediate: tuple[str, ...], layout: SampleLayout | None = None
+    ) -> None:
         self.session = session
+        self.layout = layout
         self.names = [o.name for o in prepared.model.graph.output] + list(intermediate)
         self.intermediate = set(intermediate)
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = dict(zip(self.names, (np.asarray(v) for v in self.session.run(self.names, feed)), strict=True))
+        layout = self.layout
+        fetched = self.session.run(self.names, feed if layout is None else layout.feed(feed))
+        values = {n: np.asarray(v) for n, v in zip(self.names, fetched, strict=True)}
+        values = values if layout is None else {n: layout.output(n, v) for n, v in values.items()}
         count = len(next(iter(feed.values())))
         for name in self.intermediate:
             if values[name].ndim == 0 or values[name].shape[0] != count:
@@ -188,9 +199,13 @@ class _Samples:
     device: torch.device
     augmentation: Augmentation | None = None
     teacher: _Teacher | None = None
+    layout: SampleLayout | None = None  # where the model reads its samples; None: axis 0 of every input
 
     def batch(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {n: _tensor(v[index], self.device) for n, v in self.inputs.items()}
+        return self._model_inputs({n: _tensor(v[index], self.device) for n, v in self.inputs.items()})
+
+    def _model_inputs(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return tensors if self.layout is None else self.layout.tensors(tensors, self.device)
 
     def training(self, names, index: np.ndarray):
         """(inputs, targets of ``names``, labels or None) of the training batch ``index``, on the device."""
@@ -200,7 +215,7 @@ class _Samples:
             return self.batch(index), targets, labels
         inputs = self.augmentation.apply({n: v[index] for n, v in self.inputs.items()})
         targets = self.teacher.run(inputs)
-        tensors = {n: _tensor(v, self.device) for n, v in inputs.items()}
+        tensors = self._model_inputs({n: _tensor(v, self.device) for n, v in inputs.items()})
         return tensors, {n: _tensor(targets[n], self.device) for n in names}, labels
 
     @property
@@ -208,9 +223,13 @@ class _Samples:
         return np.arange(self.num_train, len(next(iter(self.targets.values()))))
 
 
-def _outputs(module: GraphModule, outputs: list[torch.Tensor], names) -> dict[str, torch.Tensor]:
+def _outputs(
+    module: GraphModule, outputs: list[torch.Tensor], names, layout: SampleLayout | None
+) -> dict[str, torch.Tensor]:
+    """The module's ``outputs`` of ``names``, each with its samples on axis 0 as the targets hold them."""
     position = {name: i for i, name in enumerate(module.block.outputs)}
-    return {name: outputs[position[name]] for name in names}
+    values = {name: outputs[position[name]] for name in names}
+    return values if layout is None else {name: layout.output(name, value) for name, value in values.items()}
 
 
 def _heldout_sqnr(module: GraphModule, samples: _Samples, distillation: Distillation) -> float:
@@ -219,7 +238,8 @@ def _heldout_sqnr(module: GraphModule, samples: _Samples, distillation: Distilla
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     with torch.no_grad():
         for start in range(0, len(index), samples.eval_batch):
-            outputs = _outputs(module, module(samples.batch(index[start : start + samples.eval_batch])), names)
+            batch = samples.batch(index[start : start + samples.eval_batch])
+            outputs = _outputs(module, module(batch), names, samples.layout)
             for name in names:
                 parts[name].append(outputs[name].cpu().numpy())
     predicted = {name: np.concatenate(values) for name, values in parts.items()}
@@ -255,7 +275,7 @@ def _train(
         while at.step < steps:
             monitor.check(STAGE)
             inputs, targets, labels = samples.training(names, order.next())
-            loss = distillation.loss(_outputs(module, module(inputs), names), targets, labels)
+            loss = distillation.loss(_outputs(module, module(inputs), names, samples.layout), targets, labels)
             if not torch.isfinite(loss):
                 return at, (
                     f"the loss became {float(loss.detach())} at epoch {at.epoch} step {at.step + 1}; "
@@ -263,7 +283,9 @@ def _train(
                 )
             optimizer.zero_grad()
             loss.backward()
+            previous = module.state()
             optimizer.step()
+            module.relative_step(previous)
             at.step, at.total = at.step + 1, at.total + float(loss.detach())
             if checkpointing is not None and ((at.epoch - 1) * steps + at.step) % qc.checkpoint_every == 0:
                 checkpoint.save(checkpointing, at, module, optimizer, order, augmentation)
@@ -366,10 +388,11 @@ def qat(
     check_qat_data(qc, prepared.model, labels)
     block = _with_intermediate(whole_graph(prepared.model.graph, annotation), qc.intermediate)
     if block.unsupported:
-        return ended("skipped", reason=f"no torch converter for {', '.join(block.unsupported)}")
-    try:
+        return ended("skipped", reason=f"not convertible to torch: {'; '.join(block.unsupported)}")
+    try:  # host arrays sample-major; the layout moves each input back to its own batch axis for a forward
+        layout, source = sample_major(prepared.model, calibration, config.batch_size)
         inputs, count, batch, fixed = calibration_samples(
-            calibration, prepared, qc.num_samples, config.batch_size, purpose="QAT"
+            source, prepared, qc.num_samples, config.batch_size, purpose="QAT"
         )
     except UnsupportedModelError as error:
         return ended("skipped", reason=str(error))
@@ -383,12 +406,17 @@ def qat(
     num_train, num_heldout = _split(count, qc, batch if fixed else None)
     with contextlib.ExitStack() as teaching:
         session = teaching.enter_context(open_session(prepared.model, device=config.device, outputs=qc.intermediate))
-        teacher: _Teacher | None = _Teacher(session, prepared, qc.intermediate)
+        teacher: _Teacher | None = _Teacher(session, prepared, qc.intermediate, layout)
         targets = teacher.targets(inputs, count, batch)
         if augmentation is None:  # the stored targets serve every batch: the FP32 session goes before training
             teacher = session = None
             teaching.close()
-        names = [n for n in graph_outputs(prepared.model, block) if targets[n].dtype.kind == "f"]
+        # float outputs with one row per sample (an output the batch does not run along cannot be matched)
+        names = [
+            n
+            for n in graph_outputs(prepared.model, block)
+            if targets[n].dtype.kind == "f" and targets[n].ndim > 0 and len(targets[n]) == count
+        ]
         if not names:
             return ended("skipped", reason="the model has no float output to distill")
         kinds = {**output_kinds(prepared.model, names, targets), **dict.fromkeys(qc.intermediate, "intermediate")}
@@ -399,7 +427,7 @@ def qat(
         device = torch.device(config.device)
         # the model's own batch where it fixes one (a Reshape may hard-code it), else batch_size / EVAL_BATCH
         batches = (batch, batch) if fixed else (min(qc.batch_size, num_train), EVAL_BATCH)
-        samples = _Samples(inputs, targets, train_labels, num_train, *batches, device, augmentation, teacher)
+        samples = _Samples(inputs, targets, train_labels, num_train, *batches, device, augmentation, teacher, layout)
         outputs = {n: kinds[n] for n in distillation.outputs}
         common = {"num_train": num_train, "num_heldout": num_heldout, "outputs": outputs}
         with torch_threads(qc.threads if device.type == "cpu" else 0):

@@ -24,8 +24,9 @@ A *weighted node* is a Conv/ConvTranspose/Gemm/MatMul one of whose inputs is an 
   logits, whose scale dwarfs λ·R(V) (measured on the digits CNN at W4A8, 300 steps: 17 % of the
   previous conv's h(V) undecided when hardened, logit SQNR 26.6 dB against 29.2 dB alone).
 
-A block whose nodes include an op outside ``torch_ops.OPS`` is still listed, with ``unsupported`` set;
-the reconstruction loop leaves it at round-to-nearest and says so.
+A block holding a node ``torch_ops.unsupported`` refuses (an op without a converter, or attributes its
+converter does not reproduce) is still listed, with the reasons in ``unsupported``; the reconstruction
+loop leaves it at round-to-nearest and says so.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import onnx
 
 from quantcore.annotate.annotation import Annotation
 from quantcore.graph.ops import COMPUTE_OPS
-from quantcore.reconstruction.torch_ops import OPS
+from quantcore.reconstruction.torch_ops import unsupported
 
 MAX_GROUPED_LAYERS = 3
 ACTIVATION_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"})
@@ -48,7 +49,8 @@ ACTIVATION_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Har
 class Block:
     """Nodes reconstructed together. inputs: activation tensors read from outside the block (graph
     inputs included); outputs: tensors produced inside and read outside or by the graph outputs;
-    weights: the annotated parameters its weighted nodes read; kind: layer | layers | residual | graph."""
+    weights: the annotated parameters its weighted nodes read; kind: layer | layers | residual | graph;
+    unsupported: why nodes of it cannot run in torch (``torch_ops.unsupported``, distinct, sorted)."""
 
     name: str
     kind: str
@@ -89,7 +91,7 @@ def _make_block(
     read_outside |= {o.name for o in graph.output}
     outputs = [o for node in nodes for o in node.output if o and o in read_outside]
     weights = [name for node in nodes if is_weighted(node, parameters) for name in node.input if name in parameters]
-    unsupported = sorted({node.op_type for node in nodes if node.op_type not in OPS})
+    reasons = sorted({reason for node in nodes if (reason := unsupported(node)) is not None})
     return Block(
         name=nodes[0].name if len(nodes) == 1 else f"{nodes[0].name} .. {nodes[-1].name}",
         kind=kind,
@@ -97,7 +99,7 @@ def _make_block(
         inputs=tuple(dict.fromkeys(inputs)),
         outputs=tuple(dict.fromkeys(outputs)),
         weights=tuple(dict.fromkeys(weights)),
-        unsupported=tuple(unsupported),
+        unsupported=tuple(reasons),
     )
 
 
@@ -144,7 +146,7 @@ def _units(nodes: list[onnx.NodeProto], graph: onnx.GraphProto, parameters: froz
             pending.clear()
         elif not pending and last_is_weighted() and all(n.op_type in ACTIVATION_OPS for n in segment):
             units[-1].extend(segment)
-        elif all(n.op_type in OPS for n in segment):
+        elif all(unsupported(n) is None for n in segment):
             pending.extend(segment)
         else:
             settle()

@@ -267,9 +267,7 @@ class _Run:
         learn = {w for w in block.weights if w not in self.done and learnable_weight(self.configs[w])}
         if block.unsupported:
             self.done |= set(block.weights)
-            warning = (
-                f"block {block.name!r} kept at round-to-nearest: no torch converter for {', '.join(block.unsupported)}"
-            )
+            warning = f"block {block.name!r} kept at round-to-nearest: {'; '.join(block.unsupported)}"
             return BlockReport(**base, status="unsupported", warning=warning)
         if not learn:
             return BlockReport(**base, status="nothing_to_learn")

@@ -1,10 +1,14 @@
-"""ONNX ops as torch functions: what a reconstruction block is executed with.
+"""ONNX ops as torch functions: what a reconstruction block and the QAT graph are executed with.
 
 ``OPS[op_type](inputs, attrs)`` → list of outputs, where ``inputs`` are torch tensors (None for an
-omitted optional input) and ``attrs`` the node's attributes as plain Python values. Only ops that
-reconstruction blocks hold are here: compute ops with a weight (Conv incl. grouped and depthwise, Gemm,
-MatMul, ConvTranspose), elementwise arithmetic and activations, pooling, and the shape ops between them. A node whose
-op is not in the table makes its block unconvertible; the block then stays at round-to-nearest
+omitted optional input) and ``attrs`` the node's attributes as plain Python values. This module holds the
+compute ops with a weight (Conv incl. grouped and depthwise, Gemm, MatMul, ConvTranspose), elementwise
+arithmetic and activations, pooling and reductions, and gathers the tables of the modules beside it:
+``shape_ops`` (shape, index and type ops), ``normalization_ops``, ``resize_ops`` and ``recurrent_ops``.
+
+``unsupported(node)`` is the one support decision: None when ``OPS`` holds the op and the node's
+attributes are ones its function reproduces (each module's ``CHECKS``), else the reason, naming the op
+and the attribute. A block with such a node stays at round-to-nearest and QAT is skipped
 (``quantcore.reconstruction.blocks``), never failing the run. Semantics follow the ONNX operator
 specification (opset 13 and later): explicit ``pads`` as [x1_begin, x2_begin, ..., x1_end, x2_end]
 (prepare has made ``auto_pad`` explicit), ``Clip`` bounds and ``Reshape`` shape as inputs.
@@ -19,6 +23,8 @@ from typing import Any
 import onnx
 import torch
 import torch.nn.functional as F
+
+from quantcore.reconstruction import normalization_ops, recurrent_ops, resize_ops, shape_ops
 
 OpFn = Callable[[Sequence[torch.Tensor | None], dict[str, Any]], list[torch.Tensor]]
 
@@ -165,11 +171,57 @@ def unsqueeze(inputs, attrs):
     return [x]
 
 
-def reduce_mean(inputs, attrs):
-    axes = _axes(inputs, attrs)
-    keep = bool(attrs.get("keepdims", 1))
+def _reduce(function: Callable[..., torch.Tensor]) -> OpFn:
+    """A Reduce* op: over ``axes`` (input 1 from opset 13/18, else the attribute; all axes when omitted or
+    empty, unless ``noop_with_empty_axes``, which then returns the input), keeping the reduced axes as 1
+    with ``keepdims`` (default 1)."""
+
+    def reduce(inputs, attrs):
+        x, axes = inputs[0], _axes(inputs, attrs)
+        if not axes and attrs.get("noop_with_empty_axes", 0):
+            return [x]
+        return [function(x, dim=tuple(axes or range(x.ndim)), keepdim=bool(attrs.get("keepdims", 1)))]
+
+    return reduce
+
+
+def div(inputs, attrs):
+    """Div; on integer tensors the quotient truncated toward zero (ONNX Runtime's C++ integer division),
+    where torch's ``/`` would return floats."""
+    a, b = inputs[0], inputs[1]
+    if a.is_floating_point() or b.is_floating_point():
+        return [torch.div(a, b)]
+    return [torch.div(a, b, rounding_mode="trunc")]
+
+
+def sqrt(inputs, attrs):
+    """Sqrt whose gradient stays finite at 0: the argument is clamped to the smallest normal float
+    (1.2e-38 in float32) first, which moves the value at 0 to 1.1e-19 and makes its gradient 0 where
+    torch's is infinite (and NaN once multiplied by a zero upstream gradient). Measured: without it,
+    silero-vad's QAT loss became NaN at the second step (its spectrum magnitude is the Sqrt of a sum of
+    squares that quantization can make exactly 0). A negative argument still gives NaN, as in ONNX."""
     x = inputs[0]
-    return [x.mean() if axes is None and not keep else x.mean(dim=tuple(axes or range(x.ndim)), keepdim=keep)]
+    root = torch.sqrt(x.clamp_min(torch.finfo(x.dtype).tiny))
+    return [torch.where(x < 0, torch.full_like(root, math.nan), root)]
+
+
+def power(inputs, attrs):
+    """Pow: the result has the base's type (an integer exponent does not promote a float base, a float
+    exponent does not turn an integer base into floats)."""
+    return [torch.pow(inputs[0], inputs[1]).to(inputs[0].dtype)]
+
+
+def _check_auto_pad(node: onnx.NodeProto, attrs: dict[str, Any]) -> str | None:
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("NOTSET", "VALID") or node.op_type == "ConvTranspose":
+        return None
+    return f"{node.op_type} auto_pad {auto_pad}: pads must be explicit (prepare makes them so)"
+
+
+def _check_average_pool(node: onnx.NodeProto, attrs: dict[str, Any]) -> str | None:
+    if any(d != 1 for d in attrs.get("dilations", [])):
+        return "AveragePool with dilations: torch's average pooling has none"
+    return _check_auto_pad(node, attrs)
 
 
 def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> OpFn:
@@ -188,12 +240,13 @@ OPS: dict[str, OpFn] = {
     "Add": _binary(torch.add),
     "Sub": _binary(torch.sub),
     "Mul": _binary(torch.mul),
-    "Div": _binary(torch.div),
+    "Div": div,
+    "Pow": power,
     "Relu": _unary(torch.relu),
     "Sigmoid": _unary(torch.sigmoid),
     "Tanh": _unary(torch.tanh),
     "Erf": _unary(torch.erf),
-    "Sqrt": _unary(torch.sqrt),
+    "Sqrt": sqrt,
     "Neg": _unary(torch.neg),
     "Identity": _unary(lambda x: x),
     "Dropout": lambda inputs, attrs: [inputs[0]],  # inference: identity
@@ -208,11 +261,37 @@ OPS: dict[str, OpFn] = {
     "AveragePool": lambda inputs, attrs: [_pool(inputs[0], attrs, "avg")],
     "GlobalAveragePool": _unary(lambda x: x.mean(dim=tuple(range(2, x.ndim)), keepdim=True)),
     "GlobalMaxPool": _unary(lambda x: x.amax(dim=tuple(range(2, x.ndim)), keepdim=True)),
-    "ReduceMean": reduce_mean,
+    "ReduceMean": _reduce(torch.mean),
+    "ReduceSum": _reduce(torch.sum),
+    "ReduceL2": _reduce(torch.linalg.vector_norm),
     "Flatten": flatten,
     "Reshape": reshape,
     "Squeeze": squeeze,
     "Unsqueeze": unsqueeze,
     "Transpose": lambda inputs, attrs: [inputs[0].permute(*attrs.get("perm", list(reversed(range(inputs[0].ndim)))))],
     "Concat": lambda inputs, attrs: [torch.cat([t for t in inputs if t is not None], dim=attrs["axis"])],
+    **shape_ops.OPS,
+    **normalization_ops.OPS,
+    **resize_ops.OPS,
+    **recurrent_ops.OPS,
 }
+CHECKS: dict[str, Callable[[onnx.NodeProto, dict[str, Any]], str | None]] = {
+    "Conv": _check_auto_pad,
+    "MaxPool": _check_auto_pad,
+    "AveragePool": _check_average_pool,
+    **shape_ops.CHECKS,
+    **normalization_ops.CHECKS,
+    **resize_ops.CHECKS,
+    **recurrent_ops.CHECKS,
+}
+
+
+def unsupported(node: onnx.NodeProto) -> str | None:
+    """Why ``node`` cannot be run by ``OPS`` ("<op>: ..." naming the attribute or input at fault), or None
+    when it can."""
+    if node.domain not in ("", "ai.onnx"):
+        return f"{node.op_type} (domain {node.domain}): no torch converter"
+    if node.op_type not in OPS:
+        return f"{node.op_type}: no torch converter"
+    check = CHECKS.get(node.op_type)
+    return None if check is None else check(node, node_attributes(node))
