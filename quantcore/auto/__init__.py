@@ -4,18 +4,18 @@
 
 A driver above the stages (``quantcore.pipeline``): each candidate (``quantcore.auto.candidates``) is a
 ``quantize`` run of its own, calibrated on most of the calibration data and scored on the rest, the
-selection split (``quantcore.auto.selection``); the final evaluation data is used only by the final run.
-How candidates are scored, bounded by the budget and, when none meets the objective, completed by the
-accuracy-target method, is ``quantcore.auto.search``'s docstring; how a later candidate must beat an
-earlier one, ``quantcore.auto.scoring``'s. The final run calibrates on every calibration sample and
-evaluates on the user's evaluation data: what depends on the amount of data, the calibrated ranges and
-the clip search, is derived again on all of it, so that a candidate chosen as given gives the fixed
-recipe's model on the same data (its clip chosen on the candidates' fewer samples could differ). Its
-layer-wise analysis is held to what the budget left it, and where even the final run without the analysis
-would not fit, it keeps the clip the chosen candidate's run kept instead of searching again
-(``quantcore.auto.budget``); the reason says so. The files and the report are those of the chosen model,
-its ``config`` the one run (strategy ``fixed``: running it again gives the same files) and its ``auto``
-section every candidate tried (``search_report``).
+selection split (``quantcore.auto.selection``); the final evaluation data is used only by the final run. How
+candidates are scored, bounded by the budget and, when none meets the objective, completed by the
+accuracy-target method, is ``quantcore.auto.search``'s docstring; how a later candidate must beat an earlier
+one, ``quantcore.auto.scoring``'s. The final run calibrates on every calibration sample and evaluates on the
+user's evaluation data: what depends on the amount of data, the calibrated ranges and the clip search, is
+derived again on all of it, so that a candidate chosen as given gives the fixed recipe's model on the same
+data (its clip chosen on the candidates' fewer samples could differ). Its layer-wise analysis is held to
+what the budget left it (left out where the first candidate's analysis probe was stopped by the budget), and
+where even the final run without the analysis would not fit, it keeps the clip the chosen candidate's run
+kept instead of searching again (``quantcore.auto.budget``); the reason says so. The files and the report
+are those of the chosen model, its ``config`` the one run (strategy ``fixed``: running it again gives the
+same files) and its ``auto`` section every candidate tried (``search_report``).
 
 Progress: stage ``auto`` from 0.0 to 1.0 over the search (one message per candidate with its score),
 then the final run's stages. Cancellation is polled inside every candidate as in any run.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,11 @@ def quantize_auto(
         if best.error is None and not best.met and deadline - time.perf_counter() > best.final_seconds:
             chosen, fallen_back = fallback(search, best, deadline)
     left = deadline - time.perf_counter()
+    probe_stopped = next((t.probe_stopped for t in tried if t.probe_stopped is not None), None)
+    if probe_stopped is not None:  # every estimate since was made without the analysis
+        chosen = replace(chosen, analysis=replace(chosen.analysis, enabled=False))
+        final = final.without_analysis()
+        probe_stopped = f"the final run runs without the analysis: {probe_stopped}"
     chosen, analysis_left_out = final_analysis(chosen, left, best.final_seconds, final, best.analysis_seconds)
     clip_kept = None
     if best.kept_clip is not None:  # scored: its final run's estimate holds its clip search
@@ -118,7 +124,7 @@ def quantize_auto(
         fallen_back,
         stopped,
         split_sizes=split_sizes,
-        final_notes=tuple(note for note in (analysis_left_out, clip_kept) if note is not None),
+        final_notes=tuple(note for note in (probe_stopped, analysis_left_out, clip_kept) if note is not None),
     )
     section["seconds"] = round(time.perf_counter() - started, 3)
     monitor.report(STAGE, 1.0, section["reason"])

@@ -32,6 +32,12 @@ where lower), and the final run is given what the search left them (``final_anal
 measures two models at each of ``cpu_batch_sizes`` for about ``LatencySettings.budget_s`` each. Not
 estimated: the engine build (GPU workers) and the CPU alternative, which come on top where they run.
 
+The probe is a diagnosis's estimate, not part of the candidate: where its projected end, with the final
+run's analysis it implies, no longer fits the budget, the probe alone is stopped
+(``quantcore.auto.search.Deadline``) and its candidate goes on to be scored. The final run then runs without
+the analysis (``without_analysis``: nothing held back for it, in every candidate's estimate from then on),
+and the reason says so; no later candidate probes again.
+
 A running candidate's own final run is estimated the same way from the stages it has run so far, the
 one it is in counted to its projected end (``quantcore.auto.search.Deadline``). A candidate not yet run
 is estimated from the seconds of the first that produced a model; where none has, at ``first_factor``
@@ -113,6 +119,10 @@ class FinalRun:
         """Final-run seconds per candidate second before any candidate has measured its stages."""
         calibration, evaluation = self.scale
         return max(calibration, evaluation)
+
+    def without_analysis(self) -> FinalRun:
+        """The estimate for a final run that runs no analysis (its probe was stopped: see module)."""
+        return replace(self, graphwise=0.0, layerwise=0.0)
 
     def probe(self, config: QuantizeConfig) -> QuantizeConfig:
         """``config`` (a candidate's) with the analysis probe on (see module); unchanged without analysis."""

@@ -10,24 +10,27 @@ on ONNX Runtime, exact Q/DQ where the deployed session could not be built), and 
 (``quantcore.auto.scoring``): a later candidate is chosen over an earlier one only when it is better
 beyond the paired bootstrap interval on the selection split.
 
-Budget: ``budget_seconds`` bounds the search and the final run together. A candidate's final run is
-estimated from its own stage seconds (``final_seconds``, ``quantcore.auto.budget``: the stages grown by the
-final run's samples, plus the analysis and the latency stage the candidates skip), and that of the
-candidate chosen so far is held back. Every candidate, the first (the config as given) included, is
-stopped at its next batch once the time left no longer holds the larger of the final run held back and
-its own final run at the seconds it will have taken by the projected end of its current stage
-(``Deadline``: its own final run estimated from the stages it has run, that one to its projected end;
-recorded as stopped). When the first is stopped, nothing is scored: the final run is the config as given,
-without the analysis, and the report says so. A later candidate starts only if the time left holds what
-the first took (no candidate does less work; the first's analysis probe aside) plus the larger of the
-final run held back and its own final run at the first's factor. A candidate whose final run no longer
-fits the time left when the choice is made is not chosen (the first always may be). The final run runs the
-chosen candidate's config, not its calibration: it chooses the clip again on every calibration sample
-(``quantcore.auto.budget``: within the budget, or it keeps the candidate's clip and says so), so that a
-candidate chosen as given ends as the fixed recipe would on the same data. A candidate whose run
-raises anything (a ``QuantcoreError``, an ONNX Runtime error, a fault of a method on a model it does not
-suit) is recorded with the error and skipped; cancellation, or whatever the caller's own check raises (a
-worker's time limit), is not an error of the candidate and ends the search.
+Budget: ``budget_seconds`` bounds the search and the final run together. A candidate's final run is estimated
+from its own stage seconds (``final_seconds``, ``quantcore.auto.budget``: the stages grown by the final run's
+samples, plus the analysis and the latency stage the candidates skip), and that of the candidate chosen so far
+is held back. Every candidate, the first (the config as given) included, is stopped at its next batch once the
+time left no longer holds the larger of the final run held back and its own final run at the seconds it will
+have taken by the projected end of its current stage (``Deadline``: its own final run estimated from the
+stages it has run, that one to its projected end; recorded as stopped). The first's analysis probe is the
+exception: it comes after the candidate's evaluate stage, so a probe that no longer fits stops alone
+(``ProbeStopped``, which the pipeline's analyze stage records as an analysis that failed, going on without
+it), the candidate is scored, and the final run runs without the analysis (``quantcore.auto.budget``); where a
+target needs the analysis's ranking the analysis is no probe and the whole candidate stops. When the first is
+stopped, nothing is scored: the final run is the config as given, without the analysis, and the report says
+so. A later candidate starts only if the time left holds what the first took (no candidate does less work; the
+first's analysis probe aside) plus the larger of the final run held back and its own final run at the first's
+factor. A candidate whose final run no longer fits the time left when the choice is made is not chosen (the
+first always may be). The final run runs the chosen candidate's config, not its calibration: it chooses the
+clip again on every calibration sample (``quantcore.auto.budget``: within the budget, or it keeps the
+candidate's clip and says so), so that a candidate chosen as given ends as the fixed recipe would on the same
+data. A candidate whose run raises anything (a ``QuantcoreError``, an ONNX Runtime error, a fault of a method
+on a model it does not suit) is recorded with the error and skipped; cancellation, or whatever the caller's
+own check raises (a worker's time limit), is not an error of the candidate and ends the search.
 
 Fallback: when no candidate meets the objective, the best one is run again with
 ``target = objective`` (``quantcore.analysis.accuracy_target``: without the bias correction, the
@@ -54,7 +57,7 @@ from quantcore.auto.candidates import Candidate
 from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
 from quantcore.auto.selection import SelectionSplit
 from quantcore.config import QuantizeConfig
-from quantcore.errors import Canceled
+from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
 from quantcore.pipeline import STAGES, quantize
 from quantcore.progress import Monitor
@@ -70,6 +73,12 @@ CANDIDATE_LATENCY = LatencySettings(warmup=2, runs=20, budget_s=0.5, batch_sizes
 PROJECT_FROM = 0.1
 
 
+class ProbeStopped(QuantcoreError):
+    """The budget stopped a candidate's analysis probe, not the candidate: raised by its ``Deadline`` inside the
+    analyze stage, which goes on without the analysis (``quantcore.pipeline.diagnosis``: an analysis that
+    fails is recorded as a warning where no target needs it)."""
+
+
 class Deadline:
     """A candidate's ``should_cancel``: the caller's, then the budget's (``deadline``: a ``perf_counter``
     time, None: none). True once the time left no longer holds ``reserve`` seconds (the final run held
@@ -77,7 +86,10 @@ class Deadline:
     probe's estimate, None: this run probes it; no ``final``: none), both counted at the projected end of
     the stage it is in (``progressed``: the stage's seconds so far over its done share, from
     ``PROJECT_FROM``): a candidate that cannot finish in time, AdaRound on a large model, stops early rather
-    than spend the time left. ``user_asked`` tells a cancellation from a budget spent."""
+    than spend the time left. ``probe``: the run's analyze stage is the analysis probe alone (no target needs
+    its ranking), so a budget spent there raises ``ProbeStopped`` instead, once (``probe_stopped``: the
+    seconds the probe had run), and the rest of the run goes on unbounded by the budget: it has nothing left
+    to run but scoring. ``user_asked`` tells a cancellation from a budget spent."""
 
     def __init__(
         self,
@@ -86,14 +98,18 @@ class Deadline:
         reserve: float = 0.0,
         final: FinalRun | None = None,
         analysis: float | None = None,
+        probe: bool = False,
     ) -> None:
         self.monitor = monitor
         self.deadline = deadline
         self.reserve = reserve
         self.final = final
         self.analysis = analysis
+        self.probe = probe
+        self.probe_stopped: float | None = None
         self.started = time.perf_counter()
         self.stage: tuple[str, float] | None = None  # the stage the run is in, since when
+        self.fraction = 0.0  # its done share
         self.stage_end = self.started  # its projected end
         self.stage_seconds: dict[str, float] = {}  # the stages before it
         self.user_asked = False
@@ -106,6 +122,7 @@ class Deadline:
             if self.stage is not None:
                 self.stage_seconds[self.stage[0]] = now - self.stage[1]
             self.stage = (stage, now)
+        self.fraction = fraction
         elapsed = now - self.stage[1]
         self.stage_end = now + (elapsed * (1 - fraction) / fraction if fraction >= PROJECT_FROM else 0.0)
 
@@ -118,10 +135,16 @@ class Deadline:
         if asked:
             self.user_asked = True
             return True
-        if self.deadline is None:
+        if self.deadline is None or self.probe_stopped is not None:
             return False
-        end = max(time.perf_counter(), self.stage_end)
-        return end + max(self.reserve, self.own_final(end)) > self.deadline
+        now = time.perf_counter()
+        end = max(now, self.stage_end)
+        spent = end + max(self.reserve, self.own_final(end)) > self.deadline
+        if spent and self.probe and self.stage is not None and self.stage[0] == "analyze" and self.fraction < 1.0:
+            # the candidate's model and evaluation are done: only the probe is given up
+            self.probe_stopped = now - self.stage[1]
+            raise ProbeStopped("the analysis probe was stopped by the budget")
+        return spent
 
     def own_final(self, end: float) -> float:
         """The run's own final run, were the run to end at ``end`` (a ``perf_counter`` time) with the stage it
@@ -156,6 +179,7 @@ class Tried:
     kept_clip: tuple[float, str] | None = None  # (percentile, clip) its run went on with; None: no model
     analysis_seconds: float = 0.0  # the final run's analysis but its layer-wise runs, as the probe measured it
     probe_seconds: float = 0.0  # of ``seconds``, those its run spent on the analysis probe (the first's)
+    probe_stopped: str | None = None  # why its probe was stopped (the final run then runs no analysis); None: not
     difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
 
     def to_dict(self, pareto: bool) -> dict[str, Any]:
@@ -282,6 +306,15 @@ def try_candidate(
         return tried(None, None, None, error_line(error))
     outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None, sums=sums)
     stage_seconds = result["stage_seconds"]
+    if should_cancel.probe_stopped is not None:
+        final, analysis = final.without_analysis(), 0.0
+        outcome = replace(
+            outcome,
+            probe_stopped=(
+                f"the analysis probe on {candidate.name} was stopped after {should_cancel.probe_stopped:.0f} s, "
+                "the final run's analysis it projected not fitting the budget, and the candidate scored without it"
+            ),
+        )
     analysis = final.analysis(stage_seconds) if analysis is None else analysis
     kept = result["config"]
     outcome = replace(
@@ -322,7 +355,6 @@ def run_candidates(
     """Try ``candidates`` in order within the budget (``deadline``: a ``perf_counter`` time), as the module
     says: (every candidate tried, in order; None, or why the search stopped before the last)."""
     tried: list[Tried] = []
-    held_back = search.final.held_back
     # a final run's seconds per candidate second, for a candidate not yet run, and its analysis, measured by
     # the first run that produced a model (its analysis by the probe: ``quantcore.auto.budget``)
     factor, analysis = search.final.first_factor, None
@@ -333,7 +365,7 @@ def run_candidates(
             kept = choose_among(list(tried), config.auto.objective.higher_is_better, left)
             reserve = 0.0 if kept is None else kept.final_seconds
             needed = tried[0].seconds - tried[0].probe_seconds  # the others run no probe
-            after = max(reserve, factor * needed + (analysis or 0.0) + held_back)
+            after = max(reserve, factor * needed + (analysis or 0.0) + search.final.held_back)
             if left < needed + after:
                 untried = ", ".join(c.name for c, _ in candidates[index:])
                 return tried, (
@@ -341,12 +373,18 @@ def run_candidates(
                     f"is estimated to take ({needed:.1f} s) with the final run after it ({after:.1f} s): not tried: "
                     f"{untried}"
                 )
-        should_cancel = Deadline(search.monitor, deadline, reserve, search.final.for_config(config), analysis)
+        final = search.final.for_config(config)
+        probe = analysis is None and config.target is None  # a target's ranking is the candidate's, no probe
+        should_cancel = Deadline(search.monitor, deadline, reserve, final, analysis, probe=probe)
         tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel, analysis))
         last = tried[-1]
         if analysis is None and last.error is None:
+            if last.probe_stopped is not None:  # no final run will run the analysis: none held back for it
+                search = replace(search, final=search.final.without_analysis())
             analysis = last.analysis_seconds
-            factor = (last.final_seconds - analysis - held_back) / max(last.seconds - last.probe_seconds, 1e-9)
+            factor = (last.final_seconds - analysis - search.final.held_back) / max(
+                last.seconds - last.probe_seconds, 1e-9
+            )
         if tried[-1].error == BUDGET_SPENT:
             untried = ", ".join(c.name for c, _ in candidates[index + 1 :]) or "none"
             return tried, (

@@ -11,6 +11,7 @@ import pytest
 
 import quantcore.auto
 import quantcore.config.auto
+import quantcore.progress
 from quantcore import AnalysisOptions, AutoOptions, Canceled, QuantizeConfig, quantize, quantize_auto
 from quantcore.auto import budget as budget_module
 from quantcore.auto import scoring
@@ -555,3 +556,96 @@ def test_the_final_runs_analysis_is_probed_held_back_and_bounded(small, tmp_path
     bound = result.report["config"]["analysis"]["layerwise_seconds"]
     assert bound is not None and bound <= budget - section["seconds"]
     assert result.report["analysis"] is not None
+
+
+@pytest.fixture
+def slow_probe(monkeypatch):
+    """A progress callback that is the clock, as ``progress``, but the second message of a candidate's analyze
+    stage (its first step after the start) advances it by ``slow_probe.cost`` seconds more: the analysis probe
+    is slow, the rest of the candidate is not. ``slow_probe.stages`` lists every (stage, message) seen.
+    ``perf_counter`` also ticks by 1 ms a call, so the analysis prices its layer-wise runs at a non-zero cost."""
+    clock = {"now": 0.0}
+
+    def perf_counter() -> float:
+        clock["now"] += 1e-3
+        return clock["now"]
+
+    def tick(stage, fraction, message):
+        clock["now"] += 1.0
+        analyzing = [m.endswith(": analyze") for _, m in tick.stages[-2:]]
+        if stage == "auto" and message.endswith(": analyze") and analyzing[-2:] in ([True], [False, True]):
+            clock["now"] += tick.cost
+        tick.stages.append((stage, message))
+
+    tick.cost, tick.stages = 0.0, []
+    monkeypatch.setattr(search_module.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(quantcore.config.auto, "AUTO_BUDGET_SECONDS", (1.0, 86_400.0))
+    return tick
+
+
+def test_a_probe_the_budget_cannot_hold_stops_alone_and_its_candidate_is_scored(
+    small, tmp_path, slow_probe, recorded_runs
+) -> None:
+    """On the ``slow_probe`` clock, each step of the first candidate's analysis probe 300 s in a 600 s budget
+    (the candidates take about 20 s each without it): the probe's projected end, with the final run's
+    analysis it implies, passes the budget, so the probe alone stops. The config as given is scored, the
+    search goes on to the next candidate, nothing is held back for an analysis any more, and the final run
+    runs without it, the reason saying why. Before, the whole first candidate stopped and nothing was scored."""
+    path, calibration, evaluation = small
+    slow_probe.cost = 300.0
+    budget = 600.0
+    config = replace(auto_config("minmax", budget_seconds=budget), analysis=AnalysisOptions())
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out", progress=slow_probe)
+    section = result.report["auto"]
+    first, second = section["candidates"]
+    assert (first["name"], first["error"]) == ("as_given", None) and first["value"] is not None
+    assert (second["name"], second["error"]) == ("minmax", None)  # the search went on
+    # the probe stopped at its next poll after the slow step, not at the deadline
+    assert slow_probe.cost < first["seconds"] < slow_probe.cost + 100
+    # no later candidate probes, and no estimate holds back the layer-wise share for an analysis not run
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "minmax"]
+    assert all(c["final_seconds"] < budget_module.LAYERWISE_SHARE * budget for c in section["candidates"])
+    assert "the analysis probe on as_given was stopped after" in section["reason"]
+    assert "the final run runs without the analysis" in section["reason"]
+    assert not result.report["config"]["analysis"]["enabled"] and result.report["analysis"] is None
+
+
+@pytest.mark.parametrize("stop", ["cancel", "time limit"])
+def test_the_callers_stop_during_the_probe_still_ends_the_search(small, tmp_path, slow_probe, stop) -> None:
+    """A cancel, or what a worker's check raises, inside the first candidate's analysis probe is no budget spent:
+    it ends the search as anywhere else (the probe's own stop is the budget's only)."""
+    path, calibration, evaluation = small
+
+    def should_cancel() -> bool:
+        if slow_probe.stages and slow_probe.stages[-1][1].endswith(": analyze"):
+            if stop == "time limit":
+                raise TimeLimit()
+            return True
+        return False
+
+    config = replace(auto_config("minmax", budget_seconds=600.0), analysis=AnalysisOptions())
+    with pytest.raises(Canceled if stop == "cancel" else TimeLimit):
+        quantize_auto(
+            path, calibration, evaluation, config, tmp_path / "out", progress=slow_probe, should_cancel=should_cancel
+        )
+
+
+def test_the_deadline_stops_a_probe_once_and_a_candidate_otherwise(monkeypatch) -> None:
+    """``Deadline`` past its budget inside the analyze stage: with ``probe``, it raises ``ProbeStopped`` once and
+    then leaves the run to finish; without (a target needs the ranking), it stops the run like any stage."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(search_module.time, "perf_counter", lambda: clock["now"])
+    final = FinalRun(scale=(1.0, 1.0), graphwise=1.0, layerwise=0.0, latency=0.0)
+    for probe in (True, False):
+        deadline = search_module.Deadline(quantcore.progress.Monitor(), 10.0, final=final, probe=probe)
+        deadline.progressed("evaluate", 1.0)
+        deadline.progressed("analyze", 0.0)
+        assert not deadline()  # on time
+        clock["now"] += 8.0  # the analysis so far, 8 s, again in the final run: past the 10 s budget
+        if probe:
+            with pytest.raises(search_module.ProbeStopped):
+                deadline()
+            assert deadline.probe_stopped == 8.0 and not deadline()
+        else:
+            assert deadline() and deadline.probe_stopped is None
+        clock["now"] = 0.0
