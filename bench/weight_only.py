@@ -19,9 +19,9 @@ runs of every model, ``quantcore.evaluate.paired_latency``) as a multiple of FP3
 ``--algorithms`` quantizes it (w4, block 32, MatMulNBits, the whole run: prepare to evaluate, without the
 CPU latency stage, whose two sessions evaluation's three already outnumber) in a fresh process that
 reports its peak resident memory (``VmHWM``, reset after the imports and the data where the kernel
-allows) above its resident memory just before ``quantize``. RTN, HQQ and GPTQ stream the weights from the
-data file (GPTQ one segment of the graph at a time, ``quantcore.weight_only.segments``); AWQ loads the
-model whole. Run: ``nice -n 5 .venv/bin/python -m bench.weight_only --memory --algorithms rtn gptq``.
+allows) above its resident memory just before ``quantize``. Every algorithm streams the weights from the
+data file (GPTQ and AWQ one segment of the graph at a time, ``quantcore.weight_only.segments``). Run:
+``nice -n 5 .venv/bin/python -m bench.weight_only --memory --algorithms rtn gptq awq``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ constant 1/s is inserted before the group: exact as well, at the cost of one ele
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,10 +109,20 @@ def find_groups(graph: onnx.GraphProto) -> list[Group]:
     return groups
 
 
-def scale_channels(model: onnx.ModelProto, groups: list[Group], scales: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+def scale_channels(
+    model: onnx.ModelProto,
+    groups: list[Group],
+    scales: Mapping[str, np.ndarray],
+    *,
+    replaced: Set[str] = frozenset(),
+    read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array,
+) -> onnx.ModelProto:
     """A copy of ``model`` with each group's W_j ← s_j · W_j and X ÷ s absorbed or a Mul by 1/s inserted
     (module docstring); ``scales``: group input → (C,) s, C the last axis of X. The groups' rescalings
-    commute (each s multiplies constants of its own), so they may come from the original model's values."""
+    commute (each s multiplies constants of its own), so they may come from the original model's values.
+    ``replaced``: initializers left as they are, because the caller replaces them with values it rescaled
+    itself (a weight-only export's quantized weights); ``read``: an initializer's value (the model's
+    external data may still be in its file)."""
     graph = model.graph
     index = GraphIndex(graph)
     nodes = {node.name: node for node in graph.node}
@@ -120,7 +130,9 @@ def scale_channels(model: onnx.ModelProto, groups: list[Group], scales: Mapping[
     values: dict[str, np.ndarray] = {}  # initializer → its float64 value as rescaled so far
 
     def rescale(name: str, factor: np.ndarray, axis: int) -> None:
-        value = values[name] if name in values else index.array(name).astype(np.float64)
+        if name in replaced:
+            return
+        value = values[name] if name in values else read(index.initializers[name]).astype(np.float64)
         values[name] = value * (factor.reshape(-1, 1) if axis == 0 else factor)  # broadcast as ONNX would
 
     scaled = onnx.ModelProto()

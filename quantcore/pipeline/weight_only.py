@@ -1,16 +1,16 @@
 """The weight-only run (platform ``onnxruntime-weight-only``):
 
-    prepare → annotate → calibrate (AWQ: XᵀX and the scale search; GPTQ, RTN, HQQ: nothing)
+    prepare → annotate → calibrate (AWQ: its search, segment by segment; GPTQ, RTN, HQQ: nothing)
         → export (quantize and write; GPTQ: XᵀX segment by segment as it goes) → evaluate → latency
 
 prepare, evaluate and latency are the Q/DQ run's own stages (``quantcore.pipeline.quantization``,
 ``deployment``); annotate is too, and fails at once when the platform finds no MatMul/Gemm weight to
 quantize (``quantcore.weight_only.layers.weight_layers``). There is no clip, reconstruct, place, analyze
 (its per-tensor Q/DQ measurements have no Q/DQ to read), target or engine stage, and no resume
-checkpoint. RTN, HQQ and GPTQ on a model whose weights are float32 in external data never hold the
-model: prepare leaves the weights in their file, export reads each as it quantizes it (GPTQ: each
-segment's, ``quantcore.weight_only.segments``) and writes its codes straight to the exported model's
-data file, and evaluation's sessions read the files themselves. AWQ loads the model whole. The
+checkpoint. No algorithm holds a model whose weights are float32 in external data: prepare leaves the weights in
+their file, AWQ's search and GPTQ read each segment's (``quantcore.weight_only.segments``), export reads
+each weight as it quantizes it and writes its codes straight to the exported model's data file, and
+evaluation's sessions read the files themselves. The
 report is ``build_report``'s with its ``weight_only`` section (``weight_only_section``).
 """
 
@@ -31,8 +31,8 @@ from quantcore.pipeline.run import Run
 from quantcore.report.document import build_report
 from quantcore.report.stage_results import Analyzed, PreparedInputs, QuantizedModel
 from quantcore.weight_only import (
-    awq_scaling,
-    collect_grams,
+    grid_of,
+    make_plan,
     quantize_layers,
     quantize_sequentially,
     weight_layers,
@@ -118,8 +118,7 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     """Run the stages of the module docstring; returns the exported files and the report."""
     options = config.weight_only
     assert options is not None
-    external, readable = stored_outside(run.model_path)
-    streamed = readable and options.algorithm != "awq"  # AWQ folds its scales into the model in memory
+    external, streamed = stored_outside(run.model_path)
     inputs: PreparedInputs = prepare_stage(run, config, external_data=not streamed)
     annotation = annotate_stage(run, inputs, config)
     model = inputs.prepared.model
@@ -127,12 +126,13 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     layers = weight_layers(model, annotation, reader)  # no weight to quantize: fails here, before calibrate
 
     started = run.clock.begin("calibrate")
-    grams, scales, written = None, None, model
+    plan, written = None, model
     if options.algorithm == "awq":
-        grams = collect_grams(model, layers, inputs.calibration, config, run.monitor)
-        written, scales = awq_scaling(model, layers, grams, config, run.monitor)
-        done = f"XᵀX of {len(grams)} layer inputs on {inputs.calibration.num_samples} samples"
-        done += f"; awq: {counted(len(scales), 'layer')} scaled"
+        plan = make_plan(model, layers, inputs.calibration, grid_of(config), config.device, run.monitor, reader)
+        written = plan.scaled_model(model, reader, layers)
+        scaled = sum(1 for choice in plan.choices.values() if choice.scale is not None)
+        done = f"awq: XᵀX on {inputs.calibration.num_samples} samples, one segment at a time"
+        done += f"; {counted(scaled, 'layer')} scaled"
     elif options.algorithm == "gptq":
         done = f"gptq: XᵀX on {inputs.calibration.num_samples} samples, one segment at a time during export"
     else:
@@ -143,7 +143,7 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     if options.algorithm == "gptq":
         quantized = quantize_sequentially(model, layers, inputs.calibration, config, run.monitor, reader)
     else:
-        quantized = quantize_layers(layers, grams, config, run.monitor, scales)
+        quantized = quantize_layers(layers, None, config, run.monitor, plan)
     exported, rows = write(written, quantized, config, run.out_dir, reader, external)
     bits = config.precision_spec.weight_bits
     run.clock.end("export", started, f"{len(rows)} weights at {bits} bit as {options.format}")

@@ -16,13 +16,17 @@ feeds (an attention or MLP block); here it is the sum of the group's own layer o
 without running the model again.
 
 Within each candidate, as the reference's second search, each block column of diag(s)·W gets a clip ratio
-r from
-``CLIP_RATIOS``: its range shrunk by r before its scale is taken (``quantize_rtn``'s ``clip``), r chosen to
-minimise that block column's share of the output error, Δ_bᵀ·G_bb·Δ_b with G_bb the block's diagonal
-part of XᵀX/n of X ÷ s (the reference measures each block's partial product alone too). The clipped weight
-is kept when its whole-layer error is below the unclipped one's. The reference searches s with plain
-rounding and clips after; searching s with the clip inside measured better here (on a layer with outlier
-channels, s chosen without it and clipped after lost to clipping alone).
+r from ``CLIP_RATIOS``: its range shrunk by r before its scale is taken (``quantize_rtn``'s ``clip``), r
+chosen to minimise that block column's share of the output error, Δ_bᵀ·G_bb·Δ_b with G_bb the block's
+diagonal part of XᵀX/n of X ÷ s (the reference measures each block's partial product alone too). The
+clipped weight is kept when its whole-layer error is below the unclipped one's. The reference searches s
+with plain rounding and clips after; searching s with the clip inside measured better here (on a layer
+with outlier channels, s chosen without it and clipped after lost to clipping alone).
+
+A layer whose output is the input of a later group that folds its ÷ s' into this layer's weight (a
+MatMul feeding a MatMul directly, or through a constant bias Add) stores Q(diag(s)·W·diag(1/s')): its
+error is measured on what it computes in the unscaled graph, diag(1/s)·Q(…)·diag(s'), and the later
+group is searched first (``quantcore.weight_only.awq_plan`` searches a segment's groups downstream first).
 
 The exported model is the FP32 model with each chosen group's weights multiplied by s and X ÷ s folded
 (``scale_channels``): the same function before rounding, to float32 rounding. A layer in no group (its
@@ -31,21 +35,18 @@ weight also read by another node) keeps s = 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from quantcore.graph.channel_scaling import Group
-from quantcore.progress import Monitor
 from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight, quantize_rtn
 from quantcore.weight_only.gram import Gram
-from quantcore.weight_only.layers import WeightLayer
 
-STAGE = "calibrate"
 ALPHAS = tuple(i / 20 for i in range(20))  # the reference's grid of 20
 MEAN_FLOOR = 1e-4  # m_j below it (a channel that is almost always 0) counts as it, as in the reference
-CLIP_RATIOS = tuple(1 - i / 20 for i in range(10))  # 1 down to 0.55: the reference's shrink of at most 0.5
+CLIP_RATIOS = np.array([1 - i / 20 for i in range(10)])  # 1 down to 0.55: the reference's shrink of at most 0.5
+CLIP_BLOCKS = 64  # blocks of rows the clip search takes at once: (64·32, N) float64 temporaries, not (K, N)
 
 
 @dataclass(frozen=True)
@@ -56,81 +57,108 @@ class ChannelScale:
     scale: np.ndarray
 
 
+@dataclass(frozen=True)
+class LayerChoice:
+    """What one layer's codes are made of: its group's s (None: s = 1), the s' of the later group that
+    folds ÷ s' into its output columns (None: none) and the clip ratio of each block column, as indices
+    into ``CLIP_RATIOS`` (blocks, N) uint8 (None: unclipped). ``quantize_chosen`` remakes the codes from
+    it and the weight alone."""
+
+    scale: ChannelScale | None
+    out_scale: np.ndarray | None
+    clip: np.ndarray | None
+
+
 def candidate_scale(mean_abs: np.ndarray, alpha: float) -> np.ndarray:
     """(K,) s of one alpha (module docstring)."""
     scale = np.maximum(mean_abs, MEAN_FLOOR) ** alpha
     return scale / np.sqrt(scale.max() * scale.min())
 
 
-def _scaled(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """diag(s)·W in float32, the weight that is rounded and stored."""
-    return np.asarray(weight, dtype=np.float32) * scale[:, None].astype(np.float32)
+def _stored(weight: np.ndarray, scale: np.ndarray, out_scale: np.ndarray | None) -> np.ndarray:
+    """diag(s)·W·diag(1/s') in float32, the weight that is rounded and stored."""
+    scaled = np.asarray(weight, dtype=np.float32) * scale[:, None].astype(np.float32)
+    return scaled if out_scale is None else scaled / out_scale[None, :].astype(np.float32)
 
 
-def quantize_scaled(
-    weight: np.ndarray, scale: np.ndarray, grid: BlockGrid, clip: np.ndarray | None = None
-) -> tuple[BlockwiseWeight, np.ndarray]:
-    """(Q(diag(s)·W) as stored, Ŵ = diag(1/s)·Q(diag(s)·W) (K, N) float64, the weight the layer computes
-    with); ``clip``: ``quantize_rtn``'s."""
-    stored = quantize_rtn(_scaled(weight, scale), grid, clip)
-    return stored, stored.dequantize().astype(np.float64) / scale[:, None]
+def _computed(stored: BlockwiseWeight, scale: np.ndarray, out_scale: np.ndarray | None) -> np.ndarray:
+    """diag(1/s)·Q(…)·diag(s') (K, N) float64: what the layer computes with in the unscaled graph."""
+    computed = stored.dequantize().astype(np.float64) / scale[:, None]
+    return computed if out_scale is None else computed * out_scale[None, :]
 
 
-def _block_errors(delta: np.ndarray, covariance: np.ndarray, size: int) -> np.ndarray:
-    """(blocks, N) Δ_bᵀ·G_bb·Δ_b of each block of rows of Δ (K, N) with the matching diagonal block of G (K, K)."""
-    errors = []
-    for start in range(0, delta.shape[0], size):
-        part = delta[start : start + size]
-        errors.append(np.sum(part * (covariance[start : start + size, start : start + size] @ part), axis=0))
-    return np.stack(errors)
+def _dequantized(blocks: np.ndarray, ratio: float, grid: BlockGrid) -> np.ndarray:
+    """ŵ (float32) of (B, rows, N) blocks, each rounded with its range shrunk by ``ratio``:
+    ``quantize_rtn``'s steps for each block, with its float32 scales and codes."""
+    count, rows, columns = blocks.shape
+    side = blocks.transpose(1, 0, 2).reshape(rows, count * columns)  # every block column side by side
+    scale, zero = grid.params(side.astype(np.float64) * ratio)
+    dequantized = (grid.codes(side, scale, zero).astype(np.float32) - zero.astype(np.float32)) * scale
+    return dequantized.reshape(rows, count, columns).transpose(1, 0, 2)
 
 
-def clip_ratios(weight: np.ndarray, gram: Gram, grid: BlockGrid) -> np.ndarray:
-    """(blocks, N) the clip ratio of each block column of ``weight`` (K, N) of least block error
-    (module docstring); ``gram``: the statistics of the input ``weight`` multiplies."""
-    covariance = gram.xtx / max(gram.rows, 1)
-    shape = (grid.num_blocks(weight.shape[0]), weight.shape[1])
-    best, chosen = np.full(shape, np.inf), np.ones(shape)
-    for ratio in CLIP_RATIOS:
-        delta = weight - quantize_rtn(weight, grid, np.full(shape, ratio)).dequantize().astype(np.float64)
-        error = _block_errors(delta, covariance, grid.block_size)
-        better = error < best
-        best, chosen = np.where(better, error, best), np.where(better, ratio, chosen)
-    return chosen
+def _runs(k: int, size: int) -> Iterator[tuple[list[int], int]]:
+    """(first rows, rows) of runs of at most ``CLIP_BLOCKS`` whole blocks of ``size`` rows out of k, then
+    of the last, shorter block alone when size does not divide k."""
+    whole = list(range(0, k - k % size, size))
+    for first in range(0, len(whole), CLIP_BLOCKS):
+        yield whole[first : first + CLIP_BLOCKS], size
+    if k % size:
+        yield [k - k % size], k % size
+
+
+def clip_ratios(weight: np.ndarray, gram: Gram, scale: np.ndarray, grid: BlockGrid) -> np.ndarray:
+    """(blocks, N) uint8: for each block column of ``weight`` (K, N float32, already diag(s)·W), the index
+    in ``CLIP_RATIOS`` of least block error Δ_bᵀ·G_bb·Δ_b (module docstring), G_bb the diagonal block of
+    diag(1/s)·XᵀX·diag(1/s) / n; ``gram``: the statistics of the input before ÷ s. A run of blocks at a
+    time (``_runs``): no (K, K) or (K, N) temporary."""
+    inverse, count = 1.0 / scale, max(gram.rows, 1)
+    chosen = []
+    for starts, rows in _runs(weight.shape[0], grid.block_size):
+        blocks = np.stack([weight[s : s + rows] for s in starts])  # (B, rows, N)
+        parts = [slice(s, s + rows) for s in starts]
+        covariance = np.stack([gram.xtx[p, p] * np.outer(inverse[p], inverse[p]) for p in parts]) / count
+        errors = []
+        for ratio in CLIP_RATIOS:
+            delta = blocks - _dequantized(blocks, ratio, grid).astype(np.float64)
+            errors.append(np.sum(delta * (covariance @ delta), axis=1))  # (B, N)
+        chosen.append(np.argmin(np.stack(errors), axis=0))  # ties: the first, the least clipped
+    return np.concatenate(chosen).astype(np.uint8)
+
+
+def quantize_chosen(weight: np.ndarray, choice: LayerChoice, grid: BlockGrid) -> tuple[BlockwiseWeight, np.ndarray]:
+    """(the stored codes, the weight the layer computes with in the unscaled graph (K, N) float64) of
+    ``weight`` (K, N) as ``choice`` says."""
+    scale = np.ones(weight.shape[0]) if choice.scale is None else choice.scale.scale
+    clip = None if choice.clip is None else CLIP_RATIOS[choice.clip]
+    stored = quantize_rtn(_stored(weight, scale, choice.out_scale), grid, clip)
+    return stored, _computed(stored, scale, choice.out_scale)
 
 
 def quantize_layer(
-    weight: np.ndarray, gram: Gram, scale: np.ndarray, grid: BlockGrid
-) -> tuple[BlockwiseWeight, np.ndarray]:
-    """One (K, N) layer quantized with channel scales s (K,), then the clip search; returns what
-    ``quantize_scaled`` returns. ``gram``: the statistics of the layer's original input."""
-    unclipped = quantize_scaled(weight, scale, grid)
-    clipped = quantize_scaled(weight, scale, grid, clip_ratios(_scaled(weight, scale), gram.divided(scale), grid))
-    return min((clipped, unclipped), key=lambda result: gram.output_error(weight - result[1]))
+    weight: np.ndarray, gram: Gram, scale: ChannelScale | None, out_scale: np.ndarray | None, grid: BlockGrid
+) -> tuple[LayerChoice, BlockwiseWeight, np.ndarray, float]:
+    """One (K, N) layer quantized with its group's s, then the clip search; returns the choice, what
+    ``quantize_chosen`` returns for it and its output error ‖X·W - X·Ŵ‖²_F / n. ``gram``: the statistics
+    of the layer's original input."""
+    s = np.ones(weight.shape[0]) if scale is None else scale.scale
+    best = None
+    for clip in (clip_ratios(_stored(weight, s, out_scale), gram, s, grid), None):
+        choice = LayerChoice(scale, out_scale, clip)
+        stored, computed = quantize_chosen(weight, choice, grid)
+        error = gram.output_error(weight - computed)
+        if best is None or error < best[3]:  # ties: the clipped weight, tried first
+            best = (choice, stored, computed, error)
+    assert best is not None
+    return best
 
 
-def search(
-    groups: list[Group], layers: list[WeightLayer], grams: Mapping[str, Gram], grid: BlockGrid, monitor: Monitor
-) -> dict[str, ChannelScale]:
-    """Group input → its ``ChannelScale``, for each group with a quantized layer (module docstring)."""
-    by_node = {layer.node: layer for layer in layers}
-    chosen: dict[str, ChannelScale] = {}
-    searched = [g for g in groups if any(n in by_node for n in g.layers)]
-    for done, group in enumerate(searched, start=1):
-        monitor.check(STAGE)
-        members = [by_node[n] for n in group.layers if n in by_node]
-        gram = grams[group.input]
-        weights = [layer.read() for layer in members]  # the group's W (K, N), read once for every alpha
-        errors = {}
-        for alpha in ALPHAS:
-            scale = candidate_scale(gram.mean_abs(), alpha)
-            errors[alpha] = sum(gram.output_error(w - quantize_layer(w, gram, scale, grid)[1]) for w in weights)
-        best = min(ALPHAS, key=lambda a: (errors[a], a))  # ties: the smaller alpha, nearer round-to-nearest
-        chosen[group.input] = ChannelScale(best, candidate_scale(gram.mean_abs(), best))
-        monitor.report(STAGE, done / (len(searched) + 1), f"awq: group {done}/{len(searched)}, alpha {best:g}")
-    return chosen
-
-
-def layer_scales(groups: list[Group], chosen: Mapping[str, ChannelScale]) -> dict[str, ChannelScale]:
-    """Layer node → its group's ``ChannelScale`` (layers of groups not in ``chosen`` are absent)."""
-    return {node: chosen[g.input] for g in groups if g.input in chosen for node in g.layers}
+def search(weights: Sequence[tuple[np.ndarray, np.ndarray | None]], gram: Gram, grid: BlockGrid) -> ChannelScale:
+    """A group's s of least error E (module docstring): ``weights``, each quantized member's W (K, N) and
+    the s' folded into its output columns (or None); ``gram``: the statistics of the group's input."""
+    errors = {}
+    for alpha in ALPHAS:
+        candidate = ChannelScale(alpha, candidate_scale(gram.mean_abs(), alpha))
+        errors[alpha] = sum(quantize_layer(w, gram, candidate, o, grid)[3] for w, o in weights)
+    best = min(ALPHAS, key=lambda a: (errors[a], a))  # ties: the smaller alpha, nearer round-to-nearest
+    return ChannelScale(best, candidate_scale(gram.mean_abs(), best))

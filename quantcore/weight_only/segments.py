@@ -1,6 +1,6 @@
 """Sequential calibration, one segment of the graph at a time (GPTQ's, Frantar et al. 2022, section 5:
-each layer's input X taken from the model whose earlier layers are already quantized), so that a model
-is never held whole and only the Grams of one segment's layers exist at once.
+each layer's input X taken from the model whose earlier layers are already quantized; AWQ's search too),
+so that a model is never held whole and only the Grams of one segment's layers exist at once.
 
 ``plan`` cuts the graph's nodes, in their (topological) order, where the fewest activations cross: a
 tensor made by a node before the cut and read by a node after it (initializers and graph inputs never
@@ -15,10 +15,11 @@ by side, nodes not in topological order) is one segment. The last segment ends a
 1. the segment alone (its initializers read through the ``TensorReader``: from the model or from its
    external-data file) runs on its inputs with each layer input as an extra output, and each input's
    XᵀX and Σ|x| are summed (``GramSum``);
-2. its layers are quantized, one at a time as the caller takes them, each Gram freed after its last layer;
-3. the segment runs again with each layer's weight replaced by the weight its codes dequantize to (ŵ,
-   float32), and the outputs later segments read replace, batch by batch, the activations no later
-   segment reads.
+2. its layers are quantized by a ``SegmentQuantizer``, one at a time as the caller takes them: GPTQ's
+   (``layer_by_layer``) frees each Gram after its last layer; AWQ's searches the segment's groups first;
+3. the segment runs again with each layer's weight replaced by the weight it computes with once
+   quantized (float32: GPTQ's ŵ, AWQ's diag(1/s)·ŵ), and the outputs later segments read replace, batch
+   by batch, the activations no later segment reads.
 
 What is held: one segment's initializers (in its ONNX Runtime session) and its Grams, and the
 activations that cross the current cut for every calibration batch (for a decoder: samples by tokens by
@@ -31,6 +32,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -47,6 +49,7 @@ from quantcore.weight_only.tensors import TensorReader, is_external
 from quantcore.weight_only.writer import QuantizedLayer
 
 STAGE = "export"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ class Segment:
     layers: tuple[WeightLayer, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+
+
+SegmentQuantizer = Callable[[Segment, dict[str, GramSum]], Iterator[tuple[T, WeightLayer, np.ndarray]]]
+"""Quantizes one segment's layers given the Grams of their inputs (by input tensor; it may free them as it
+goes): yields, for each layer in turn, its result, the layer and the (K, N) weight the layer computes with
+once quantized, which the next segments' inputs are computed from."""
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:
@@ -143,10 +152,10 @@ def segment_model(
     return header
 
 
-def _computed(entry: QuantizedLayer) -> np.ndarray:
-    """ŵ as the layer's initializer stores it: (K, N), or (N, K) for a Gemm with transB."""
-    dequantized = entry.weight.dequantize()
-    return np.ascontiguousarray(dequantized.T) if entry.layer.transposed else dequantized
+def stored_form(layer: WeightLayer, computed: np.ndarray) -> np.ndarray:
+    """A (K, N) weight as ``layer``'s initializer stores it: (K, N) float32, or (N, K) for a Gemm with transB."""
+    weight = np.asarray(computed, dtype=np.float32)
+    return np.ascontiguousarray(weight.T) if layer.transposed else weight
 
 
 def _grams(
@@ -156,13 +165,14 @@ def _grams(
     reader: TensorReader,
     device: str,
     monitor: Monitor,
+    stage: str,
 ) -> dict[str, GramSum]:
     """Step 1: the XᵀX of each layer input of ``segment`` over the batches of ``store``."""
     width = {layer.activation: layer.shape[0] for layer in segment.layers}
     sums = {name: GramSum(k) for name, k in width.items()}
     made = [name for name in sums if name not in segment.inputs]  # the others are fed, so already at hand
     for batch, values in zip(store, _outputs(model, segment, store, reader, device, made), strict=True):
-        monitor.check(STAGE)
+        monitor.check(stage)
         for name, total in sums.items():
             total.add(values[name] if name in values else batch[name])
     return sums
@@ -206,6 +216,22 @@ def _advance(
             del batch[name]
 
 
+def layer_by_layer(quantize: Callable[[WeightLayer, Gram], QuantizedLayer]) -> SegmentQuantizer[QuantizedLayer]:
+    """A ``SegmentQuantizer`` quantizing each layer alone with its input's Gram (GPTQ), freeing each Gram
+    after the last layer that reads it; a layer computes with what its codes dequantize to."""
+
+    def each(segment: Segment, sums: dict[str, GramSum]) -> Iterator[tuple[QuantizedLayer, WeightLayer, np.ndarray]]:
+        left = Counter(layer.activation for layer in segment.layers)  # layers still to take each Gram
+        for layer in segment.layers:
+            entry = quantize(layer, sums[layer.activation].gram())
+            left[layer.activation] -= 1
+            if not left[layer.activation]:
+                del sums[layer.activation]
+            yield entry, layer, entry.weight.dequantize()
+
+    return each
+
+
 def run(
     model: onnx.ModelProto,
     segments: list[Segment],
@@ -213,29 +239,26 @@ def run(
     reader: TensorReader,
     device: str,
     monitor: Monitor,
-    quantize: Callable[[WeightLayer, Gram], QuantizedLayer],
-) -> Iterator[QuantizedLayer]:
-    """Each layer of ``segments`` quantized by ``quantize`` with its input's Gram, segment after segment
-    (module docstring), as the caller takes them."""
+    quantize: SegmentQuantizer[T],
+    stage: str = STAGE,
+) -> Iterator[T]:
+    """What ``quantize`` yields for each layer of ``segments``, segment after segment (module docstring),
+    as the caller takes them; progress and cancel checks under ``stage``."""
     graph_inputs = {value.name for value in model.graph.input}
     store = [dict(batch) for batch in batches]  # per batch: graph inputs and the activations at the cut
     total, done = sum(len(s.layers) for s in segments), 0
     for index, segment in enumerate(segments):
-        sums = _grams(model, segment, store, reader, device, monitor)
-        left = Counter(layer.activation for layer in segment.layers)  # layers still to take each Gram
+        monitor.check(stage)
+        sums = _grams(model, segment, store, reader, device, monitor, stage)
         weights = {}
-        for layer in segment.layers:
-            monitor.check(STAGE)
-            entry = quantize(layer, sums[layer.activation].gram())
-            left[layer.activation] -= 1
-            if not left[layer.activation]:
-                del sums[layer.activation]
+        for result, layer, computed in quantize(segment, sums):
             done += 1
-            message = f"segment {index + 1}/{len(segments)}: layer {done}/{total}"
-            monitor.report(STAGE, done / (total + 1), message)
+            monitor.report(stage, done / (total + 1), f"segment {index + 1}/{len(segments)}: layer {done}/{total}")
             if index + 1 < len(segments):
-                weights[layer.weight_name] = _computed(entry)
-            yield entry
+                weights[layer.weight_name] = stored_form(layer, computed)
+            yield result
+            monitor.check(stage)
+        sums.clear()  # before the next segment's Grams are summed
         if index + 1 < len(segments):
             later = set().union(*(s.inputs for s in segments[index + 1 :]))
             _advance(model, segment, store, reader, device, weights, later | graph_inputs)

@@ -16,12 +16,14 @@ from onnx import TensorProto, helper, numpy_helper
 from jobs.report_schema import Report
 from quantcore import QuantizeConfig, annotate, prepare, quantize
 from quantcore.config import WeightOnlyConfig
+from quantcore.graph.channel_scaling import scale_channels
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches, input_specs
 from quantcore.runtime.session import open_session
-from quantcore.weight_only import BlockGrid, awq_scaling, collect_grams, quantize_rtn, weight_layers
+from quantcore.weight_only import BlockGrid, awq, grid_of, make_plan, quantize_rtn, weight_layers
 from quantcore.weight_only.hqq import quantize_hqq
 from quantcore.weight_only.language import NextToken, token_input
+from quantcore.weight_only.layers import IN_MEMORY
 from tests.test_report_schema import undocumented
 
 PLATFORM = "onnxruntime-weight-only"
@@ -83,33 +85,115 @@ def _sqnr(report: dict) -> float:
     return report["evaluation"]["qdq_exact"]["outputs"]["y"]["sqnr_db"]
 
 
-def test_awq_scaling_keeps_the_fp32_function(tmp_path: Path) -> None:
-    path = outlier_mlp(tmp_path / "mlp.onnx")
+def _plan(path: Path):
     config = QuantizeConfig(platform=PLATFORM, weight_only=WeightOnlyConfig(algorithm="awq"))
     prepared = prepare(path)
     layers = weight_layers(prepared.model, annotate(prepared, config))
     batches = Batches(_data(1), input_specs(prepared.model), 16, what="calibration")
-    grams = collect_grams(prepared.model, layers, batches, config, Monitor())
-    scaled, scales = awq_scaling(prepared.model, layers, grams, config, Monitor())
+    return (
+        prepared.model,
+        layers,
+        make_plan(prepared.model, layers, batches, grid_of(config), "cpu", Monitor(), IN_MEMORY),
+    )
 
-    # structure: the LayerNorm took ÷ s for the shared group, a Mul was inserted before down (after Relu)
+
+def _outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    with open_session(model) as session:
+        return session.run(["y"], feeds)[0]
+
+
+def test_awq_scaling_keeps_the_fp32_function(tmp_path: Path) -> None:
+    model, layers, plan = _plan(outlier_mlp(tmp_path / "mlp.onnx"))
+    scales = {node: plan.scales[group.input] for group in plan.groups for node in group.layers}
+
+    # structure: the LayerNorm takes ÷ s for the shared group, a Mul is inserted before down (after Relu);
+    # the quantized weights are left to the export, whose codes hold s
     assert {n: scales[n].alpha > 0 for n in ("up", "gate", "down")} == {"up": True, "gate": True, "down": True}
     assert scales["up"] is scales["gate"]  # one s per group: the input is divided once
-    ops = [n.op_type for n in scaled.graph.node]
+    exported = plan.scaled_model(model, IN_MEMORY, layers)
+    ops = [n.op_type for n in exported.graph.node]
     assert ops.count("Mul") == 1 and ops.index("Mul") == ops.index("MatMul", ops.index("Relu")) - 1
-    before = {t.name: numpy_helper.to_array(t) for t in prepared.model.graph.initializer}
-    after = {t.name: numpy_helper.to_array(t) for t in scaled.graph.initializer}
+    before = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    after = {t.name: numpy_helper.to_array(t) for t in exported.graph.initializer}
     np.testing.assert_allclose(after["gamma"], before["gamma"] / scales["up"].scale, rtol=1e-6)  # float32 rounding
+    assert all(np.array_equal(after[w], before[w]) for w in ("w_up", "w_gate", "w_down"))
     assert np.argmax(scales["up"].scale) in OUTLIERS  # the rows multiplying the outlier channels grow most
 
-    # numerics: the same function in FP32; the rescaled float32 constants round at 2^-24 relative, and
-    # LayerNorm, two MatMuls of K = 64 and 128 sum a few hundred such terms: 1e-5 of the output's scale
-    feeds = _data(2)
-    with open_session(prepared.model) as session:
-        expected = session.run(["y"], feeds)[0]
-    with open_session(scaled) as session:
-        actual = session.run(["y"], feeds)[0]
+    # numerics: with the weights rescaled too, the same function in FP32; the rescaled float32 constants
+    # round at 2^-24 relative, and LayerNorm, two MatMuls of K = 64 and 128 sum a few hundred such terms:
+    # 1e-5 of the output's scale
+    scaled = scale_channels(model, list(plan.groups), {name: chosen.scale for name, chosen in plan.scales.items()})
+    expected, actual = _outputs(model, _data(2)), _outputs(scaled, _data(2))
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * float(np.abs(expected).max()))
+
+
+def chained_layers(path: Path, branch: bool = True) -> Path:
+    """x (N, T, 64) → l0 → Relu → l1 → l2 → + Sigmoid(Relu) + x → y: l2's input is l1's output alone, so
+    AWQ can fold l2's ÷ s into l1's output columns; the Sigmoid branch crosses the l1|l2 boundary, so the
+    segments are [l0] and [Relu, Sigmoid, l1, l2] and l1 is quantized after l2's search (without
+    ``branch``, l1 and l2 fall in two segments). l1's columns 3, 17, 40 are 20x the others and l2's rows
+    for them 0.05x: outlier channels at l2's input."""
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32)
+    w1[:, list(OUTLIERS)] *= 20.0
+    w2 = (rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32)
+    w2[list(OUTLIERS)] *= 0.05
+    weights = {"w0": (rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32), "w1": w1, "w2": w2}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["m"], name="l0"),
+        helper.make_node("Relu", ["m"], ["n"], name="relu"),
+        helper.make_node("Sigmoid", ["n"], ["c"], name="gate"),
+        helper.make_node("MatMul", ["n", "w1"], ["h"], name="l1"),
+        helper.make_node("MatMul", ["h", "w2"], ["o"], name="l2"),
+        helper.make_node("Add", ["o", "c"], ["s"], name="branch"),
+        helper.make_node("Add", ["s", "x"], ["y"], name="residual"),
+    ]
+    if not branch:
+        nodes = [n for n in nodes if n.name not in ("gate", "branch")]
+        nodes[-1].input[0] = "o"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", TOKENS, WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", TOKENS, WIDTH])
+    return _save(nodes, [x], [y], weights, path)
+
+
+def test_awq_folds_a_groups_scale_into_the_quantized_layer_before_it(tmp_path: Path) -> None:
+    """l1 stores Q(W1·diag(1/s₂)) and l2 Q(diag(s₂)·W2): the exported model computes what the FP32 graph
+    computes with each layer's weight replaced by the weight the plan says it computes with."""
+    path = chained_layers(tmp_path / "chain.onnx")
+    model, layers, plan = _plan(path)
+    folded = {group.input: group.absorbed for group in plan.groups}
+    assert folded["h"] == (("w1", -1),) and plan.scales["h"].alpha > 0
+    assert plan.choices["l1"].out_scale is plan.scales["h"].scale  # l1's codes hold ÷ s₂
+
+    config = QuantizeConfig(
+        platform=PLATFORM, precision="w4", cpu_latency=False, weight_only=WeightOnlyConfig(algorithm="awq")
+    )
+    exported = quantize(path, _data(1), _data(2), config, tmp_path / "awq").model_path
+    computed = onnx.ModelProto()
+    computed.CopyFrom(model)
+    for layer in layers:
+        weight = awq.quantize_chosen(layer.read(), plan.choices[layer.node], grid_of(config))[1]
+        next(t for t in computed.graph.initializer if t.name == layer.weight_name).CopyFrom(
+            numpy_helper.from_array(weight.astype(np.float32), layer.weight_name)
+        )
+    # exact Q/DQ on both sides; the order of float32 products differs (codes times block scale, then the
+    # MatMul, against the product of the rescaled float32 weight): 1e-5 of the output's scale
+    expected, actual = _outputs(computed, _data(2)), _outputs(onnx.load(str(exported)), _data(2))
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * float(np.abs(expected).max()))
+    rtn = _quantize(path, tmp_path / "rtn", _data(1), _data(2), algorithm="rtn")
+    assert _sqnr(_quantize(path, tmp_path / "awq2", _data(1), _data(2), algorithm="awq")) > _sqnr(rtn)
+
+
+def test_awq_inserts_a_mul_where_the_layer_before_is_quantized_in_an_earlier_segment(tmp_path: Path) -> None:
+    """Without the branch, l1 is quantized (its segment done) before l2's s is searched: ÷ s is a Mul."""
+    path = chained_layers(tmp_path / "chain.onnx", branch=False)
+    model, layers, plan = _plan(path)
+    assert {group.input: group.absorbed for group in plan.groups}["h"] is None and plan.scales["h"].alpha > 0
+    assert plan.choices["l1"].out_scale is None
+    exported = plan.scaled_model(model, IN_MEMORY, layers)
+    assert any(node.op_type == "Mul" and node.input[0] == "h" for node in exported.graph.node)
+    rtn = _quantize(path, tmp_path / "rtn", _data(1), _data(2), algorithm="rtn")
+    assert _sqnr(_quantize(path, tmp_path / "awq", _data(1), _data(2), algorithm="awq")) > _sqnr(rtn)
 
 
 @pytest.mark.parametrize("form", ["matmulnbits", "dequantize_linear"])

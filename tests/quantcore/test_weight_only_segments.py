@@ -17,7 +17,7 @@ from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches, input_specs
 from quantcore.weight_only import collect_grams, quantize_layer, quantize_layers, quantize_sequentially, weight_layers
 from quantcore.weight_only.layers import IN_MEMORY
-from quantcore.weight_only.segments import Segment, plan, run
+from quantcore.weight_only.segments import Segment, layer_by_layer, plan, run
 from samples.large import external_decoder
 
 CONFIG = QuantizeConfig(
@@ -99,7 +99,7 @@ def test_one_segment_is_the_whole_model_gptq(decoder) -> None:
             IN_MEMORY,
             "cpu",
             Monitor(),
-            lambda layer, gram: quantize_layer(layer, gram, CONFIG),
+            layer_by_layer(lambda layer, gram: quantize_layer(layer, gram, CONFIG)),
         )
     )
     # the same ONNX Runtime graph and batches: the same Grams, so the same codes and report rows

@@ -1,4 +1,4 @@
-"""Weight-only RTN and HQQ on models whose weights are in external data: the weights are read one at a time
+"""Weight-only RTN, HQQ, GPTQ and AWQ on models whose weights are in external data: the weights are read one at a time
 from their file and the codes written straight to the exported model's own data file
 (``quantcore.weight_only.tensors``), with the same bytes as the run that loads the whole model; and a
 model past protobuf's 2 GiB, as the engine's large-model tests build one (``tests/quantcore/test_large_models.py``)."""
@@ -34,7 +34,8 @@ def _tensors(path: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "form"), [("rtn", "matmulnbits"), ("hqq", "dequantize_linear"), ("gptq", "matmulnbits")]
+    ("algorithm", "form"),
+    [("rtn", "matmulnbits"), ("hqq", "dequantize_linear"), ("gptq", "matmulnbits"), ("awq", "dequantize_linear")],
 )
 def test_the_streamed_export_writes_the_bytes_of_the_in_memory_one(tmp_path: Path, algorithm: str, form: str) -> None:
     """The same model stored with external data (streamed: weights read one at a time, the export's data
