@@ -83,8 +83,11 @@ def _stored(weight: np.ndarray, scale: np.ndarray, out_scale: np.ndarray | None)
 
 def _computed(stored: BlockwiseWeight, scale: np.ndarray, out_scale: np.ndarray | None) -> np.ndarray:
     """diag(1/s)·Q(…)·diag(s') (K, N) float64: what the layer computes with in the unscaled graph."""
-    computed = stored.dequantize().astype(np.float64) / scale[:, None]
-    return computed if out_scale is None else computed * out_scale[None, :]
+    computed = stored.dequantize().astype(np.float64)
+    computed /= scale[:, None]  # in place: one (K, N) float64 array
+    if out_scale is not None:
+        computed *= out_scale[None, :]
+    return computed
 
 
 def _dequantized(blocks: np.ndarray, ratio: float, grid: BlockGrid) -> np.ndarray:
@@ -146,7 +149,7 @@ def quantize_layer(
     for clip in (clip_ratios(_stored(weight, s, out_scale), gram, s, grid), None):
         choice = LayerChoice(scale, out_scale, clip)
         stored, computed = quantize_chosen(weight, choice, grid)
-        error = gram.output_error(weight - computed)
+        error = gram.output_error(weight, minus=computed)
         if best is None or error < best[3]:  # ties: the clipped weight, tried first
             best = (choice, stored, computed, error)
     assert best is not None

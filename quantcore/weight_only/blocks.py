@@ -76,14 +76,15 @@ class BlockwiseWeight:
     def shape(self) -> tuple[int, int]:
         return self.codes.shape
 
-    def expand(self, per_block: np.ndarray) -> np.ndarray:
-        """A (blocks, N) array repeated to one row per K row (K, N)."""
-        return np.repeat(per_block, self.grid.block_size, axis=0)[: self.codes.shape[0]]
-
     def dequantize(self) -> np.ndarray:
-        """ŵ (K, N) float32."""
-        zero = self.expand(self.zero_points).astype(np.float32)
-        return (self.codes.astype(np.float32) - zero) * self.expand(self.scales)
+        """ŵ = (q - z) · s (K, N) float32, one block of rows at a time: no (K, N) temporary beside it."""
+        dequantized = np.empty(self.codes.shape, dtype=np.float32)
+        size = self.grid.block_size
+        for index, start in enumerate(range(0, self.codes.shape[0], size)):
+            block = self.codes[start : start + size].astype(np.float32)
+            block -= self.zero_points[index].astype(np.float32)
+            dequantized[start : start + size] = block * self.scales[index]
+        return dequantized
 
 
 def assemble(grid: BlockGrid, codes: np.ndarray, scales: list[np.ndarray], zeros: list[np.ndarray]) -> BlockwiseWeight:

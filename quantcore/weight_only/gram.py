@@ -25,19 +25,17 @@ class Gram:
         """(K,) mean |x_j| over the rows."""
         return self.abs_sum / max(self.rows, 1)
 
-    def output_error(self, delta: np.ndarray) -> float:
+    def output_error(self, delta: np.ndarray, minus: np.ndarray | None = None) -> float:
         """‖X·Δ‖²_F / n for a (K, N) weight change Δ: tr(Δᵀ XᵀX Δ) / n, summed over ``ERROR_COLUMNS``
-        columns of Δ at a time."""
+        columns of Δ at a time; with ``minus``, Δ = delta - minus, taken in float64 a block of columns at a
+        time (no (K, N) difference array)."""
         total = 0.0
         for start in range(0, delta.shape[1], ERROR_COLUMNS):
-            part = np.asarray(delta[:, start : start + ERROR_COLUMNS], dtype=np.float64)
+            columns = slice(start, start + ERROR_COLUMNS)
+            part = np.asarray(delta[:, columns], dtype=np.float64)
+            part = part if minus is None else part - minus[:, columns]
             total += float(np.sum(part * (self.xtx @ part)))
         return total / max(self.rows, 1)
-
-    def divided(self, scale: np.ndarray) -> Gram:
-        """The statistics of X ÷ s (s (K,) per channel): diag(1/s)·XᵀX·diag(1/s) and Σ|x_j| / s_j."""
-        inverse = 1.0 / np.asarray(scale, dtype=np.float64)
-        return Gram(self.xtx * np.outer(inverse, inverse), self.abs_sum * inverse, self.rows)
 
 
 class GramSum:
