@@ -28,8 +28,15 @@ runs per batch over ``layerwise_samples`` samples, for L = min(layers, ``max_lay
 the lowest local SQNR at their inputs), each of the L on only the part of the graph downstream of its
 layer (``quantcore.analysis.cones``; the report's ``layer_run_fraction``: the wall time of such a run
 against the whole-model reference run, measured). Samples and layers are lowered to keep the layer-wise
-runs to ``layerwise_seconds`` (priced by runs of the first sample); the report states the bounds and what they
-allowed.
+runs to ``layerwise_seconds`` (priced by runs of the first sample), and the runs are held to it on the clock
+as well (``_Bound``): the price of one sample can miss what a batch costs, and opening a cone's session is not
+priced at all. The groups run most harmful first (the group holding the layer of lowest local SQNR first,
+its layers in that order too); before each cone session, reference run and layer run, the next one's
+seconds are estimated from the same kind's last run (a layer's first run in its group: the reference run
+just made, times its priced fraction of one), and where it would end past the bound the runs stop, keeping
+what was measured: a layer's figures are over the batches it was run on. The first reference run and layer
+run always run (as ``affordable`` keeps one layer at least). Neither the order nor the clock changes a figure
+where the bound is not reached. The report states the bounds and what they allowed.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -130,10 +138,17 @@ def analyze(
         # a reference run also fetches its group's cut: a batch holds at most the exposed-bytes budget
         layerwise_batches = layerwise_batches.within(price.fetched_bytes // unit, EXPOSED_BYTES_PER_BATCH)
         chosen = sorted(order[:wanted])
-        plan = runs.plan(chosen)
+        # most harmful first, so that what the clock leaves out is the least harmful (see module)
+        priority = {k: i for i, k in enumerate(order)}
+        plan = sorted(
+            ((cone, sorted(group, key=priority.__getitem__)) for cone, group in runs.plan(chosen)),
+            key=lambda entry: priority[entry[1][0]],
+        )
         progress.total = progress.done + len(plan) * len(layerwise_batches)
-        harm, fraction = _layerwise(runs, plan, layerwise_batches, progress)
+        bound = _Bound(options.layerwise_seconds if budgeted else None, price)
+        measured = _layerwise(runs, plan, layerwise_batches, progress, bound)
     del gated
+    harm = measured.harm
     rows = []
     for k, layer in enumerate(layers):
         results = [a.result() for a in harm[k].values() if a.elements] if k in harm else []
@@ -153,8 +168,9 @@ def analyze(
     rows.sort(key=lambda r: _harm_key(r["sqnr_db"], r["nonfinite"], analyzed=r["analyzed"], exact=_exact(r)))
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
-    total, measured, samples = len(layers), len(chosen), layerwise_batches.num_samples
-    held = samples < wanted_samples or measured < min(total, options.max_layers)
+    planned_runs = (len(plan) + len(chosen)) * len(layerwise_batches)
+    planned = (layerwise_batches.num_samples, wanted_samples)
+    statement = _statement(measured, len(layers), planned, planned_runs, options, price, unit)
     return {
         "graphwise": {
             "samples": graphwise_batches.num_samples,
@@ -162,23 +178,14 @@ def analyze(
             "batch_size": graphwise_batches.batch_size,
         },
         "layerwise": {
-            "samples": samples,
-            "layers_total": total,
-            "layers_analyzed": measured,
-            "runs_per_batch": len(plan) + measured,
+            "samples": measured.most_samples(layerwise_batches.num_samples),
+            "layers_total": len(layers),
+            "layers_analyzed": len(harm),
+            "runs_per_batch": measured.groups + len(harm),  # a reference run per group run, one per layer
             "bounds": options.to_dict(),
             "seconds_per_run": price.reference_seconds,
-            "layer_run_fraction": fraction,
-            "statement": (
-                f"layer-wise error measured on the first {samples} evaluation samples for {measured} of {total} layers"
-                + ("" if measured == total else " (those with the lowest local SQNR at their inputs)")
-                + (
-                    f", held to {options.layerwise_seconds:g} s as priced on the first "
-                    f"{'sample' if unit == 1 else f'{unit} samples'} ({price.reference_seconds:.3g} s a whole run)"
-                    if held and options.layerwise_seconds is not None
-                    else ""
-                )
-            ),
+            "layer_run_fraction": measured.fraction(),
+            "statement": statement,
         },
         "layers": rows,
         "tensors": tensors,
@@ -199,34 +206,139 @@ class _Progress:
         self.monitor.report(STAGE, self.done / self.total, message)
 
 
+class _Bound:
+    """The clock of the layer-wise runs against ``seconds`` from their start (None: no bound): whether a run
+    estimated at some seconds still ends within it. Once one would not, none does (``stopped``)."""
+
+    def __init__(self, seconds: float | None, price: Price) -> None:
+        self.price, self.stopped = price, False
+        self.deadline = None if seconds is None else time.perf_counter() + seconds
+
+    def fits(self, estimate: float) -> bool:
+        if self.deadline is not None and not self.stopped:
+            self.stopped = time.perf_counter() + estimate > self.deadline
+        return not self.stopped
+
+    def layer_share(self, k: int) -> float:
+        """Layer ``k``'s run as priced, against the reference run's (1 where the price knows neither)."""
+        reference = self.price.reference_seconds
+        return self.price.of_layer(k) / reference if reference > 0 else 1.0
+
+
+@dataclass
+class _Measured:
+    """What the layer-wise runs measured: per layer run at least once, its output agreements and the samples
+    they cover; the groups run, and the runs and wall seconds of each kind."""
+
+    harm: dict[int, dict[str, OutputAgreement]] = field(default_factory=dict)
+    samples: dict[int, int] = field(default_factory=dict)
+    groups: int = 0
+    references: int = 0
+    layer_runs: int = 0
+    reference_seconds: float = 0.0
+    layer_seconds: float = 0.0
+    stopped: bool = False
+
+    def most_samples(self, planned: int) -> int:
+        """The samples of the layers measured on most of them (``planned`` where none was measured)."""
+        return max(self.samples.values(), default=planned)
+
+    def fraction(self) -> float | None:
+        """The wall time of a layer's run against a reference run's, over all of them (None without layers)."""
+        if not self.layer_runs or self.reference_seconds <= 0:
+            return None
+        return (self.layer_seconds / self.layer_runs) / (self.reference_seconds / self.references)
+
+
 def _layerwise(
-    runs: LayerRuns, plan: list[tuple[Cone | None, list[int]]], batches: Batches, progress: _Progress
-) -> tuple[dict[int, dict[str, OutputAgreement]], float | None]:
+    runs: LayerRuns, plan: list[tuple[Cone | None, list[int]]], batches: Batches, progress: _Progress, bound: _Bound
+) -> _Measured:
     """Per planned layer k, the float outputs with only k quantized against all flags off, group by group
-    (per batch one reference run, then each layer's run on its group's cone); and the wall time of a
-    layer's run against a reference run's, over all of them (None without layers)."""
-    harm = {k: {name: OutputAgreement() for name in runs.outputs} for _, layers in plan for k in layers}
-    seconds = {"reference": 0.0, "layers": 0.0}
-    references = runs_of_layers = 0
+    (per batch one reference run, then each layer's run on its group's cone), within ``bound`` (see
+    module)."""
+    measured = _Measured()
+    sizes = [
+        min(batches.batch_size, batches.num_samples - start)
+        for start in range(0, batches.num_samples, batches.batch_size)
+    ]
+    opening = 0.0  # wall seconds to open the last group's cone session
+    reference_pace = 0.0  # wall seconds a sample of the last reference run
     for g, (cone, layers) in enumerate(plan):
+        # a batch is worth starting only with its reference run and one layer's run
+        first = 1 + bound.layer_share(layers[0])
+        if measured.references and not bound.fits(opening + reference_pace * sizes[0] * first):
+            break
+        started, runs_before = time.perf_counter(), measured.layer_runs
         with runs.group(cone) as group:
-            for i, batch in enumerate(batches):
+            opening = time.perf_counter() - started
+            layer_pace: float | None = None  # wall seconds a sample of this group's last layer run
+            for i, (batch, size) in enumerate(zip(batches, sizes, strict=True)):
                 progress.check()
+                if i and not bound.fits(reference_pace * size * first):
+                    break
                 started = time.perf_counter()
                 reference = group.reference(batch)
-                seconds["reference"] += time.perf_counter() - started
-                references += 1
+                seconds = time.perf_counter() - started
+                measured.reference_seconds += seconds
+                measured.references += 1
+                reference_pace = seconds / size
                 for k in layers:
+                    estimate = seconds * bound.layer_share(k) if layer_pace is None else layer_pace * size
+                    if measured.layer_runs and not bound.fits(estimate):
+                        break
                     started = time.perf_counter()
                     quantized = group.quantized(k, batch, reference)
-                    seconds["layers"] += time.perf_counter() - started
-                    runs_of_layers += 1
+                    elapsed = time.perf_counter() - started
+                    measured.layer_seconds += elapsed
+                    measured.layer_runs += 1
+                    layer_pace = elapsed / size
+                    agreements = measured.harm.setdefault(k, {name: OutputAgreement() for name in runs.outputs})
                     for name, y in zip(runs.outputs, quantized, strict=True):
-                        harm[k][name].update(reference[name], y)
+                        agreements[name].update(reference[name], y)
+                    measured.samples[k] = measured.samples.get(k, 0) + size
                 progress.step(f"layer-wise batch {i + 1}/{len(batches)} of layer group {g + 1}/{len(plan)}")
-    if not runs_of_layers or seconds["reference"] <= 0:
-        return harm, None
-    return harm, (seconds["layers"] / runs_of_layers) / (seconds["reference"] / references)
+                if bound.stopped:
+                    break
+        measured.groups += measured.layer_runs > runs_before
+        if bound.stopped:
+            break
+    measured.stopped = bound.stopped
+    return measured
+
+
+def _statement(
+    measured: _Measured,
+    total: int,
+    planned: tuple[int, int],
+    planned_runs: int,
+    options: AnalysisOptions,
+    price: Price,
+    unit: int,
+) -> str:
+    """The report's account of the layer-wise runs: on how many samples how many of the ``total`` layers were
+    measured, and what held them where the bounds did. ``planned``: the samples the runs were given and those
+    the options asked for; ``planned_runs``: the runs on them."""
+    samples = measured.most_samples(planned[0])
+    counts = sorted(measured.samples.values())
+    full = counts.count(samples)
+    fewer = [count for count in counts if count < samples]
+    analyzed = len(counts)
+    text = f"layer-wise error measured on the first {samples} evaluation samples for {full} of {total} layers"
+    if fewer:
+        span = f"{fewer[0]}" if fewer[0] == fewer[-1] else f"{fewer[0]} to {fewer[-1]}"
+        text += f" and on the first {span} for {len(fewer)} more"
+    if analyzed < total:
+        text += " (those with the lowest local SQNR at their inputs" + (" first)" if measured.stopped else ")")
+    held = measured.stopped or samples < planned[1] or analyzed < min(total, options.max_layers)
+    if held and options.layerwise_seconds is not None:
+        text += (
+            f", held to {options.layerwise_seconds:g} s as priced on the first "
+            f"{'sample' if unit == 1 else f'{unit} samples'} ({price.reference_seconds:.3g} s a whole run)"
+        )
+        if measured.stopped:
+            runs = measured.references + measured.layer_runs
+            text += f" and on the clock: stopped after {runs} of {planned_runs} runs"
+    return text
 
 
 def _priced_runs(

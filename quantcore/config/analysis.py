@@ -32,7 +32,8 @@ class AnalysisOptions:
     most (lowest local SQNR at their inputs); the others are listed without a layer-wise figure.
     layerwise_seconds: the layer-wise runs are held to about this long (None: no limit), priced by a run
     of the first sample: fewer samples, and where one sample over every layer would take longer, fewer
-    layers (chosen as by ``max_layers``).
+    layers (chosen as by ``max_layers``); and on the clock as they run: a run that would end past it is
+    not started (the first reference and layer runs always are), the most harmful layers measured first.
     """
 
     enabled: bool = True
