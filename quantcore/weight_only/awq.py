@@ -46,7 +46,7 @@ from quantcore.weight_only.gram import Gram
 ALPHAS = tuple(i / 20 for i in range(20))  # the reference's grid of 20
 MEAN_FLOOR = 1e-4  # m_j below it (a channel that is almost always 0) counts as it, as in the reference
 CLIP_RATIOS = np.array([1 - i / 20 for i in range(10)])  # 1 down to 0.55: the reference's shrink of at most 0.5
-CLIP_BLOCKS = 64  # blocks of rows the clip search takes at once: (64·32, N) float64 temporaries, not (K, N)
+CLIP_ELEMENTS = 1 << 20  # weight elements the clip search takes at once: 8 MB float64 temporaries, not (K, N)
 
 
 @dataclass(frozen=True)
@@ -100,12 +100,14 @@ def _dequantized(blocks: np.ndarray, ratio: float, grid: BlockGrid) -> np.ndarra
     return dequantized.reshape(rows, count, columns).transpose(1, 0, 2)
 
 
-def _runs(k: int, size: int) -> Iterator[tuple[list[int], int]]:
-    """(first rows, rows) of runs of at most ``CLIP_BLOCKS`` whole blocks of ``size`` rows out of k, then
-    of the last, shorter block alone when size does not divide k."""
+def _runs(k: int, size: int, columns: int) -> Iterator[tuple[list[int], int]]:
+    """(first rows, rows) of runs of whole blocks of ``size`` rows out of k, as many as hold
+    ``CLIP_ELEMENTS`` of a weight of ``columns`` columns (one at least), then of the last, shorter block
+    alone when size does not divide k."""
     whole = list(range(0, k - k % size, size))
-    for first in range(0, len(whole), CLIP_BLOCKS):
-        yield whole[first : first + CLIP_BLOCKS], size
+    count = max(1, CLIP_ELEMENTS // (size * columns))
+    for first in range(0, len(whole), count):
+        yield whole[first : first + count], size
     if k % size:
         yield [k - k % size], k % size
 
@@ -117,7 +119,7 @@ def clip_ratios(weight: np.ndarray, gram: Gram, scale: np.ndarray, grid: BlockGr
     time (``_runs``): no (K, K) or (K, N) temporary."""
     inverse, count = 1.0 / scale, max(gram.rows, 1)
     chosen = []
-    for starts, rows in _runs(weight.shape[0], grid.block_size):
+    for starts, rows in _runs(weight.shape[0], grid.block_size, weight.shape[1]):
         blocks = np.stack([weight[s : s + rows] for s in starts])  # (B, rows, N)
         parts = [slice(s, s + rows) for s in starts]
         covariance = np.stack([gram.xtx[p, p] * np.outer(inverse[p], inverse[p]) for p in parts]) / count
