@@ -10,9 +10,8 @@ meets the target, then bisecting between the last failing and the first meeting 
 L layers costs about 2·log2(L) steps. Bisection assumes that keeping more of the ranked layers in float
 never hurts; when it does, the smallest n *seen* to meet the target is the one kept.
 
-Calibration is reused when a step's annotation is a subset of the first run's with identical configs
-and the same tensors feeding each shared scale (so every observer would see the same values);
-otherwise the step calibrates again. The ranking is computed once, on the fully quantized model.
+A step reuses the first run's scales where that is exact and observes only the tensors whose scale
+would change (``quantcore.calibrate.reuse``). The ranking is computed once, on the fully quantized model.
 
 Outcome: the model of the smallest n that meets the target, or, when none does, the best step's
 model (best metric; ties to fewer float layers) with ``met`` false and a statement saying so. That
@@ -35,7 +34,7 @@ import numpy as np
 import onnx
 
 from quantcore.annotate.annotation import Annotation, annotate
-from quantcore.calibrate.calibration import calibrate, dominator_root
+from quantcore.calibrate.reuse import recalibrate
 from quantcore.config import AccuracyTarget, QuantizeConfig
 from quantcore.errors import InvalidDataError
 from quantcore.evaluate.evaluation import evaluate
@@ -119,36 +118,21 @@ class TargetRun:
     reference: onnx.ModelProto | None = None  # evaluate's, where not the model at model_path
 
 
-def reuse_calibration(base: Annotation, calibrated: Annotation, annotation: Annotation) -> Annotation | None:
-    """``annotation`` calibrated with the first run's scales, when that is exact (see module); else None."""
-    for name, tqc in annotation.configs.items():
-        if name not in base.configs or base.configs[name] != tqc:
-            return None
-
-    def groups(source: Annotation, names: Any) -> dict[str, set[str]]:
-        members: dict[str, set[str]] = {}
-        for name in names:
-            members.setdefault(dominator_root(name, source.configs), set()).add(name)
-        return members
-
-    mine = groups(annotation, annotation.activations)
-    theirs = groups(base, base.activations)
-    if any(theirs.get(root) != members for root, members in mine.items()):
-        return None
-    return annotation.with_configs({name: calibrated.configs[name] for name in annotation.configs})
-
-
 def _step(run: TargetRun, config: QuantizeConfig, target: AccuracyTarget, layers: tuple[str, ...], monitor: Monitor):
     step_config = replace(
         config, exclude_node_patterns=(*config.exclude_node_patterns, *(glob.escape(n) for n in layers))
     )
     annotation = annotate(run.prepared, step_config)
-    calibrated = reuse_calibration(run.base, run.base_calibrated, annotation)
-    reused = calibrated is not None
-    if calibrated is None:
-        calibrated = calibrate(
-            run.prepared, annotation, run.calibration, step_config, should_cancel=monitor.should_cancel
-        )
+    recalibrated = recalibrate(
+        run.prepared,
+        run.base,
+        run.base_calibrated,
+        annotation,
+        run.calibration,
+        step_config,
+        should_cancel=monitor.should_cancel,
+    )
+    calibrated, reused = recalibrated.annotation, recalibrated.reused
     with tempfile.TemporaryDirectory(prefix="quantcore-target-") as scratch:
         exported = export(run.prepared, calibrated, scratch, platform=step_config.platform)
         evaluation = evaluate(

@@ -26,7 +26,7 @@ of them (at most ``SEARCH_SAMPLES``) are held out, and the baseline (nothing pro
 every step are calibrated on the rest, so that a promotion that only fits the ranges of the samples it is
 scored on does not win (where the data is too small to hold ``MIN_HELD_OUT`` samples out of both parts,
 the first ``SEARCH_SAMPLES`` are scored, calibrated on too). Each step is annotated and calibrated (the
-baseline's scales reused where that is exact, as the accuracy target reuses them), exported as exact Q/DQ
+baseline's scales reused where that is exact, only the promoted tensors observed again), exported as exact Q/DQ
 and scored against FP32: the worst float output's cosine or SQNR. The step kept is the first that meets
 the objective, else the best scored (ties: fewer layers), which is no promotion at all when none beats the
 baseline; it is then calibrated on every calibration sample, as the run's model is.
@@ -49,10 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from quantcore.analysis.accuracy_target import reuse_calibration
 from quantcore.analysis.ranking import analyze
 from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.calibrate.calibration import calibrate
+from quantcore.calibrate.reuse import recalibrate
 from quantcore.config import AccuracyTarget, QuantizeConfig
 from quantcore.config.choices import MIXED_PRECISION_FORMS
 from quantcore.export.qdq import build_qdq_model
@@ -259,12 +259,18 @@ def _search(
 def _calibrated(
     run: PromotionRun, annotation: Annotation, config: QuantizeConfig, monitor: Monitor
 ) -> tuple[Annotation, bool]:
-    """(``annotation`` calibrated on ``run``'s calibration data, whether ``run.calibrated``'s scales were
-    reused: exact where its configs and shared-scale groups are a subset of the run's)."""
-    calibrated = reuse_calibration(run.annotation, run.calibrated, annotation)
-    if calibrated is not None:
-        return calibrated, True
-    return calibrate(run.prepared, annotation, run.calibration, config, should_cancel=monitor.should_cancel), False
+    """(``annotation`` calibrated on ``run``'s calibration data, whether ``run.calibrated``'s scales covered
+    every tensor): they are reused where exact, the promoted tensors observed again (``quantcore.calibrate.reuse``)."""
+    done = recalibrate(
+        run.prepared,
+        run.annotation,
+        run.calibrated,
+        annotation,
+        run.calibration,
+        config,
+        should_cancel=monitor.should_cancel,
+    )
+    return done.annotation, done.reused
 
 
 def _row(step: _Step, reused: bool | None, seconds: float) -> dict[str, Any]:

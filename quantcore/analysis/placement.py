@@ -8,8 +8,9 @@ estimates each region's cost from the two (``quantcore.analysis.region_costs``:
 its quantized kernels and conversions against its float nodes). The regions estimated slower quantized go
 float together, and the next round profiles the model that leaves (the neighbours of a region gone float
 are annotated afresh), until a round moves none or ``MAX_ROUNDS`` rounds. A variant timed or profiled is
-annotated again with its float nodes excluded; calibration is reused where exact, else done on the first
-calibration batch (a kernel's speed does not depend on its scales).
+annotated again with its float nodes excluded; the first calibration's scales are reused where exact
+(``quantcore.calibrate.reuse``) and the other tensors observed on the first calibration batch (a kernel's
+speed does not depend on its scales).
 
 A region the profiles cannot be traced to (no node of one of them found for it) is measured as a
 whole-model pair instead: the current model against the same model with the region float
@@ -35,8 +36,8 @@ paying for a loss within it). The objective promises a model never slower than F
 clearly faster to win: under load the spread of a run can swallow a 2x gap between medians. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, within ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
-calibrated on the full calibration data (unless the first calibration can be reused exactly,
-``accuracy_target.reuse_calibration``) and exported into ``out_dir``; the evaluate stage then measures its
+calibrated on the full calibration data (the first calibration's scales reused where exact: only the
+tensors around the float regions are observed again) and exported into ``out_dir``; the evaluate stage then measures its
 accuracy as always.
 
 Profiles and timings are read from and written to a ``TimingCache`` when the config names a directory
@@ -59,11 +60,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantcore.analysis.accuracy_target import reuse_calibration
 from quantcore.analysis.region_costs import RegionCost, region_costs
 from quantcore.analysis.regions import Region, count_op_types, quantized_regions
 from quantcore.annotate.annotation import Annotation, annotate
-from quantcore.calibrate.calibration import calibrate
+from quantcore.calibrate.reuse import recalibrate
 from quantcore.config import QuantizeConfig
 from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
 from quantcore.evaluate.latency_cache import PROFILE, Measured, Profiles, TimingCache, timing_key
@@ -152,17 +152,23 @@ class _Search:
         self.spent = 0.0  # runs x p50 of every fallback pair, cached or not (the budget's)
 
     def variant(self, float_nodes: tuple[str, ...], *, full: bool = False) -> _Variant:
-        """The model with ``float_nodes`` excluded; calibrated on the full data with ``full``, else on the
-        first batch (timing only) unless the first calibration can be reused exactly."""
+        """The model with ``float_nodes`` excluded: the first calibration's scales where they are exact, the
+        tensors they do not cover observed on the full data with ``full``, else on the first batch (timing only)."""
         run = self.run
         config = replace(
             self.config, exclude_node_patterns=(*self.config.exclude_node_patterns, *map(glob.escape, float_nodes))
         )
         annotation = annotate(run.prepared, config) if float_nodes else run.base
-        calibrated = reuse_calibration(run.base, run.base_calibrated, annotation)
-        if calibrated is None:
-            data = run.calibration if full or run.sample is None else run.sample
-            calibrated = calibrate(run.prepared, annotation, data, config, should_cancel=self.monitor.should_cancel)
+        data = run.calibration if full or run.sample is None else run.sample
+        calibrated = recalibrate(
+            run.prepared,
+            run.base,
+            run.base_calibrated,
+            annotation,
+            data,
+            config,
+            should_cancel=self.monitor.should_cancel,
+        ).annotation
         model = build_qdq_model(run.prepared, calibrated).SerializeToString()
         return _Variant(float_nodes, config, annotation, calibrated, model)
 

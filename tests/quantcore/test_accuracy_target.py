@@ -1,6 +1,6 @@
 """Accuracy-target mode on the planted-outlier CNN: full INT8 misses the target, the search keeps the
 planted layer in float and the model it returns meets the target when run in ONNX Runtime; an
-impossible target ends with ``met`` false and the best model kept; calibration is reused exactly."""
+impossible target ends with ``met`` false and the best model kept."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from quantcore import InvalidDataError, QuantizeConfig, annotate, calibrate, prepare, quantize
-from quantcore.analysis.accuracy_target import reuse_calibration
+from quantcore import InvalidDataError, QuantizeConfig, quantize
 from quantcore.config import AccuracyTarget
 from quantcore.report.html import render_html
 from tests.quantcore.models import planted_outlier, save
@@ -88,19 +87,6 @@ def test_top1_drop_target_with_labels(model_path, tmp_path) -> None:
     assert evaluation["fp32"]["top1"] == 1.0 and evaluation["fp32"]["task_metrics"]["top5"] == 1.0
     assert target["met"] is True and evaluation["qdq_deployed"]["top1"] == 1.0
     assert target["steps"][0]["value"] > 50  # full INT8 flips most predictions (measured 97 points)
-
-
-def test_reused_calibration_equals_a_fresh_one(model_path) -> None:
-    config = QuantizeConfig(platform="tensorrt", cpu_latency=False)
-    prepared = prepare(model_path)
-    base = annotate(prepared, config)
-    calibrated = calibrate(prepared, base, CALIBRATION, config)
-    step = annotate(prepared, QuantizeConfig(platform="tensorrt", exclude_node_patterns=("conv3",)))
-    reused = reuse_calibration(base, calibrated, step)
-    assert reused is not None and set(reused.configs) == set(step.configs) < set(base.configs)
-    fresh = calibrate(prepared, step, CALIBRATION, config)
-    for name, tqc in fresh.configs.items():
-        np.testing.assert_array_equal(reused.configs[name].scale, tqc.scale)  # same observer, same values
 
 
 class _Parser(html.parser.HTMLParser):
