@@ -27,8 +27,12 @@ median within ``MIN_GAIN`` of FP32's or below at every one), and no slower again
 quantized model was against FP32 in the first round (the ratios of medians, within ``MIN_GAIN``: the
 regions gone float paid off in whole runs too), it is kept without another measurement. A placed
 model with no quantized region left is FP32's twin: the first round's profile of the fully quantized model
-decides between it and FP32. Otherwise FP32 (the prepared model), the fully quantized model and the
-placed one are timed together before FP32 wins (the estimate chooses, a whole-model comparison
+decides between it and FP32 when it is plain (no slower as above, or slower with no gain beyond the spread
+at any batch size: ``no_slower`` with its trade); a gain beyond the spread at one batch size against a
+loss within it at another goes to the timing below, whose whole runs do not carry the profiler's cost per
+node (a wake-word model of 0.17 ms at batch 1 looked slower quantized in its profile, and FP32 was kept
+where the quantized model ran 1.3x faster at batch 32). Otherwise FP32 (the prepared model), the fully
+quantized model and the placed one are timed together before FP32 wins (the estimate chooses, a whole-model comparison
 guarantees): of the two quantized ones the placed one is preferred only when clearly faster than the
 fully quantized one; the preferred one is kept when it is no slower than FP32, else the other one if it
 is, else FP32 (``no_slower``: as above, or clearly faster at one batch size, a gain beyond the spread
@@ -368,10 +372,16 @@ def _choose(
     label, candidate = ("quantized", base) if all_float or not placed.float_nodes else ("placed", placed)
     judged = next((p for p in reversed(profiled) if p.variant is candidate), None) if profiled else None
     cached = False
+    # the profiles settle it when they are plain: the candidate no slower than FP32 at any batch size, or,
+    # when FP32 is the alternative, slower without a gain beyond the spread anywhere; a gain at one batch
+    # size against a loss within the spread at another is timed in whole runs, free of the profiler's cost
     settled = (
         judged is not None
         and bool(judged.timings)
-        and (all_float or no_slower(judged.timings, judged.fp32, trade=False))
+        and (
+            no_slower(judged.timings, judged.fp32, trade=False)
+            or (all_float and not no_slower(judged.timings, judged.fp32))
+        )
     )
     if settled and label == "placed" and not _gained(judged, profiled[0]):
         settled = False  # the regions gone float did not pay off in the whole runs: time all three together

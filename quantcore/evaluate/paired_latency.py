@@ -1,9 +1,14 @@
 """Comparing the CPU latency of a few variants of one model on a shared, noisy machine.
 
 Protocol per batch size: one session per model (``cpu_latency.latency_session``: the deployed integer
-kernels, the report's session options), ``WARMUP`` untimed runs each, then rounds in which every model
-runs once, the order rotated each round, so that load from other processes falls on all models alike.
-Rounds stop at ``RUNS`` or once ``budget_s`` seconds have passed and every model has ``MIN_RUNS`` runs.
+kernels, the report's session options), ``WARMUP`` untimed runs each at the first batch size and one at
+each later one (it only grows the arena), then rounds in which every model runs once, the order rotated
+each round, so that load from other processes falls on all models alike. Rounds stop at ``RUNS``, once
+``budget_s`` seconds have passed and every model has ``MIN_RUNS`` runs, or after ``SEPARATED_RUNS`` rounds
+in which no two models' times overlap (``separated``): every run of one faster than every run of the
+other, which the rotation leaves to chance with odds of 2 in 70 for two models of equal speed. That is
+what ends the comparison of a large model, whose batch of 32 takes seconds, with its quantized twin
+clearly apart: seven rounds of each would cost more than calibrating it.
 
 Each model's times are summarized by their quartiles (``Timing``: p25, p50, p75 in ms). Model a is
 *clearly faster* than b at one batch size when a's p75 lies below b's p25 (their interquartile ranges,
@@ -23,6 +28,7 @@ scales' values, so a cached timing (``quantcore.evaluate.latency_cache``) serves
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +44,7 @@ from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 WARMUP = 2
 RUNS = 200  # at most, per model; small models get many runs within the budget, large ones MIN_RUNS
 MIN_RUNS = 7  # per model before the budget may stop the rounds: quartiles of fewer runs are mostly noise
+SEPARATED_RUNS = 4  # per model before times that no longer overlap stop the rounds (see module)
 MIN_GAIN = 0.02  # a median 2 % lower at least: below that a difference is not worth a decision
 
 # models (serialized) and batch sizes → per batch size, per model: its times in ms, or why it did not run
@@ -121,7 +128,7 @@ def interleaved_times(
         live = [i for i, s in enumerate(sessions) if not isinstance(s, str)]
         for i in list(live):
             try:
-                for _ in range(WARMUP):
+                for _ in range(WARMUP if batch == batch_sizes[0] else 1):
                     sessions[i].run(None, feeds)
             except RUNTIME_ERRORS as error:
                 times[i] = runtime_message(error)
@@ -135,8 +142,17 @@ def interleaved_times(
                 times[i].append((time.perf_counter() - begun) * 1000.0)  # type: ignore[union-attr]
             if round_index + 1 >= MIN_RUNS and time.perf_counter() - started >= budget_s:
                 break
+            if round_index + 1 >= SEPARATED_RUNS and separated([times[i] for i in live]):  # type: ignore[misc]
+                break
         result[batch] = times
     return result
+
+
+def separated(times: Sequence[Sequence[float]]) -> bool:
+    """Whether at least two models ran and no two of them have overlapping times (every run of one below
+    every run of the other)."""
+    spans = sorted((min(t), max(t)) for t in times)
+    return len(spans) > 1 and all(low_next > high for (_, high), (low_next, _) in itertools.pairwise(spans))
 
 
 def signature(model: onnx.ModelProto) -> str:

@@ -132,7 +132,7 @@ class FakeProfiler:
         run_us=None,
     ) -> None:
         self.quantized, self.float_us, self.refuse, self.run_ratio = quantized or {}, float_us or {}, refuse, run_ratio
-        self.run_us = run_us  # model → each run's µs, in place of the nodes' sum
+        self.run_us = run_us  # (model, batch size) → each run's µs, in place of the nodes' sum, times ``SPREAD``'s
         self.calls = 0
 
     def __call__(self, models, batch_sizes):
@@ -166,13 +166,15 @@ class FakeProfiler:
             else:
                 nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, self.float_us.get(node.name, 10.0)))
         if self.run_us is not None:
-            runs = (self.run_us(model),) * 5
-        elif self.run_ratio is None:
+            return {
+                b: NodeProfile(tuple(nodes), tuple(self.run_us(model, b) * factor for factor in SPREAD[:5]))
+                for b in batch_sizes
+            }
+        if self.run_ratio is None:
             runs = (sum(n.us for n in nodes),) * 5
         else:
             runs = tuple(1000.0 * (self.run_ratio if has_qdq else 1.0) * factor for factor in SPREAD[:5])
-        profile = NodeProfile(tuple(nodes), runs)
-        return dict.fromkeys(batch_sizes, profile)
+        return dict.fromkeys(batch_sizes, NodeProfile(tuple(nodes), runs))
 
 
 def _placement_run(
@@ -256,7 +258,7 @@ def test_a_placed_model_slower_than_all_quantized_in_whole_runs_is_timed_against
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config)
 
-    def run_us(model: onnx.ModelProto) -> float:
+    def run_us(model: onnx.ModelProto, _batch: int) -> float:
         if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
             return 1000.0
         return 500.0 if _reads_dequantized(model, "conv2") else 800.0
@@ -279,6 +281,26 @@ def test_every_region_estimated_slower_leaves_fp32_untimed_twice(tmp_path, data)
     assert report["stopped"] == "no quantized region left" and report["kept"] == "fp32"
     assert report["final"]["batch_1"]["placed"] is None and report["final"]["batch_1"]["quantized"] is not None
     assert sorted(report["float_nodes"]) == ["conv1", "conv2", "relu1"]
+
+
+def test_a_gain_beyond_the_spread_against_a_loss_within_it_is_timed_before_fp32_is_kept(tmp_path, data) -> None:
+    """Both regions are estimated slower quantized and go float, leaving FP32's twin. In the first round's profile
+    the fully quantized model runs 4 % slower than FP32 at batch 1, within the spread, and 2x faster at batch 32.
+    Read without the trade, the profile would keep FP32; the whole runs decide instead (the timer: even
+    medians), and keep the quantized model."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_batch_sizes=(1, 32))
+    run = _placement_run(tmp_path, data, config)
+
+    def run_us(model: onnx.ModelProto, batch: int) -> float:
+        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+            return 1000.0
+        return 1040.0 if batch == 1 else 500.0
+
+    timer = FakeTimer()
+    profiler = FakeProfiler({"conv1": 100.0, "conv2": 40.0}, run_us=run_us)
+    report = place(run, config, profiler=profiler, timer=timer).report
+    assert [row["kept"] for row in report["regions"]] == ["float", "float"]
+    assert report["final_source"] == "timed" and timer.calls == 1 and report["kept"] == "quantized"
 
 
 def test_every_region_estimated_faster_quantized_stays(tmp_path, data) -> None:

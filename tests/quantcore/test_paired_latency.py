@@ -1,0 +1,61 @@
+"""``quantcore.evaluate.paired_latency``: models whose times stop overlapping end the rounds early; the
+separation rule itself on fixed times."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantcore.evaluate.paired_latency import MIN_RUNS, SEPARATED_RUNS, interleaved_times, separated
+from quantcore.runtime.batching import input_specs
+
+
+def matmuls(count: int, rows: int = 64, width: int = 1024) -> onnx.ModelProto:
+    """input (N, rows, width) → ``count`` chained MatMuls by a width x width weight → out: about
+    N x count x 64 M multiply-adds at the defaults."""
+    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32) * 0.5, "w")
+    names = ["input", *(f"t{i}" for i in range(count - 1)), "out"]
+    nodes = [helper.make_node("MatMul", [names[i], "w"], [names[i + 1]], name=f"mm{i}") for i in range(count)]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", rows, width])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", rows, width])],
+        [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_separated_needs_every_pair_apart() -> None:
+    assert separated([[1.0, 1.2, 1.1], [2.0, 2.5, 2.1]])
+    assert separated([[5.0, 6.0], [1.0, 2.0], [3.0, 4.0]])
+    assert not separated([[1.0, 2.1], [2.0, 3.0]])  # one run of the slower below one of the faster
+    assert not separated([[1.0, 9.0], [2.0, 3.0], [10.0, 11.0]])  # a span containing another
+    assert not separated([[1.0, 2.0]])  # a lone model has nothing to be apart from
+
+
+def test_models_clearly_apart_stop_after_the_separated_rounds() -> None:
+    # 64 M multiply-adds a run against 32 times that (about 1 against 100 ms on one thread here): a gap beyond
+    # what the preemptions of a loaded machine add to a run (up to some 25 ms seen), so their times do not overlap
+    light, heavy = matmuls(1), matmuls(32)
+    specs = input_specs(light)
+    timed = interleaved_times(
+        [light.SerializeToString(), heavy.SerializeToString()],
+        (1, 2),  # the second batch size has its own warm-up run
+        specs=specs,
+        sample=None,
+        threads=1,
+        budget_s=60.0,  # without the early stop, 200 rounds or a minute of them
+    )
+    for batch, (fast, slow) in timed.items():
+        assert len(fast) == len(slow) and SEPARATED_RUNS <= len(fast) < MIN_RUNS, batch
+        assert max(fast) < min(slow)
+
+
+def test_a_spent_budget_stops_twins_at_the_minimum_of_runs() -> None:
+    model = matmuls(1, rows=1, width=64)
+    serialized = model.SerializeToString()
+    timed = interleaved_times([serialized] * 2, (1,), specs=input_specs(model), sample=None, threads=1, budget_s=0.0)
+    # twins overlap but by chance (odds 2 in 70 at the fourth round, smaller later), which stops them earlier
+    assert SEPARATED_RUNS <= len(timed[1][0]) == len(timed[1][1]) <= MIN_RUNS
