@@ -12,7 +12,7 @@ from quantcore import PLATFORMS, NodeOverride, QuantizeConfig, QuantState, annot
 from quantcore.annotate.annotation import NodeInput
 from quantcore.config import accepts_precision
 from quantcore.numerics.precision import parse_precision
-from tests.quantcore.models import conv_bn_residual, masked_attention, padded_tokens
+from tests.quantcore.models import conv_bn_residual, masked_attention, matmul_convtranspose, padded_tokens
 
 
 def _init(name: str, array) -> onnx.TensorProto:
@@ -322,6 +322,19 @@ def test_onnxruntime_keeps_float_what_no_integer_kernel_reads() -> None:
     assert decisions["proj.bias"] == decisions["residual"] == "float"
     # a projection whose biased result goes on to an integer MatMul keeps QLinearMatMul → QLinearAdd
     assert decisions["q.bias"] == "quantized" and {"q_raw", "q"} <= set(configs)
+
+
+def test_onnxruntime_keeps_convtranspose_float_with_no_integer_kernel_for_it() -> None:
+    """The CPU EP runs a ConvTranspose in float whatever Q/DQ surround it: its input and weight stay float (on
+    tensorrt, which has an integer kernel, both are quantized), and so does the Relu after it; the MatMul that
+    reads the result is quantized as any integer kernel's input."""
+    prepared = prepare(matmul_convtranspose())
+    annotation = annotate(prepared, QuantizeConfig(platform="onnxruntime"))
+    assert annotation.decisions["deconv"] == "float" and not {"input", "deconv.w", "deconv", "relu"} & set(
+        annotation.configs
+    )
+    assert annotation.decisions["matmul"] == "quantized" and {"flat", "mm.w"} <= set(annotation.configs)
+    assert {"input", "deconv.w"} <= set(annotate(prepared, QuantizeConfig(platform="tensorrt")).configs)
 
 
 def test_onnxruntime_dynamic_quantizes_weighted_matmuls_at_run_time() -> None:
