@@ -143,7 +143,7 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     if options.algorithm == "gptq":
         quantized = quantize_sequentially(model, layers, inputs.calibration, config, run.monitor, reader)
     else:
-        quantized = quantize_layers(layers, None, config, run.monitor, plan)
+        quantized = quantize_layers(layers, config, run.monitor, plan)
     exported, rows = write(written, quantized, config, run.out_dir, reader, external)
     bits = config.precision_spec.weight_bits
     run.clock.end("export", started, f"{len(rows)} weights at {bits} bit as {options.format}")

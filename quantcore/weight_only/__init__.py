@@ -3,7 +3,7 @@
 
     layers = weight_layers(model, annotation, reader)    # the annotated MatMul/Gemm weights, W (K, N)
     plan = make_plan(model, layers, batches, grid, device, monitor, reader)   # AWQ only: its search
-    quantized = quantize_layers(layers, None, config, monitor, plan)   # one layer at a time
+    quantized = quantize_layers(layers, config, monitor, plan)   # one layer at a time
     quantized = quantize_sequentially(model, layers, batches, config, monitor, reader)   # GPTQ instead
     exported, rows = write(plan.scaled_model(model, reader, layers), quantized, config, out_dir, reader, external)
 
@@ -19,7 +19,7 @@ external-data file from load to export).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight, quantize_rt
 from quantcore.weight_only.gptq import quantize_gptq
 from quantcore.weight_only.gram import Gram
 from quantcore.weight_only.hqq import quantize_hqq
-from quantcore.weight_only.layers import WeightLayer, collect_grams, weight_layers
+from quantcore.weight_only.layers import WeightLayer, weight_layers
 from quantcore.weight_only.tensors import TensorReader
 from quantcore.weight_only.writer import QuantizedLayer, stored_bytes, write
 
@@ -97,19 +97,14 @@ def quantize_layer(
 
 
 def quantize_layers(
-    layers: list[WeightLayer],
-    grams: Mapping[str, Gram] | None,
-    config: QuantizeConfig,
-    monitor: Monitor,
-    awq_plan: AwqPlan | None = None,
+    layers: list[WeightLayer], config: QuantizeConfig, monitor: Monitor, awq_plan: AwqPlan | None = None
 ) -> Iterator[QuantizedLayer]:
-    """``quantize_layer`` of each layer, one at a time as the caller takes them (``grams``: by input
-    tensor, None for RTN, HQQ and AWQ; ``awq_plan``: AWQ's, from ``awq_plan.make_plan``)."""
+    """``quantize_layer`` of each layer with no Gram (RTN, HQQ, AWQ), one at a time as the caller takes them
+    (``awq_plan``: AWQ's, from ``awq_plan.make_plan``); GPTQ's layers come from ``quantize_sequentially``."""
     algorithm = config.weight_only.algorithm if config.weight_only else ""
     for done, layer in enumerate(layers, start=1):
         monitor.check(STAGE)
-        gram = None if grams is None else grams[layer.activation]
-        entry = quantize_layer(layer, gram, config, awq_plan)
+        entry = quantize_layer(layer, None, config, awq_plan)
         monitor.report(STAGE, done / (len(layers) + 1), f"{algorithm}: layer {done}/{len(layers)}")
         yield entry
 
@@ -137,7 +132,6 @@ __all__ = [
     "Gram",
     "QuantizedLayer",
     "WeightLayer",
-    "collect_grams",
     "grid_of",
     "make_plan",
     "quantize_layer",

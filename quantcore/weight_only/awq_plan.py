@@ -2,8 +2,10 @@
 group's s is searched (``quantcore.weight_only.awq``) on the Gram of its input in the model whose earlier
 segments are already quantized, and only one segment's Grams are held. The calibrate stage makes the
 plan, ``AwqPlan``: every group's s and every layer's ``LayerChoice`` (s, the s' folded into its output
-columns, its clip ratios as indices). The export stage then reads each weight once more and remakes its
-codes from its choice alone (``quantize_planned``), with no Gram, while the writer takes them one at a time.
+columns, its clip ratios as indices), a group member's as its group's search chose it (its clip search is
+not run again), a layer in no group's from the clip search alone. The export stage then reads each weight
+once more and remakes its codes from its choice alone (``quantize_planned``), with no Gram, while the
+writer takes them one at a time.
 
 Within a segment the groups are searched downstream first, so that a layer whose output columns take a
 later group's ÷ s' (``Group.absorbed`` naming a quantized layer's weight) is searched and quantized with
@@ -91,11 +93,11 @@ def make_plan(
     groups = _folded(find_groups(model.graph), layers, cuts)
     by_node = {layer.node: layer for layer in layers}
     by_weight = {layer.weight_name: layer for layer in layers}
-    group_of = {node: group.input for group in groups for node in group.layers}
     folds_into = {by_weight[name].node: g.input for g in groups for name, _ in g.absorbed or () if name in by_weight}
     scales: dict[str, ChannelScale] = {}
     choices: dict[str, LayerChoice] = {}
     errors: dict[str, LayerErrors] = {}
+    searched: dict[str, tuple[LayerChoice, float]] = {}  # by node: a group member's choice and error, from its search
 
     def out_scale(layer: WeightLayer) -> np.ndarray | None:
         folded = folds_into.get(layer.node)
@@ -109,16 +111,19 @@ def make_plan(
         for group in reversed(pending):  # downstream first: a layer's s' is its output group's s
             monitor.check(STAGE)
             members = [by_node[n] for n in group.layers if n in by_node]
-            scales[group.input] = awq.search(
-                [(m.read(), out_scale(m)) for m in members], sums[group.input].gram(), grid
-            )
+            weights = [(m.read(), out_scale(m)) for m in members]
+            scales[group.input], chosen = awq.search(weights, sums[group.input].gram(), grid)
+            searched.update(zip((m.node for m in members), chosen, strict=True))
             monitor.report(
                 STAGE, len(choices) / (len(layers) + 1), f"awq: {group.input}: alpha {scales[group.input].alpha:g}"
             )
         for layer in segment.layers:
             gram, weight = sums[layer.activation].gram(), layer.read()
-            scale = scales.get(group_of.get(layer.node, ""))
-            choice, _, computed, error = awq.quantize_layer(weight, gram, scale, out_scale(layer), grid)
+            if layer.node in searched:
+                choice, error = searched.pop(layer.node)
+                computed = awq.quantize_chosen(weight, choice, grid)[1]
+            else:  # in no group: s = 1, the clip search alone
+                choice, _, computed, error = awq.quantize_layer(weight, gram, None, out_scale(layer), grid)
             choices[layer.node] = choice
             signal = gram.output_error(weight)
             rtn = gram.output_error(weight - quantize_rtn(weight, grid).dequantize())

@@ -1,13 +1,9 @@
-"""The layers a weight-only run quantizes, read from the annotation, and their inputs' XᵀX on the
-calibration data.
+"""The layers a weight-only run quantizes, read from the annotation.
 
 A layer is a MatMul or Gemm whose weight (input 1) the ``onnxruntime-weight-only`` platform annotated.
 Its weight is handled as W (K, N), K the reduction axis: a MatMul's B as stored, a Gemm's B transposed
 back when ``transB=1``, and read only when a stage needs it (``WeightLayer.read``): from the model in
-memory, or from its external-data file when the model was loaded without it. ``collect_grams``
-streams the calibration batches through ONNX Runtime with every layer input exposed as an extra output
-and sums XᵀX and Σ|x| per channel in float64 per input tensor (the q, k and v projections reading one
-tensor share them); only the current batch's activations are ever held.
+memory, or from its external-data file when the model was loaded without it.
 """
 
 from __future__ import annotations
@@ -19,15 +15,9 @@ import onnx
 
 from quantcore.annotate.annotation import Annotation
 from quantcore.annotate.rules import attribute
-from quantcore.config import QuantizeConfig
 from quantcore.errors import UnsupportedModelError
-from quantcore.progress import Monitor
-from quantcore.runtime.batching import Batches
-from quantcore.runtime.session import open_session
-from quantcore.weight_only.gram import Gram, GramSum
 from quantcore.weight_only.tensors import TensorReader
 
-STAGE = "calibrate"
 IN_MEMORY = TensorReader(None)  # the reader of a model that holds all of its data
 
 
@@ -77,20 +67,3 @@ def weight_layers(
             + (f" (kept float: {kept})" if kept else "")
         )
     return layers
-
-
-def collect_grams(
-    model: onnx.ModelProto, layers: list[WeightLayer], batches: Batches, config: QuantizeConfig, monitor: Monitor
-) -> dict[str, Gram]:
-    """Input tensor → its XᵀX and Σ|x| over every calibration batch (X: the tensor reshaped to (-1, K))."""
-    names = list(dict.fromkeys(layer.activation for layer in layers))
-    width = {layer.activation: layer.shape[0] for layer in layers}
-    sums = {name: GramSum(width[name]) for name in names}
-    count = len(batches)
-    with open_session(model, device=config.device, outputs=names) as session:
-        for done, batch in enumerate(batches, start=1):
-            monitor.check(STAGE)
-            for name, value in zip(names, session.run(names, batch), strict=True):
-                sums[name].add(value)
-            monitor.report(STAGE, done / (count + 1), f"batch {done}/{count}: XᵀX of {len(names)} layer inputs")
-    return {name: total.gram() for name, total in sums.items()}

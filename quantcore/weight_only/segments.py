@@ -23,7 +23,8 @@ by side, nodes not in topological order) is one segment. The last segment ends a
 
 What is held: one segment's initializers (in its ONNX Runtime session) and its Grams, and the
 activations that cross the current cut for every calibration batch (for a decoder: samples by tokens by
-d_model float32). With one segment, step 1 is ``collect_grams`` on the whole model and step 3 is not run.
+d_model float32). With one segment, step 1 runs the whole model once over the batches and step 3 is not
+run.
 """
 
 from __future__ import annotations

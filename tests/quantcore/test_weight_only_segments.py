@@ -15,10 +15,11 @@ from quantcore import QuantizeConfig, annotate, prepare
 from quantcore.config import WeightOnlyConfig
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches, input_specs
-from quantcore.weight_only import collect_grams, quantize_layer, quantize_layers, quantize_sequentially, weight_layers
+from quantcore.weight_only import quantize_layer, quantize_sequentially, weight_layers
 from quantcore.weight_only.layers import IN_MEMORY
 from quantcore.weight_only.segments import Segment, layer_by_layer, plan, run
 from samples.large import external_decoder
+from tests.quantcore.gram_reference import collect_grams, quantize_whole
 
 CONFIG = QuantizeConfig(
     platform="onnxruntime-weight-only", precision="w4", weight_only=WeightOnlyConfig(algorithm="gptq", block_size=32)
@@ -89,7 +90,7 @@ def _codes(entries) -> dict[str, np.ndarray]:
 
 def test_one_segment_is_the_whole_model_gptq(decoder) -> None:
     model, layers, batches = decoder
-    whole = list(quantize_layers(layers, collect_grams(model, layers, batches, CONFIG, Monitor()), CONFIG, Monitor()))
+    whole = quantize_whole(layers, collect_grams(model, layers, batches), CONFIG)
     every_node = Segment(0, len(model.graph.node), tuple(layers), ("input_ids",), ())
     one = list(
         run(
@@ -114,7 +115,7 @@ def test_later_segments_take_their_inputs_from_the_quantized_earlier_ones(decode
     model, layers, batches = decoder
     sequential = _codes(quantize_sequentially(model, layers, batches, CONFIG, Monitor(), IN_MEMORY))
     first, second = plan(model, layers)[:2]
-    fp32 = collect_grams(model, layers, batches, CONFIG, Monitor())
+    fp32 = collect_grams(model, layers, batches)
     quantized_first = [quantize_layer(layer, fp32[layer.activation], CONFIG) for layer in first.layers]
 
     replaced = onnx.ModelProto()
@@ -123,7 +124,7 @@ def test_later_segments_take_their_inputs_from_the_quantized_earlier_ones(decode
     for tensor in replaced.graph.initializer:
         if tensor.name in dequantized:
             tensor.CopyFrom(numpy_helper.from_array(dequantized[tensor.name], tensor.name))
-    grams = collect_grams(replaced, list(second.layers), batches, CONFIG, Monitor())
+    grams = collect_grams(replaced, list(second.layers), batches)
     for layer in first.layers:  # their inputs do not depend on any quantized weight
         np.testing.assert_array_equal(sequential[layer.node], _codes(quantized_first)[layer.node])
     for layer in second.layers:
@@ -151,6 +152,5 @@ def test_a_segment_whose_layer_reads_a_graph_input_runs_nothing_to_get_it(tmp_pa
     data = {"x": np.random.default_rng(4).standard_normal((32, 64)).astype(np.float32)}
     batches = Batches(data, input_specs(model), 16, what="calibration")
     sequential = _codes(quantize_sequentially(model, layers, batches, CONFIG, Monitor(), IN_MEMORY))
-    grams = collect_grams(model, layers, batches, CONFIG, Monitor())
-    for node, codes in _codes(quantize_layers(layers, grams, CONFIG, Monitor())).items():
+    for node, codes in _codes(quantize_whole(layers, collect_grams(model, layers, batches), CONFIG)).items():
         np.testing.assert_array_equal(sequential[node], codes)
