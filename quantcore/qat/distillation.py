@@ -3,7 +3,9 @@ samples (the FP32 model is the teacher), optionally with labels.
 
 Each float graph output has a kind (``output_kinds``), read from the graph:
 
-    probabilities   produced by a Softmax node
+    probabilities   produced by a Softmax node, directly or through ops that only reshape (``RESHAPING_OPS``:
+                    a Softmax over (B·T, C) put back to (B, T, C)), whose values sum to 1 along the last axis
+                    (the axis the kl loss reads as the classes)
     scores          any other float output of shape (B, C), C ≥ 2: class logits, as the evaluation's
                     task metrics read the first such output
     values          every other float output
@@ -40,15 +42,28 @@ import torch.nn.functional as F
 
 PROBABILITY_FLOOR = 1e-12  # log(0) guard for probabilities a quantized Softmax rounds to 0
 CLASS_KINDS = ("scores", "probabilities")
+RESHAPING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})  # values unchanged
+SUM_TOLERANCE = 1e-3  # |Σ_c y - 1| allowed: float32 rounding of a Softmax row's sum, far below a row of another axis
+
+
+def _softmax_output(name: str, producers: Mapping[str, onnx.NodeProto], target: np.ndarray) -> bool:
+    """Whether ``name`` is a Softmax's output, seen through ``RESHAPING_OPS``, with rows along the last axis
+    that sum to 1 (a Softmax over another axis, or reshaped across its class axis, is not)."""
+    node = producers.get(name)
+    while node is not None and node.op_type in RESHAPING_OPS:
+        node = producers.get(node.input[0])
+    if node is None or node.op_type != "Softmax" or target.ndim < 2:
+        return False
+    return bool(np.all(np.abs(target.sum(-1, dtype=np.float64) - 1) <= SUM_TOLERANCE))
 
 
 def output_kinds(model: onnx.ModelProto, names: Sequence[str], targets: Mapping[str, np.ndarray]) -> dict[str, str]:
     """Output name → probabilities | scores | values (module docstring), for the float ``names``."""
-    producers = {o: node.op_type for node in model.graph.node for o in node.output}
+    producers = {o: node for node in model.graph.node for o in node.output}
     kinds = {}
     for name in names:
         shape = targets[name].shape
-        if producers.get(name) == "Softmax":
+        if _softmax_output(name, producers, targets[name]):
             kinds[name] = "probabilities"
         elif len(shape) == 2 and shape[1] >= 2:
             kinds[name] = "scores"

@@ -331,12 +331,18 @@ def _labels(qc: QatConfig, labels: np.ndarray | None, count: int) -> np.ndarray 
 
 
 def _check_label_output(kinds: Mapping[str, str], targets: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
-    """InvalidDataError naming ``qat.label_weight`` unless a class output exists and every label indexes it."""
+    """InvalidDataError naming ``qat.label_weight`` unless a (batch, classes) class output exists and every label
+    indexes it."""
     name = label_output(kinds)
     if name is None:
         raise InvalidDataError(
             "qat.label_weight: a label loss needs a class output, (batch, classes) scores or a Softmax's "
             f"probabilities; the model's float outputs are {sorted(k for k, v in kinds.items() if v != 'intermediate')}"
+        )
+    if targets[name].ndim != 2:  # (B, T, C) probabilities of a sequence hold a class per position, not per sample
+        raise InvalidDataError(
+            f"qat.label_weight: a label loss reads one class per sample, from a (batch, classes) output; the "
+            f"class output {name!r} has shape {list(targets[name].shape)}"
         )
     classes = targets[name].shape[-1]
     if labels.min() < 0 or labels.max() >= classes:

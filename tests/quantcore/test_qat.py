@@ -25,6 +25,7 @@ from quantcore.errors import Canceled, InvalidDataError
 from quantcore.qat import qat
 from quantcore.qat.checkpoint import Checkpointing
 from quantcore.qat.distillation import Distillation, output_kinds
+from quantcore.qat.training import _check_label_output
 from quantcore.runtime.session import open_session
 from samples.tiny import tiny_conv_model
 from tests.test_report_schema import undocumented
@@ -232,6 +233,33 @@ def test_output_kinds_and_the_kl_loss() -> None:
     # scores and probabilities of the same distributions give the same KL (float32: 1e-5 relative)
     loss = kl.loss({"scores": shifted, "probabilities": torch.softmax(shifted, -1)}, t)
     assert float(loss) == pytest.approx(2 * by_hand, rel=1e-5)
+
+
+def test_a_softmax_reshaped_around_its_class_axis_is_probabilities() -> None:
+    """A recognizer's head: Softmax over (N·T, C) rows, reshaped back to (N, T, C), is read as probabilities
+    (the kl loss's KL along C per position); a Softmax over an axis other than the last is not."""
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["rows"], axis=2),  # (N, T, C) → (N·T, C)
+        helper.make_node("Softmax", ["rows"], ["rows_p"], axis=-1),
+        helper.make_node("Reshape", ["rows_p", "shape"], ["probabilities"]),
+        helper.make_node("Softmax", ["x"], ["over_t"], axis=1),
+        helper.make_node("Identity", ["over_t"], ["other_axis"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "recognizer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("probabilities", "other_axis")],
+        [helper.make_tensor("shape", TensorProto.INT64, [3], [-1, 4, 6])],
+    )
+    x = np.exp(np.random.default_rng(0).normal(size=(3, 4, 6)).astype(np.float32))
+    targets = {"probabilities": x / x.sum(2, keepdims=True), "other_axis": x / x.sum(1, keepdims=True)}
+    # float32 rows sum to 1 within 1e-6, inside the 1e-3 the kind allows
+    kinds = output_kinds(helper.make_model(graph), list(targets), targets)
+    assert kinds == {"probabilities": "probabilities", "other_axis": "values"}
+    # a class per position is no class per sample: a label loss refuses it, naming the field
+    with pytest.raises(InvalidDataError, match=r"qat\.label_weight: a label loss reads one class per sample"):
+        _check_label_output(kinds, targets, np.zeros(3, np.int64))
 
 
 # Run in a child process: QAT on tiny_setup() checkpointing into argv[1], killed by SIGKILL from its own
