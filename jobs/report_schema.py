@@ -31,6 +31,11 @@ class Preparation(Section):
     opset: int
     folded_batchnorms: list[FoldedBatchNorm]
     folded_constants: int
+    divisions_as_products: list[str] = Field(
+        default_factory=list,
+        description="Div nodes whose divisor is a constant, made Mul by its reciprocal (same name and output; "
+        "within one rounding of the division): an integer kernel can run a product, none runs a division.",
+    )
     renamed_nodes: int
     widened_from: Literal["float16", "bfloat16", "bfloat16 and float16"] | None = Field(
         None,

@@ -20,7 +20,8 @@ Steps, in order (each keeps every real graph input/output name, dtype and dynami
    (``quantcore.prepare.branches``); with a ``sample`` (one batch of the given data), also Ifs whose
    condition depends on that data only through shapes or non-float input values;
 7. ``auto_pad`` SAME_UPPER/SAME_LOWER → explicit pads (``quantcore.prepare.padding``);
-8. fold BatchNormalization into Conv/ConvTranspose/Gemm;
+8. fold BatchNormalization into Conv/ConvTranspose/Gemm; a Div by a float constant becomes a Mul by its
+   reciprocal (``quantcore.prepare.division``: runtimes with an integer Mul and no integer Div);
 9. infer shapes (a failure is tolerated and recorded in ``warnings``); correct graph-output
    declarations that contradict inference or, given a sample, ONNX Runtime (``quantcore.prepare.shapes``); a
    sample the model as given cannot run on either (a dimension declared symbolic that its weights fix)
@@ -56,6 +57,7 @@ from quantcore.graph.index import default_opset, ensure_node_names, external_loc
 from quantcore.prepare import half_precision
 from quantcore.prepare.attention import attention_positions, attention_products
 from quantcore.prepare.branches import fold_constant_branches, fold_sample_branches
+from quantcore.prepare.division import divisions_as_products
 from quantcore.prepare.float_regions import float_regions
 from quantcore.prepare.folding import (
     FoldedBatchNorm,
@@ -106,6 +108,7 @@ class PreparedModel:
     folded_branches: tuple[str, ...] = ()  # If nodes replaced by their taken branch
     initializer_inputs: tuple[str, ...] = ()  # initializers that were also listed as graph inputs
     explicit_pads: tuple[str, ...] = ()  # nodes whose SAME auto_pad became explicit pads
+    divisions_as_products: tuple[str, ...] = ()  # Div nodes by a constant made Mul by its reciprocal (step 8)
     source_ir_version: int = 0
     widened_from: str | None = None  # "float16"/"bfloat16": the half type the model computed in (step 5)
     # MatMul name → positions its operand's Softmax distributions span (``quantcore.prepare.attention``), where known
@@ -272,6 +275,7 @@ def prepare(
     proto, folded_constants, folded_branches = _simplify(proto, sample, warnings)
     explicit_pads = explicit_auto_pad(proto.graph)
     folded = fold_batchnorms(proto)
+    divisions = divisions_as_products(proto.graph)
     proto, inferred, inference_warnings = infer_shapes(proto)
     warnings.extend(w for w in inference_warnings if w not in warnings)
     products = attention_products(proto.graph)
@@ -303,6 +307,7 @@ def prepare(
         folded_branches=tuple(folded_branches),
         initializer_inputs=tuple(initializer_inputs),
         explicit_pads=tuple(explicit_pads),
+        divisions_as_products=tuple(divisions),
         source_ir_version=source_ir_version,
         widened_from=widened.types if widened else None,
         attention_positions=attention_positions(products, shapes, default_opset(proto) or MIN_QDQ_OPSET),

@@ -60,6 +60,7 @@ def build_report(
                     {"node": f.node, "batchnorm": f.batchnorm, "output": f.output} for f in prepared.folded_batchnorms
                 ],
                 "folded_constants": prepared.folded_constants,
+                "divisions_as_products": list(prepared.divisions_as_products),
                 "renamed_nodes": prepared.renamed_nodes,
                 "widened_from": prepared.widened_from,
             },

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from quantcore import UnsupportedModelError, prepare
+from quantcore import QuantizeConfig, UnsupportedModelError, annotate, prepare
 from quantcore.errors import InvalidModelError
 from tests.quantcore.models import conv_bn_residual, conv_relu_gemm, gemm_bn, save
 
@@ -142,3 +142,56 @@ def test_ir_version_is_lowered_only_as_far_as_the_opset_allows() -> None:
     model.opset_import[0].version = 28  # an opset newer than the runtime's IR can carry
     model.ir_version = 14
     assert lower_ir_version(model) is None and model.ir_version == 14
+
+
+def hard_swish_convs() -> onnx.ModelProto:
+    """input (N, 3, 8, 8) → conv1 → x · clip(x + 3, 0, 6) / 6 (written out, as PaddleOCR's models) → conv2 → out;
+    a second Div by a divisor that holds a 0 stays a Div."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.4, (4, 4, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "six"),
+        numpy_helper.from_array(np.array([1.0, 0.0, 2.0, 4.0], np.float32).reshape(1, 4, 1, 1), "with_zero"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c1", "three"], ["a"], name="add3"),
+        helper.make_node("Clip", ["a", "zero", "six"], ["r6"], name="relu6"),
+        helper.make_node("Mul", ["c1", "r6"], ["m"], name="gate"),
+        helper.make_node("Div", ["m", "six"], ["hs"], name="div6"),
+        helper.make_node("Conv", ["hs", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Div", ["c2", "with_zero"], ["out"], name="div_zero"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "hard_swish",
+        [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_division_by_a_constant_becomes_a_product_the_cpu_platform_keeps_integer() -> None:
+    model = hard_swish_convs()
+    prepared = prepare(model)
+    nodes = {node.name: node for node in prepared.model.graph.node}
+    assert prepared.divisions_as_products == ("div6",)
+    assert nodes["div6"].op_type == "Mul" and nodes["div6"].output == ["hs"]
+    assert nodes["div_zero"].op_type == "Div"  # a divisor holding 0 has no reciprocal
+    x = np.random.default_rng(1).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(  # noqa: E731
+        None, {"input": x}
+    )[0]
+    expected, actual = run(model), run(prepared.model)
+    finite = np.isfinite(expected)  # the division by 0 writes inf/nan in both
+    # x · (1/6) against x / 6: one rounding of 1/6 more, a relative 1e-7, carried through conv2
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-6)
+    annotation = annotate(prepared, QuantizeConfig(platform="onnxruntime"))
+    # the product by 1/6 joins the gate's uint8 chain (QLinearMul) up to conv2: no float island left between them
+    assert annotation.decisions["div6"] == "quantized" and {"m", "hs"} <= set(annotation.configs)
