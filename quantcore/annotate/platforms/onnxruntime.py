@@ -35,7 +35,8 @@ to produce integers, so these rules quantize the op's inputs *and* its output:
 - ConvTranspose stays float: the CPU EP has no integer kernel for it, so Q/DQ around it only round its
   input and make the float kernel dequantize its weight on every run (PP-OCRv4's detector: its two
   ConvTranspose took 10.3 ms quantized against 2.1 ms float at batch 4).
-- everything else (Softmax, LayerNormalization, Erf, Div, ...) stays float.
+- everything else (Softmax, LayerNormalization, Erf, a Div by a tensor, ...) stays float; a Div by a constant
+  is a Mul by its reciprocal by then (``quantcore.prepare.division``), and follows the Mul rule above.
 """
 
 from __future__ import annotations
