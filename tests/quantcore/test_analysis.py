@@ -22,13 +22,18 @@ from tests.quantcore.models import planted_outlier, save
 CONFIG = QuantizeConfig(platform="tensorrt", cpu_latency=False)
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
+def planted_case(tmp_path_factory, config: QuantizeConfig):
+    """The planted-outlier CNN prepared and calibrated for ``config`` on 64 samples, and 32 held-out ones."""
     path = save(planted_outlier(), tmp_path_factory.mktemp("planted") / "planted.onnx")
     data = np.random.default_rng(1).normal(size=(96, 3, 8, 8)).astype(np.float32)
     prepared = prepare(path)
-    calibrated = calibrate(prepared, annotate(prepared, CONFIG), {"input": data[:64]}, CONFIG)
+    calibrated = calibrate(prepared, annotate(prepared, config), {"input": data[:64]}, config)
     return prepared, calibrated, {"input": data[64:]}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return planted_case(tmp_path_factory, CONFIG)
 
 
 def test_planted_outlier_layer_is_ranked_first(planted) -> None:

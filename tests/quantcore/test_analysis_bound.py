@@ -8,16 +8,15 @@ import dataclasses
 from collections import Counter
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from quantcore import QuantizeConfig, annotate, calibrate, prepare
+from quantcore import QuantizeConfig
 from quantcore.analysis import cones as cones_module
 from quantcore.analysis import ranking as ranking_module
 from quantcore.analysis.ranking import analyze
 from quantcore.analysis.switch import switchable_model
 from quantcore.config import AnalysisOptions
-from tests.quantcore.models import planted_outlier, save
+from tests.quantcore.test_analysis import planted_case
 
 # 32 evaluation samples in 4 batches of 8; the planted model has 4 layers, too few for cones: one group
 CONFIG = QuantizeConfig(platform="tensorrt", cpu_latency=False, batch_size=8)
@@ -27,11 +26,7 @@ PRICED_SECONDS = 0.01  # a whole run on one sample as priced: the pricing misses
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    path = save(planted_outlier(), tmp_path_factory.mktemp("planted") / "planted.onnx")
-    data = np.random.default_rng(1).normal(size=(96, 3, 8, 8)).astype(np.float32)
-    prepared = prepare(path)
-    calibrated = calibrate(prepared, annotate(prepared, CONFIG), {"input": data[:64]}, CONFIG)
-    return prepared, calibrated, {"input": data[64:]}
+    return planted_case(tmp_path_factory, CONFIG)
 
 
 @pytest.fixture
