@@ -12,7 +12,9 @@ For each block of ``blocks.partition`` in graph order (AdaRound: layers; BRECQ/Q
 
    where f_q is the block with learned rounding (and learned activation scales, dropped activation
    quantization for QDrop) and ||·||² sums over axis 1 (channels), averaged over batch and positions
-   as in BRECQ's code (``_loss``);
+   as in BRECQ's code (``_loss``). Where a block tensor does not hold its samples on axis 0 (a
+   sequence-first transformer's (L, N, D)), a step is one ONNX Runtime run's samples instead, as the
+   graph computed them (``cache``);
 3. harden V to floor/ceil; if the block's loss on all cached samples is not below round-to-nearest's,
    keep round-to-nearest (reported as ``kept_nearest``);
 4. commit: the weights become their grid values (q - o)·s in the returned model, the learned scales
@@ -159,11 +161,13 @@ def _run(session, names: list[str], samples: Mapping[str, np.ndarray], start: in
 
 
 def _fill_cache(block: Block, fp_session, qdq_model: onnx.ModelProto, samples, count, batch, budget, device, drop):
-    """BlockCache with ``q:<input>``, ``fp:<input>`` (when dropping) and ``y:<output>`` for every sample."""
+    """BlockCache with ``q:<input>``, ``fp:<input>`` (when dropping) and ``y:<output>`` for every sample, or
+    for every whole run of ``batch`` samples where a block tensor does not hold its samples on axis 0
+    (the first run decides; a last partial run is then left out unless it is the only one)."""
     fp_names = [*(block.inputs if drop else ()), *block.outputs]
     cache = None
     with open_session(qdq_model, device=device, exact_qdq=True, outputs=block.inputs) as qdq_session:
-        for start in range(0, count, batch):
+        for run, start in enumerate(range(0, count, batch)):
             end = min(count, start + batch)
             fp = _run(fp_session, fp_names, samples, start, end)
             quantized = _run(qdq_session, list(block.inputs), samples, start, end)
@@ -173,15 +177,21 @@ def _fill_cache(block: Block, fp_session, qdq_model: onnx.ModelProto, samples, c
                 **{f"y:{n}": fp[n] for n in block.outputs},
             }
             if cache is None:
-                cache = BlockCache(
-                    {k: ((count, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in values.items()}, budget
-                )
-            for key, value in values.items():
-                cache[key][start:end] = value
+                per_run = any(np.shape(v)[:1] != (end - start,) for v in values.values())
+                units = max(count // batch, 1) if per_run else count
+                shape = (lambda v: np.shape(v)) if per_run else (lambda v: np.shape(v)[1:])
+                specs = {k: ((units, *shape(v)), np.asarray(v).dtype) for k, v in values.items()}
+                cache = BlockCache(specs, budget, per_run=per_run)
+            if not cache.per_run:
+                for key, value in values.items():
+                    cache[key][start:end] = value
+            elif run < cache.units:
+                for key, value in values.items():
+                    cache[key][run] = value
     return cache
 
 
-def _tensors(cache: BlockCache, prefix: str, names, index: np.ndarray, device) -> dict[str, torch.Tensor]:
+def _tensors(cache: BlockCache, prefix: str, names, index: np.ndarray | int, device) -> dict[str, torch.Tensor]:
     return {n: torch.from_numpy(np.ascontiguousarray(cache[f"{prefix}:{n}"][index])).to(device) for n in names}
 
 
@@ -199,21 +209,18 @@ def _loss(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> torch.Ten
     return total
 
 
-def _block_loss(module: BlockModule, cache: BlockCache, count: int, device, chunk: int) -> float:
+def _block_loss(module: BlockModule, cache: BlockCache, device, chunk: int) -> float:
     module.eval()
     total = 0.0
     with torch.no_grad():
-        for start in range(0, count, chunk):
-            index = np.arange(start, min(count, start + chunk))
+        for index, units in cache.chunks(chunk):
             outputs = module(_tensors(cache, "q", module.block.inputs, index, device))
             targets = list(_tensors(cache, "y", module.block.outputs, index, device).values())
-            total += float(_loss(outputs, targets)) * len(index)
-    return total / count
+            total += float(_loss(outputs, targets)) * units
+    return total / cache.units
 
 
-def _train(
-    module: BlockModule, cache: BlockCache, count: int, batch: int, rc: ReconstructionConfig, seed: int, device, tick
-):
+def _train(module: BlockModule, cache: BlockCache, batch: int, rc: ReconstructionConfig, seed: int, device, tick):
     """Adam on V (``rc.rounding_lr``) and on the log-scales (activation_lr), ``rc.iters`` steps."""
     weight_optimizer = torch.optim.Adam([m.v for m in module.adaround.values()], lr=rc.rounding_lr)
     scale_parameters = list(module.log_scales.values())
@@ -225,7 +232,7 @@ def _train(
     module.set_weight_mode("soft")
     module.train()
     for step in range(rc.iters):
-        index = np.sort(torch.randint(count, (min(batch, count),), generator=sampler).numpy())
+        index = cache.draw(sampler, batch)
         inputs = _tensors(cache, "q", module.block.inputs, index, device)
         fp_inputs = _tensors(cache, "fp", module.block.inputs, index, device) if drop else None
         targets = list(_tensors(cache, "y", module.block.outputs, index, device).values())
@@ -302,9 +309,9 @@ class _Run:
                 self.monitor.report(STAGE, (k + step / rc.iters) / total, message)
 
         try:
-            before = _block_loss(module, cache, self.count, self.device, self.eval_batch)
-            _train(module, cache, self.count, self.train_batch, rc, rc.seed + k, self.device, tick)
-            after = _block_loss(module, cache, self.count, self.device, self.eval_batch)
+            before = _block_loss(module, cache, self.device, self.eval_batch)
+            _train(module, cache, self.train_batch, rc, rc.seed + k, self.device, tick)
+            after = _block_loss(module, cache, self.device, self.eval_batch)
         finally:
             cache.close()
         improved = after < before

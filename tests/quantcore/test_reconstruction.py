@@ -3,6 +3,8 @@ p = 0, exact baking into the exported QDQ model, and unconvertible blocks left a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -364,3 +366,46 @@ def test_reconstruction_reads_its_block_inputs_from_a_relu6_model_at_4_bits(digi
     annotation = calibrate(prepared, annotate(prepared, config), {"input": images}, config)
     result = reconstruct(prepared, annotation, {"input": images}, config)
     assert any(block.status == "reconstructed" for block in result.blocks)
+
+
+def sequence_first_model(path, *, length: int = 5, width: int = 8) -> None:
+    """x (N, L, D) → Transpose → t (L, N, D) → MatMul → Relu → MatMul → Add(t) → Transpose → y (N, L, D):
+    inside, the samples are on axis 1, as in a transformer exported sequence-first."""
+    rng = np.random.default_rng(3)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((width, width)) * 0.4).astype(np.float32), f"w{i}") for i in (1, 2)
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], name="to_sequence_first", perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["t", "w1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["o"], name="mm2"),
+        helper.make_node("Add", ["o", "t"], ["s"], name="residual"),
+        helper.make_node("Transpose", ["s"], ["y"], name="to_batch_first", perm=[1, 0, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sequence_first",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", length, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", length, width])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+def test_blocks_whose_tensors_hold_samples_off_axis_0_learn_a_run_at_a_time(tmp_path) -> None:
+    path = tmp_path / "sequence_first.onnx"
+    sequence_first_model(path)
+    data = {"x": np.random.default_rng(4).standard_normal((96, 5, 8)).astype(np.float32)}
+    config = replace(recon("adaround", iters=200, num_samples=96), batch_size=16)
+    prepared = prepare(path)
+    annotation = calibrate(prepared, annotate(prepared, config), data, config)
+    result = reconstruct(prepared, annotation, data, config)
+    learned = [b for b in result.blocks if b.loss_before is not None]
+    assert {b.nodes[0] for b in learned} == {"mm1", "mm2"}
+    # AdaRound starts from round-to-nearest; a block that learned nothing better keeps it, so a lower
+    # loss on some block is what shows the (L, N, D) runs were cached and trained on as the graph made them
+    assert any(b.status == "reconstructed" and b.loss_after < b.loss_before for b in learned)
+    assert result.num_samples == 96
