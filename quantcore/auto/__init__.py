@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from quantcore.analysis.accuracy_target import check_target
-from quantcore.auto.budget import FinalRun, final_analysis, final_clip
+from quantcore.auto.budget import FinalRun, fit_final_run
 from quantcore.auto.candidates import candidate_configs
 from quantcore.auto.scoring import LEVEL
 from quantcore.auto.search import (
@@ -106,17 +106,21 @@ def quantize_auto(
             chosen, fallen_back = fallback(search, best, deadline)
     left = deadline - time.perf_counter()
     probe_stopped = next((t.probe_stopped for t in tried if t.probe_stopped is not None), None)
+    notes: tuple[str, ...] = ()
     if probe_stopped is not None:  # every estimate since was made without the analysis
         chosen = replace(chosen, analysis=replace(chosen.analysis, enabled=False))
         final = final.without_analysis()
-        probe_stopped = f"the final run runs without the analysis: {probe_stopped}"
-    chosen, analysis_left_out = final_analysis(chosen, left, best.final_seconds, final, best.analysis_seconds)
-    clip_kept = None
-    if best.kept_clip is not None:  # scored: its final run's estimate holds its clip search
-        estimate = best.final_seconds
-        if analysis_left_out is not None:
-            estimate -= best.analysis_seconds + final.layerwise
-        chosen, clip_kept = final_clip(chosen, left, estimate, best.clip_seconds, best.kept_clip, sum(split_sizes))
+        notes = (f"the final run runs without the analysis: {probe_stopped}",)
+    chosen, fitted = fit_final_run(
+        chosen,
+        left,
+        final,
+        best.final_seconds,
+        best.analysis_seconds,
+        best.clip_seconds,
+        best.kept_clip,
+        sum(split_sizes),
+    )
     section = search_report(
         config,
         tried,
@@ -124,7 +128,7 @@ def quantize_auto(
         fallen_back,
         stopped,
         split_sizes=split_sizes,
-        final_notes=tuple(note for note in (probe_stopped, analysis_left_out, clip_kept) if note is not None),
+        final_notes=(*notes, *fitted),
     )
     section["seconds"] = round(time.perf_counter() - started, 3)
     monitor.report(STAGE, 1.0, section["reason"])

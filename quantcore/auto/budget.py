@@ -43,12 +43,13 @@ one it is in counted to its projected end (``quantcore.auto.search.Deadline``). 
 is estimated from the seconds of the first that produced a model; where none has, at ``first_factor``
 times the first's seconds (every stage grown by the larger ratio) plus what is held back.
 
-What the search left is spent in this order (``final_analysis``, then ``final_clip``): the analysis, a
-diagnosis, goes first: its layer-wise runs are held to what is left after the rest of the final run and
-its analysis estimate; where that is less than ``MIN_LAYERWISE_SECONDS``, or where the config as given
-was stopped unscored (no estimate), the final run runs without the analysis. The clip search, which
-changes the model, goes only where the final run without the analysis still does not fit: the final run
-then keeps the clip the chosen candidate's run kept. The search's reason says which was left out.
+What the search left is spent in this order (``fit_final_run``: ``final_analysis``, then ``final_clip``):
+the analysis, a diagnosis, goes first: its layer-wise runs are held to what is left after the rest of the
+final run and its analysis estimate; where that is less than ``MIN_LAYERWISE_SECONDS``, or where the
+config as given was stopped unscored (no estimate), the final run runs without the analysis. The clip
+search, which changes the model, goes only where the final run without the analysis still does not fit:
+the final run then keeps the clip the chosen candidate's run kept. The search's reason says which was
+left out.
 """
 
 from __future__ import annotations
@@ -177,6 +178,19 @@ def final_analysis(
     return replace(config, analysis=replace(current, layerwise_seconds=bound)), None
 
 
+def _fitted_seconds(
+    config: QuantizeConfig, final_seconds: float, final: FinalRun, analysis: float, left_out: bool
+) -> float:
+    """The final run's estimate as ``config`` (``final_analysis``'s) will run it, from ``final_seconds`` (the
+    chosen candidate's, which holds ``final.layerwise`` back for the layer-wise runs): the layer-wise runs at
+    the bound they were fitted to, or, the analysis ``left_out``, without ``analysis`` and them."""
+    if left_out:
+        return final_seconds - analysis - final.layerwise
+    if config.analysis.enabled and config.analysis.layerwise_seconds is not None:
+        return final_seconds - final.layerwise + config.analysis.layerwise_seconds
+    return final_seconds
+
+
 def final_clip(
     config: QuantizeConfig,
     seconds_left: float,
@@ -201,3 +215,26 @@ def final_clip(
         f"the {max(seconds_left, 0.0):.0f} s left"
     )
     return replace(config, percentile=percentile, clip=clip, percentile_candidates=()), note
+
+
+def fit_final_run(
+    config: QuantizeConfig,
+    seconds_left: float,
+    final: FinalRun,
+    final_seconds: float | None,
+    analysis: float,
+    clip_seconds: float,
+    kept: tuple[float, str] | None,
+    calibration_samples: int,
+) -> tuple[QuantizeConfig, tuple[str, ...]]:
+    """``config`` (the chosen one) as the final run runs it in ``seconds_left``, and what it leaves out, in
+    the module's order: its analysis fitted first (``final_analysis``), then its clip search kept or dropped
+    (``final_clip``) against the estimate as the analysis was fitted, not as the candidate's held back the
+    whole layer-wise share (which would drop a search that fits, for the analysis's sake). ``final_seconds``,
+    ``analysis``, ``clip_seconds`` and ``kept``: the chosen candidate's (``kept`` None: it was not scored)."""
+    config, analysis_note = final_analysis(config, seconds_left, final_seconds, final, analysis)
+    clip_note = None
+    if kept is not None and final_seconds is not None:
+        estimate = _fitted_seconds(config, final_seconds, final, analysis, analysis_note is not None)
+        config, clip_note = final_clip(config, seconds_left, estimate, clip_seconds, kept, calibration_samples)
+    return config, tuple(note for note in (analysis_note, clip_note) if note is not None)

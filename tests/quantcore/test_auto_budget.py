@@ -62,6 +62,31 @@ def test_the_final_runs_analysis_gets_the_seconds_left_or_is_left_out() -> None:
         assert not fitted.analysis.enabled and "without the analysis" in note
 
 
+def test_the_final_runs_clip_search_is_weighed_against_the_analysis_as_fitted_not_as_held_back() -> None:
+    """``fit_final_run``: the candidate's final-run estimate (65 s) holds back the whole layer-wise share (12 s);
+    with 56 s left the analysis is fitted to the 3 s left over, so the final run as it will run (56 s) holds
+    the 9 s clip search again, which is kept. Judged against the held-back 65 s, the clip was dropped for the
+    analysis's sake: the model paid for a diagnosis (ocr-rec's auto job, 2.1 dB under its preset). Only once
+    the analysis is left out and the rest still does not fit is the candidate's clip kept."""
+    final = FinalRun(scale=(1.0, 1.0), graphwise=1.0, layerwise=12.0, latency=0.0)
+    config = QuantizeConfig(analysis=AnalysisOptions(layerwise_seconds=120.0))
+    kept = (99.99, "percentile")
+    fitted, notes = budget_module.fit_final_run(config, 56.0, final, 65.0, 20.0, 9.0, kept, 64)
+    assert fitted.analysis.enabled and fitted.analysis.layerwise_seconds == pytest.approx(3.0)
+    assert fitted.percentile_candidates == config.percentile_candidates and notes == ()
+    # 40 s left: the analysis goes (53 s without its layer-wise runs); the rest, 65 - 20 - 12 = 33 s, fits
+    fitted, notes = budget_module.fit_final_run(config, 40.0, final, 65.0, 20.0, 9.0, kept, 64)
+    assert not fitted.analysis.enabled and fitted.percentile_candidates == config.percentile_candidates
+    assert len(notes) == 1 and "without the analysis" in notes[0]
+    # 30 s left: nor does that; the clip chosen on the candidate's samples is kept, and both are said
+    fitted, notes = budget_module.fit_final_run(config, 30.0, final, 65.0, 20.0, 9.0, kept, 64)
+    assert fitted.percentile_candidates == () and fitted.percentile == 99.99
+    assert "without the analysis" in notes[0] and "keeps the chosen candidate's clip" in notes[1]
+    # the config as given stopped unscored: no estimate, no clip to keep; the analysis is left out
+    fitted, notes = budget_module.fit_final_run(config, 56.0, final, None, 0.0, 0.0, None, 64)
+    assert not fitted.analysis.enabled and len(notes) == 1
+
+
 def test_the_final_runs_analysis_is_probed_held_back_and_bounded(small, tmp_path, monkeypatch) -> None:
     """With the analysis on: the first candidate probes it (everything, its layer-wise runs held to the
     least), the next skips it, each final run's estimate holds back ``LAYERWISE_SHARE`` of the budget for the
