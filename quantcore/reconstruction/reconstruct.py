@@ -179,8 +179,8 @@ def _fill_cache(block: Block, fp_session, qdq_model: onnx.ModelProto, samples, c
             if cache is None:
                 per_run = any(np.shape(v)[:1] != (end - start,) for v in values.values())
                 units = max(count // batch, 1) if per_run else count
-                shape = (lambda v: np.shape(v)) if per_run else (lambda v: np.shape(v)[1:])
-                specs = {k: ((units, *shape(v)), np.asarray(v).dtype) for k, v in values.items()}
+                unit = 0 if per_run else 1  # the axes of one unit: a run's whole tensor, or a sample's
+                specs = {k: ((units, *np.shape(v)[unit:]), np.asarray(v).dtype) for k, v in values.items()}
                 cache = BlockCache(specs, budget, per_run=per_run)
             if not cache.per_run:
                 for key, value in values.items():
