@@ -198,6 +198,13 @@ class WeightOnlySpec(Spec):
     quantize_lm_head: bool = Field(
         False, description="Also quantize the LM head (the last MatMul writing a graph output), kept float by default."
     )
+    accuracy_level: int = Field(
+        4,
+        ge=0,
+        le=4,
+        description="matmulnbits: what ONNX Runtime's CPU kernel computes the activation in: 4 int8 per block (its "
+        "integer path, faster than FP32 on CPUs), 0 unset and 1 float32, 2 float16, 3 bfloat16.",
+    )
 
     @field_validator("block_size")
     @classmethod

@@ -162,6 +162,11 @@ def test_overrides_translate_in_order() -> None:
         ({"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 8}}, "weight_only.block_size", "16"),
         ({"platform": "onnxruntime-weight-only", "weight_only": {"block_size": 512}}, "weight_only.block_size", "256"),
         (
+            {"platform": "onnxruntime-weight-only", "weight_only": {"accuracy_level": 5}},
+            "weight_only.accuracy_level",
+            "4",
+        ),
+        (
             {"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": "squeezellm"}},
             "weight_only.algorithm",
             "'awq' or 'hqq'",
@@ -235,9 +240,17 @@ def test_weight_only_translates() -> None:
     assert to_quantize_config(Recipe.model_validate({})).weight_only is None
     default = to_quantize_config(Recipe.model_validate({"platform": "onnxruntime-weight-only"}))
     assert default.precision == "w4" and default.weight_only is not None and default.weight_only.algorithm == "rtn"
-    spec = {"algorithm": "gptq", "block_size": 64, "symmetric": False, "format": "dequantize_linear", "act_order": True}
+    spec = {
+        "algorithm": "gptq",
+        "block_size": 64,
+        "symmetric": False,
+        "format": "dequantize_linear",
+        "act_order": True,
+        "accuracy_level": 1,
+    }
     chosen = to_quantize_config(Recipe.model_validate({"platform": "onnxruntime-weight-only", "weight_only": spec}))
     assert chosen.to_dict()["weight_only"] == {**spec, "damping": 0.01, "quantize_lm_head": False}
+    assert default.weight_only.accuracy_level == 4  # MatMulNBits' integer path on CPUs
     for algorithm in ("awq", "hqq"):
         recipe = Recipe.model_validate({"platform": "onnxruntime-weight-only", "weight_only": {"algorithm": algorithm}})
         assert to_quantize_config(recipe).weight_only.algorithm == algorithm

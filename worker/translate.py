@@ -76,6 +76,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Pat
             format=wo.format,
             act_order=wo.act_order,
             quantize_lm_head=wo.quantize_lm_head,
+            accuracy_level=wo.accuracy_level,
         )
     )
     return QuantizeConfig(

@@ -47,6 +47,11 @@ FUSED_NOTE = (
     "session option session.qdq_matmulnbits_accuracy_level): activations are quantized to int8 per block inside "
     "the kernel; qdq_exact measures the weights' quantization alone"
 )
+INTEGER_PATH_NOTE = (
+    "MatMulNBits runs with accuracy_level 4 (weight_only.accuracy_level): activations are quantized to int8 per "
+    "block inside the kernel, in the exact and the deployed figures alike; accuracy_level 0 measures the weights' "
+    "quantization alone"
+)
 ANALYSIS_SKIPPED = "the layer-wise analysis measures Q/DQ tensors; a weight-only model has none (not run)"
 KEPT_FLOAT_OPS = ("MatMul", "Gemm", "Gather")
 
@@ -85,6 +90,7 @@ def weight_only_section(
     ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in model.graph.output}
     kernels = evaluation["qdq_deployed"]["kernels"] or {}
     fused = options.format == "dequantize_linear" and any(op.endswith("MatMulNBits") for op in kernels)
+    integer_path = options.format == "matmulnbits" and options.accuracy_level == 4
     return {
         **options.to_dict(),
         "bits": config.precision_spec.weight_bits,
@@ -103,7 +109,7 @@ def weight_only_section(
             if ranks.get(name, 0) >= 3 and metrics["argmax_agreement"] is not None
         },
         "language_model": language,
-        "notes": [FUSED_NOTE] if fused else [],
+        "notes": [FUSED_NOTE] if fused else [INTEGER_PATH_NOTE] if integer_path else [],
     }
 
 

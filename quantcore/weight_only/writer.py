@@ -2,7 +2,7 @@
 formats (``WeightOnlyConfig.format``), the rest of the graph as prepared.
 
 ``matmulnbits``: the node becomes ``com.microsoft.MatMulNBits`` (ONNX Runtime contrib op, domain
-``com.microsoft`` version 1), attributes K, N, bits, block_size, inputs
+``com.microsoft`` version 1), attributes K, N, bits, block_size and accuracy_level (the config's), inputs
     A          the activation (..., K)
     B          uint8 (N, blocks, block_size·bits/8): column n's codes along K, padded to whole blocks
                with the block's zero point, two 4-bit codes per byte, the first in the low nibble
@@ -35,7 +35,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantcore import atomic
-from quantcore.config import QuantizeConfig
+from quantcore.config import QuantizeConfig, WeightOnlyConfig
 from quantcore.errors import QuantcoreError
 from quantcore.export.qdq import MODEL_FILE, TQC_FILE, ExportResult, count_ops
 from quantcore.graph.index import default_opset
@@ -124,8 +124,8 @@ class Written:
     tensors: tuple[str, ...]
 
 
-def _rewrite(graph: onnx.GraphProto, written: list[Written], form: str) -> None:
-    """Replace each written layer's node of ``graph`` (in place) as ``form`` says."""
+def _rewrite(graph: onnx.GraphProto, written: list[Written], options: WeightOnlyConfig) -> None:
+    """Replace each written layer's node of ``graph`` (in place) as ``options.format`` says."""
     by_node = {w.layer.node: w for w in written}
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -134,7 +134,7 @@ def _rewrite(graph: onnx.GraphProto, written: list[Written], form: str) -> None:
             nodes.append(node)
             continue
         layer, grid = entry.layer, entry.grid
-        if form == "dequantize_linear":
+        if options.format == "dequantize_linear":
             dequantized = f"{layer.weight_name}_dequantized"
             nodes.append(
                 helper.make_node(
@@ -163,6 +163,7 @@ def _rewrite(graph: onnx.GraphProto, written: list[Written], form: str) -> None:
                 N=n,
                 bits=grid.bits,
                 block_size=grid.block_size,
+                accuracy_level=options.accuracy_level,
             )
         )
         if bias:
@@ -212,7 +213,7 @@ def _upgraded(header: onnx.ModelProto, initializers: Iterable[onnx.TensorProto])
 def _stage(
     model: onnx.ModelProto,
     quantized: Iterable[QuantizedLayer],
-    form: str,
+    options: WeightOnlyConfig,
     staging: Path,
     reader: TensorReader,
     external: bool,
@@ -220,6 +221,7 @@ def _stage(
     """The exported model written into ``staging`` (``MODEL_FILE``, and with ``external`` its data file
     ``MODEL_FILE.data``), taking ``quantized`` one layer at a time; returns it (as written, its external
     tensors stubs) and the layers' report rows."""
+    form = options.format
     replaced: set[str] = set()  # the weights quantized, known only as the layers come
     layers = {n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1}
     data_name = f"{MODEL_FILE}.data"
@@ -246,7 +248,7 @@ def _stage(
             replaced.add(layer.weight_name)
             rows.append(entry.row)
         header.graph.initializer.extend(_kept(t, data, reader) for t in pending if t.name not in replaced)
-    _rewrite(header.graph, written, form)
+    _rewrite(header.graph, written, options)
     if form == "matmulnbits" and all(o.domain != CONTRIB_DOMAIN for o in header.opset_import):
         header.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     (staging / MODEL_FILE).write_bytes(header.SerializeToString())
@@ -271,7 +273,7 @@ def write(
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_FILE}.tmp-", dir=out_dir))
     try:
-        written, rows = _stage(model, quantized, options.format, staging, reader, external)
+        written, rows = _stage(model, quantized, options, staging, reader, external)
         try:
             onnx.checker.check_model(str(staging / MODEL_FILE), full_check=True)
         except onnx.checker.ValidationError as error:

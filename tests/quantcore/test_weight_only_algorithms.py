@@ -211,9 +211,9 @@ def test_awq_folds_a_groups_scale_into_the_quantized_layer_before_it(tmp_path: P
     assert folded["h"] == (("w1", -1),) and plan.scales["h"].alpha > 0
     assert plan.choices["l1"].out_scale is plan.scales["h"].scale  # l1's codes hold ÷ s₂
 
-    config = QuantizeConfig(
-        platform=PLATFORM, precision="w4", cpu_latency=False, weight_only=WeightOnlyConfig(algorithm="awq")
-    )
+    # MatMulNBits' float path (accuracy_level 0): the weights as stored, without the int8 activations
+    options = WeightOnlyConfig(algorithm="awq", accuracy_level=0)
+    config = QuantizeConfig(platform=PLATFORM, precision="w4", cpu_latency=False, weight_only=options)
     exported = quantize(path, _data(1), _data(2), config, tmp_path / "awq").model_path
     computed = onnx.ModelProto()
     computed.CopyFrom(model)
