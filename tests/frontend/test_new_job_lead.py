@@ -82,8 +82,8 @@ def test_lead_questions_produce_the_recipe(
     page, service: Service, runs_on, matters, platform, threshold, cpu_objective
 ):
     posted = open_form(page, service)
-    page.get_by_label(re.compile(re.escape(runs_on))).check()
-    page.get_by_label(re.compile(f"^{matters}")).check()
+    page.get_by_role("radio", name=runs_on).check()  # a substring: each name goes on past the choice
+    page.get_by_role("radio", name=re.compile(f"^{matters}")).check()
     recipe = submit(page, posted)
     assert recipe["platform"] == platform
     assert recipe["strategy"] == "auto"  # the default way the settings are found
@@ -94,8 +94,8 @@ def test_lead_questions_produce_the_recipe(
 
 def test_a_fixed_preset_keeps_the_lead_answers(page, service: Service):
     posted = open_form(page, service)
-    page.get_by_label(re.compile("ONNX Runtime on a CPU")).check()
-    page.get_by_label(re.compile("Quick check")).check()
+    page.get_by_role("radio", name=re.compile("ONNX Runtime on a CPU")).check()
+    page.get_by_role("radio", name=re.compile("Quick check")).check()
     recipe = submit(page, posted)
     assert recipe["strategy"] == "fixed"
     assert recipe["platform"] == "onnxruntime"
@@ -121,7 +121,8 @@ def test_advanced_is_collapsed_with_worded_sections_and_the_page_fits(page, serv
 
 def test_override_rows_add_remove_and_submit(page, service: Service):
     posted = open_form(page, service)
-    page.get_by_label(re.compile("Defaults")).check()  # a fixed preset (it resets Advanced): academic takes 4 bits
+    # a fixed preset (it resets Advanced): academic takes 4 bits
+    page.get_by_role("radio", name=re.compile("Defaults")).check()
     page.locator("#advanced summary").click()
     page.locator("#f-recipe-platform").select_option("academic")
     add = page.get_by_role("button", name="Add a row")
