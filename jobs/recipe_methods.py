@@ -203,7 +203,7 @@ class WeightOnlySpec(Spec):
         ge=0,
         le=4,
         description="matmulnbits: what ONNX Runtime's CPU kernel computes the activation in: 4 int8 per block (its "
-        "integer path, faster than FP32 on CPUs), 0 unset and 1 float32, 2 float16, 3 bfloat16.",
+        "integer path, faster than the float path on CPUs), 0 unset and 1 float32, 2 float16, 3 bfloat16.",
     )
 
     @field_validator("block_size")
