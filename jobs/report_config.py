@@ -125,7 +125,10 @@ class RunConfig(Section):
     )
     overrides: list[OverrideConfig]
     reduce_range: str
-    device: str
+    device: str = Field(
+        description="cpu, cuda, or auto (a worker's: torch trains on its GPU where there is one; ONNX Runtime "
+        "sessions on the CPU EP)."
+    )
     disabled_optimizers: list[str] = Field(
         default_factory=list, description="ONNX Runtime graph rewrites the deployed session skips (see parity)."
     )

@@ -243,7 +243,7 @@ class ReconstructedBlock(Section):
 
 
 class Reconstruction(ReconstructionConfig):
-    device: str
+    device: str = Field(description="The torch device it trained on (cpu or cuda: the run's device, auto resolved).")
     blocks: list[ReconstructedBlock]
 
 
@@ -263,7 +263,7 @@ class QatSqnr(Section):
 
 
 class Qat(QatConfig):
-    device: str
+    device: str = Field(description="The torch device it trained on (cpu or cuda: the run's device, auto resolved).")
     status: Literal["trained", "kept_ptq", "skipped", "diverged"] = Field(
         description="kept_ptq: no epoch beat the post-training model on the held-out samples; skipped: nothing "
         "trained (reason); diverged: a non-finite loss stopped training and the post-training model was kept."

@@ -99,6 +99,11 @@ def test_overrides_translate_in_order() -> None:
     )
 
 
+def test_a_worker_trains_where_its_host_can() -> None:
+    # auto: reconstruction and QAT on the worker's GPU where its torch sees one, ONNX Runtime on the CPU EP
+    assert to_quantize_config(Recipe()).device == "auto"
+
+
 @pytest.mark.parametrize(
     ("recipe", "field", "needle"),
     [

@@ -18,9 +18,10 @@ from quantcore.config import (
 )
 
 
-def to_quantize_config(recipe: Recipe, *, device: str = "cpu", timing_cache: Path | None = None) -> QuantizeConfig:
+def to_quantize_config(recipe: Recipe, *, device: str = "auto", timing_cache: Path | None = None) -> QuantizeConfig:
     """Field by field: platform, precision, calibration observer/percentile/batch size, exclusions,
-    per-node overrides (same order: the first matching pattern wins), reduce_range, the device, and the
+    per-node overrides (same order: the first matching pattern wins), reduce_range, the device (``auto``: torch
+    trains on this host's GPU where it has one, ``quantcore.runtime.device``), and the
     deployment measurements (a TensorRT engine only for the tensorrt platforms; the onnxruntime platform
     measured beside it for a recipe that left the platform unnamed), the analysis bounds, the
     accuracy target, the reconstruction (seeded with the recipe's seed), QAT (seeded with its own seed or the

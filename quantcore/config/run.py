@@ -93,7 +93,7 @@ class QuantizeConfig:
     by op type or by fnmatch pattern over node names. overrides: per-node bits / observer.
     reduce_range: ``auto`` (7-bit weights on the onnxruntime platforms when this CPU's u8s8 kernels
     saturate, see ``quantcore.runtime.cpu_features``), ``on`` (7-bit), ``off`` (the full int8 grid, stored as
-    uint8 where u8s8 kernels saturate). device: ``cpu`` or ``cuda``.
+    uint8 where u8s8 kernels saturate). device: ``cpu``, ``cuda`` or ``auto`` (``quantcore.runtime.device``).
     disabled_optimizers: ONNX Runtime graph rewrites (``disabled_optimizers`` names) the deployed
     session skips; set by the parity check when a rewrite of the installed ONNX Runtime changes the
     model's results (``quantcore.evaluate.parity``), and what users of the model must skip too.
@@ -152,7 +152,7 @@ class QuantizeConfig:
     exclude_node_patterns: tuple[str, ...] = ()
     overrides: tuple[NodeOverride, ...] = ()
     reduce_range: str = "auto"
-    device: str = "cpu"
+    device: str = "auto"
     disabled_optimizers: tuple[str, ...] = ()
     cpu_latency: bool = True
     tensorrt_engine: bool = False

@@ -59,6 +59,7 @@ from quantcore.qat.layout import SampleLayout, sample_major
 from quantcore.reconstruction.blocks import Block, whole_graph
 from quantcore.reconstruction.reconstruct import calibration_samples, set_scale, with_weights
 from quantcore.runtime.batching import Batches
+from quantcore.runtime.device import torch_device
 from quantcore.runtime.session import open_session
 from quantcore.runtime.threads import torch_threads
 
@@ -382,14 +383,13 @@ def qat(
     qc = config.qat
     if qc is None:
         raise ValueError("config.qat is None: nothing to train")
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    device = torch_device(config.device)
     started = time.perf_counter()
 
     def ended(status: str, **fields: Any) -> QatResult:
         kept = {"prepared": prepared, "annotation": annotation, **fields}
         seconds = round(time.perf_counter() - started, 3)
-        return QatResult(config=qc, device=config.device, status=status, seconds=seconds, **kept)
+        return QatResult(config=qc, device=device.type, status=status, seconds=seconds, **kept)
 
     check_qat_data(qc, prepared.model, labels)
     block = _with_intermediate(whole_graph(prepared.model.graph, annotation), qc.intermediate)
@@ -430,7 +430,6 @@ def qat(
             _check_label_output(kinds, targets, train_labels)
         power = {n: float(np.mean(targets[n][:num_train].astype(np.float64) ** 2)) for n in kinds}
         distillation = Distillation(qc.loss, kinds, power, qc.label_weight)
-        device = torch.device(config.device)
         # the model's own batch where it fixes one (a Reshape may hard-code it), else batch_size / EVAL_BATCH
         batches = (batch, batch) if fixed else (min(qc.batch_size, num_train), EVAL_BATCH)
         samples = _Samples(inputs, targets, train_labels, num_train, *batches, device, augmentation, teacher, layout)

@@ -53,7 +53,8 @@ from quantcore.reconstruction.blocks import Block, partition
 from quantcore.reconstruction.cache import BlockCache
 from quantcore.reconstruction.converter import BlockModule, learnable_activation, learnable_weight
 from quantcore.runtime.batching import Batches, input_specs
-from quantcore.runtime.session import open_session
+from quantcore.runtime.device import torch_device
+from quantcore.runtime.session import open_session, session_device
 from quantcore.runtime.threads import torch_threads
 
 STAGE = "reconstruct"
@@ -253,12 +254,13 @@ def _train(module: BlockModule, cache: BlockCache, batch: int, rc: Reconstructio
 
 class _Run:
     """The state one reconstruction carries from block to block: current weights and configs, which
-    weights and scales earlier blocks own, the samples and the FP32 session."""
+    weights and scales earlier blocks own, the samples and the FP32 session. ``devices``: (the torch device
+    blocks train on, the ONNX Runtime sessions' device)."""
 
-    def __init__(self, prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session) -> None:
+    def __init__(self, prepared, annotation, rc, samples, count, batch, fixed, devices, monitor, fp_session) -> None:
         self.prepared, self.annotation, self.rc = prepared, annotation, rc
         self.samples, self.count, self.batch = samples, count, batch
-        self.device, self.monitor, self.fp_session = device, monitor, fp_session
+        (self.device, self.session_device), self.monitor, self.fp_session = devices, monitor, fp_session
         self.index = GraphIndex(prepared.model.graph)
         self.configs = dict(annotation.configs)
         self.weights = {name: self.index.array(name).astype(np.float32) for name in annotation.parameters}
@@ -285,7 +287,7 @@ class _Run:
         drop = rc.effective_drop_prob > 0
         cache = _fill_cache(
             block, self.fp_session, qdq_model, self.samples, self.count, self.batch, rc.cache_bytes,
-            self.device.type, drop,
+            self.session_device, drop,
         )  # fmt: skip
         roots = {dominator_root(t, self.configs) for t in _read_activations(block, self.annotation)}
         learned = {r for r in roots - self.scaled if learnable_activation(self.configs[r])}
@@ -350,9 +352,7 @@ def reconstruct(
     rc = config.reconstruction
     if rc is None:
         raise ValueError("config.reconstruction is None: nothing to reconstruct")
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
-    device = torch.device(config.device)
+    device = torch_device(config.device)
     monitor = Monitor(progress, should_cancel)
     samples, count, batch, fixed = calibration_samples(calibration, prepared, rc.num_samples, config.batch_size)
     blocks = partition(prepared.model.graph, annotation, blockwise=rc.blockwise)
@@ -361,7 +361,8 @@ def reconstruct(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(rc.threads if device.type == "cpu" else 0))
         fp_session = stack.enter_context(open_session(prepared.model, device=config.device, outputs=boundary))
-        run = _Run(prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session)
+        devices = (device, session_device(config.device))
+        run = _Run(prepared, annotation, rc, samples, count, batch, fixed, devices, monitor, fp_session)
         reports = []
         for k, block in enumerate(blocks):
             monitor.check(STAGE)
@@ -372,7 +373,7 @@ def reconstruct(
         blocks=tuple(reports),
         config=rc,
         num_samples=count,
-        device=config.device,
+        device=device.type,
     )
 
 

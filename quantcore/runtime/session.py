@@ -57,9 +57,16 @@ def error_line(error: Exception) -> str:
     return f"{type(error).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
 
 
+def session_device(device: str) -> str:
+    """The device (``cpu`` or ``cuda``) of the ONNX Runtime sessions of a run whose ``QuantizeConfig.device``
+    is ``device``: the CUDA EP only when ``cuda`` is asked for by name (``quantcore.runtime.device``)."""
+    return "cuda" if device == "cuda" else "cpu"
+
+
 def providers_for(device: str) -> list[str]:
-    """Execution providers for ``device`` ("cpu" or "cuda"); cuda falls back to CPU for unsupported ops."""
-    if device == "cpu":
+    """Execution providers for ``QuantizeConfig.device`` ``device``: the CPU EP but for ``cuda``, whose
+    CUDA EP falls back to the CPU EP for unsupported ops (``quantcore.runtime.device``)."""
+    if session_device(device) == "cpu":
         return ["CPUExecutionProvider"]
     available = ort.get_available_providers()
     if "CUDAExecutionProvider" not in available:

@@ -132,8 +132,11 @@ def test_fp8_plain_cast_equals_ml_dtypes(fmt: FloatFormat, dtype: type) -> None:
 
 def test_fp8_matches_torch_native_casts_where_the_semantics_match() -> None:
     v = torch.from_numpy(np.concatenate([every_half(), every_half() * 64.0]))
-    # torch saturates E4M3FN casts (ONNX saturate=1) and lets E5M2 overflow to inf (plain IEEE cast)
-    torch.testing.assert_close(round_to_format(v, E4M3FN), v.to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+    # E4M3FN within its range (torch's casts beyond ±448 differ by version: torch 2.13 saturates as ONNX's
+    # saturate=1 does, torch 2.11 gives NaN; the saturation is checked against ONNX Runtime's QDQ below)
+    inside = v[v.abs() <= 448]
+    torch.testing.assert_close(round_to_format(inside, E4M3FN), inside.to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+    # E5M2 overflows to inf in torch (a plain IEEE cast), as round_to_format without saturation
     torch.testing.assert_close(
         round_to_format(v, E5M2, saturate=False), v.to(torch.float8_e5m2).float(), rtol=0, atol=0, equal_nan=True
     )
