@@ -1,6 +1,7 @@
 """CPU against CUDA for quantcore's torch side, in one process on a host whose torch sees a GPU: the
 fake-quantize kernels, reconstruction (AdaRound, BRECQ, QDrop) and QAT on ``bench.reconstruct``'s models
-and data (the digits CNN, the narrow ResNet and the 32-channel one, W4A4, 1024 calibration samples, 500 held-out digits).
+and data (the digits CNN, the narrow ResNet and the 32-channel one; W4A4, 1024 calibration samples, 500
+held-out digits).
 
     python -m bench.cuda_parity --workdir /tmp/cuda                 # everything
     python -m bench.cuda_parity --parts qat --models digits --epochs 4
