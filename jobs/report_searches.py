@@ -65,7 +65,10 @@ class AutoCandidateResult(Section):
         description="The deployed model's CPU EP latency at batch 1 (p50, ms); null: not measured."
     )
     seconds: float
-    error: str | None = Field(description="Why the candidate produced no model (it was skipped); null: it did.")
+    error: str | None = Field(
+        description="Why the candidate produced no model: its run failed or was stopped by the budget, or it was "
+        'skipped, its method finding nothing to change in the model ("skipped: ..."); null: it did.'
+    )
     pareto: bool = Field(description="On the accuracy/size Pareto front of the candidates that produced a model.")
     final_seconds: float | None = Field(
         None, description="Its final run's estimated seconds (all calibration samples, the evaluation data)."

@@ -55,6 +55,24 @@ def _skip_reason(node: onnx.NodeProto, index: GraphIndex, calibrated: Annotation
     """Why ``node`` (a Conv/Gemm) cannot be corrected (module docstring), or None."""
     if len(node.input) < 2 or node.input[1] not in calibrated.parameters:
         return "weight not quantized"
+    return _bias_problem(node, index)
+
+
+def correctable(graph: onnx.GraphProto) -> bool:
+    """Whether ``graph`` holds a layer this correction could correct once its weight is quantized: a
+    Conv/Gemm with a weight initializer and a bias it can change (module docstring)."""
+    index = GraphIndex(graph)
+    return any(
+        node.op_type in LAYERS
+        and len(node.input) > 1
+        and index.is_initializer(node.input[1])
+        and _bias_problem(node, index) is None
+        for node in graph.node
+    )
+
+
+def _bias_problem(node: onnx.NodeProto, index: GraphIndex) -> str | None:
+    """Why ``node``'s bias (a Conv/Gemm with a weight initializer) cannot take a correction, or None."""
     if len(node.input) < 3 or not node.input[2]:
         return "no bias"
     bias = node.input[2]

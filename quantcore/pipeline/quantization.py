@@ -20,10 +20,12 @@ quantized layers' biases at the end of calibrate, before clip and reconstruct (`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from quantcore.analysis.accuracy_target import check_target
@@ -65,6 +67,16 @@ class Calibration:
     qat: QatResult | None = None  # the qat stage's, once it has run
 
 
+def prepare_on_data(
+    model_path: str | Path, calibration: Mapping[str, np.ndarray], batch_size: int, *, external_data: bool = True
+) -> tuple[PreparedModel, dict[str, np.ndarray] | None]:
+    """The prepared model and the first calibration batch it was prepared on, which lets prepare fold Ifs that
+    depend on input shapes or flag inputs (none with ``external_data=False``: see ``prepare``)."""
+    source_specs = input_specs(onnx.load(str(model_path), load_external_data=False))
+    sample = next(iter(Batches(calibration, source_specs, batch_size, what="calibration")), None)
+    return prepare(model_path, sample=sample if external_data else None, external_data=external_data), sample
+
+
 def prepare_stage(run: Run, config: QuantizeConfig, *, external_data: bool = True) -> PreparedInputs:
     """Prepare the model and check the data against it, before any slow stage: batches both data sets
     for the prepared model, checks the labels, the target and QAT's labels and tensor names, and prices the
@@ -73,10 +85,7 @@ def prepare_stage(run: Run, config: QuantizeConfig, *, external_data: bool = Tru
     ``config.smoothquant``, then smoothed (the smoothed graph has the same inputs: the batches stand).
     ``external_data=False``: the prepared model's external tensors stay in their files (``prepare``'s)."""
     started = run.clock.begin("prepare")
-    # The first calibration batch lets prepare fold Ifs that depend on input shapes or flag inputs.
-    source_specs = input_specs(onnx.load(str(run.model_path), load_external_data=False))
-    sample = next(iter(Batches(run.calibration, source_specs, config.batch_size, what="calibration")), None)
-    prepared = prepare(run.model_path, sample=sample if external_data else None, external_data=external_data)
+    prepared, sample = prepare_on_data(run.model_path, run.calibration, config.batch_size, external_data=external_data)
     done = f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes"
     if config.equalization:
         prepared, equalization = equalize(prepared)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import quantcore.auto
 import quantcore.config.auto
@@ -23,7 +24,7 @@ from quantcore.auto.search import Search
 from quantcore.config import AUTO_CANDIDATES, AccuracyTarget
 from quantcore.errors import UnsupportedModelError
 from tests.quantcore.auto_cases import NO_ANALYSIS, TimeLimit, auto_config, rows
-from tests.quantcore.models import conv_relu_gemm, save
+from tests.quantcore.models import conv_relu_gemm, planted_outlier, save
 
 
 def test_candidate_names_match_the_config(small) -> None:
@@ -434,3 +435,42 @@ def test_strategy_fixed_never_enters_the_search(small, tmp_path, monkeypatch) ->
         quantize(path, calibration, evaluation, auto_config(), tmp_path / "out")
     with pytest.raises(ValueError, match="strategy 'auto'"):
         quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
+
+
+def test_a_candidate_whose_method_finds_nothing_to_change_is_skipped_without_a_run(
+    small, tmp_path, recorded_runs
+) -> None:
+    # Conv → Relu → Flatten → Gemm: no two layers joined by an activation alone, so equalization has no pair
+    # (its run would be the config as given again); the Conv's bias can be corrected, the Gemm's input smoothed
+    path, calibration, evaluation = small
+    config = auto_config("equalization", "bias_correction", "smoothquant")
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "bias_correction", "smoothquant"]
+    skipped = {c["name"]: c for c in result.report["auto"]["candidates"]}["equalization"]
+    assert skipped["error"].startswith("skipped: no pair of layers to equalize")
+    assert skipped["seconds"] == 0.0 and skipped["value"] is None and not skipped["pareto"]
+
+
+def test_equalization_is_tried_where_the_model_has_a_pair(tmp_path, recorded_runs) -> None:
+    rng = np.random.default_rng(0)
+    path = save(planted_outlier(), tmp_path / "m.onnx")  # conv1 → Relu → conv2 → Relu → conv3
+    data = rng.normal(size=(56, 3, 8, 8)).astype(np.float32)
+    quantize_auto(path, {"input": data[:40]}, {"input": data[40:]}, auto_config("equalization"), tmp_path / "out")
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "equalization"]
+
+
+def test_what_each_method_finds_in_a_graph_of_matmuls() -> None:
+    # x (N, 4) → MatMul W (4, 3) → Add b → y: the layout of a transformer's projections, no Conv or Gemm
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "projection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.ones(shape, np.float32), name) for name, shape in (("w", (4, 3)), ("b", (3,)))],
+    )
+    found = {c.name: c.unchanged(graph) for c in CANDIDATES if c.unchanged is not None}
+    assert found == {
+        "equalization": "no pair of layers to equalize",
+        "bias_correction": "no Conv/Gemm with a bias to correct",
+        "smoothquant": None,  # a MatMul reading x through its own weight: whether x has outliers, the data tells
+    }
