@@ -5,9 +5,9 @@
 its variation is a valid config for that platform and differs from the config as given (``as_given`` always
 applies): an observer the config already uses, equalization already on, or bias correction on a config
 with a reconstruction is not tried twice or at all. A candidate whose method finds nothing to change in the
-prepared graph (``Candidate.unchanged``: no layer pair to equalize, no layer bias to correct, no MatMul/Gemm
-to smooth) would only run the config as given again: the search records it as skipped, with why, and spends
-no time on it.
+prepared model (``Candidate.unchanged``: no layer pair to equalize, no layer bias to correct or weights already
+on their grids, no MatMul/Gemm to smooth) would only run the config as given again: the search records it as
+skipped, with why, and spends no time on it.
 
     as_given         the config as given (percentile with its clip search, by default)
     minmax, mse, kl  that activation observer (integer platforms that calibrate activations)
@@ -26,13 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import onnx
-
-from quantcore.calibrate.bias_correction import correctable
+from quantcore.annotate.annotation import annotate
+from quantcore.calibrate.bias_correction import nothing_to_correct
+from quantcore.calibrate.calibration import calibrate_weights
 from quantcore.config import MixedPrecisionConfig, QuantizeConfig, ReconstructionConfig
 from quantcore.config.choices import MIXED_PRECISION_METRICS
 from quantcore.graph.channel_scaling import find_groups
 from quantcore.prepare.equalization import find_pairs
+from quantcore.prepare.preparation import PreparedModel
 
 # AdaRound steps per layer in the search: a tenth of ReconstructionConfig's default, so that the candidate
 # fits a CPU budget of minutes on small models; the budget's deadline stops it where it does not.
@@ -52,13 +53,13 @@ PLATFORM_OBSERVERS: dict[str, tuple[str, ...]] = {
 class Candidate:
     """One variation: ``name`` (a key of ``AUTO_CANDIDATES``), ``change`` (what it changes, in words, for
     the report), ``vary`` (config -> config; may raise ValueError where the variation is invalid) and
-    ``unchanged`` (prepared graph -> why the method would change nothing in it, None where it would or
-    only the data can tell; None: no such check)."""
+    ``unchanged`` ((prepared model, the candidate's config) -> why the method would change nothing in it,
+    None where it would or only the calibration data can tell; None: no such check)."""
 
     name: str
     change: str
     vary: Callable[[QuantizeConfig], QuantizeConfig]
-    unchanged: Callable[[onnx.GraphProto], str | None] | None = None
+    unchanged: Callable[[PreparedModel, QuantizeConfig], str | None] | None = None
 
     def applied(self, config: QuantizeConfig) -> QuantizeConfig | None:
         """The variation of ``config`` (strategy ``fixed``: a candidate is one fixed run), or None where it
@@ -99,19 +100,23 @@ CANDIDATES: tuple[Candidate, ...] = (
         "equalization",
         "cross-layer equalization on",
         lambda config: replace(config, equalization=True),
-        lambda graph: None if find_pairs(graph) else "no pair of layers to equalize",
+        lambda prepared, _: None if find_pairs(prepared.model.graph) else "no pair of layers to equalize",
     ),
     Candidate(
         "bias_correction",
         "bias correction on",
         lambda config: replace(config, bias_correction=True),
-        lambda graph: None if correctable(graph) else "no Conv/Gemm with a bias to correct",
+        lambda prepared, config: nothing_to_correct(
+            prepared, calibrate_weights(prepared, annotate(prepared, config), config)
+        ),
     ),
     Candidate(
         "smoothquant",
         "SmoothQuant on",
         lambda config: replace(config, smoothquant=True),
-        lambda graph: None if find_groups(graph) else "no MatMul/Gemm reading an activation through its own weight",
+        lambda prepared, _: (
+            None if find_groups(prepared.model.graph) else "no MatMul/Gemm reading an activation through its own weight"
+        ),
     ),
     Candidate(
         "mixed_precision",

@@ -33,8 +33,8 @@ on a model it does not suit) is recorded with the error and skipped; cancellatio
 own check raises (a worker's time limit), is not an error of the candidate and ends the search.
 
 A candidate whose method would change nothing in the prepared model (``Candidate.unchanged``: equalization
-without a layer pair, say) is recorded as skipped, with why, without a run: its run would be the config as
-given again, at a candidate's cost.
+without a layer pair, bias correction where the weights are already on their grids, say) is recorded as
+skipped, with why, without a run: its run would be the config as given again, at a candidate's cost.
 
 Fallback: when no candidate meets the objective, the best one is run again with
 ``target = objective`` (``quantcore.analysis.accuracy_target``: without the bias correction, the
@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from quantcore.analysis.accuracy_target import measure
 from quantcore.auto.budget import FinalRun
@@ -66,6 +65,7 @@ from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
 from quantcore.pipeline import STAGES, quantize
 from quantcore.pipeline.quantization import prepare_on_data
+from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import error_line
@@ -364,9 +364,9 @@ def run_candidates(
     # a final run's seconds per candidate second, for a candidate not yet run, and its analysis, measured by
     # the first run that produced a model (its analysis by the probe: ``quantcore.auto.budget``)
     factor, analysis = search.final.first_factor, None
-    graph = _PreparedGraph(search)
+    prepared = _Prepared(search)
     for index, (candidate, config) in enumerate(candidates):
-        unchanged = graph.unchanged(candidate, config) if index > 0 else None
+        unchanged = prepared.unchanged(candidate, config) if index > 0 else None
         if unchanged is not None:
             shown = f"candidate {index + 1}/{len(candidates)} {candidate.name}: {unchanged}"
             search.monitor.report(STAGE, (index + 1) / len(candidates), shown)
@@ -407,27 +407,27 @@ def run_candidates(
     return tried, None
 
 
-class _PreparedGraph:
-    """The graph a candidate's prepare stage makes of the model (prepared once, when a candidate first asks),
-    for ``Candidate.unchanged``."""
+class _Prepared:
+    """The model a candidate's prepare stage makes (prepared once, when a candidate first asks), for
+    ``Candidate.unchanged``."""
 
     def __init__(self, search: Search) -> None:
         self.search = search
-        self.graph: onnx.GraphProto | None = None
+        self.prepared: PreparedModel | None = None
         self.failed = False
 
     def unchanged(self, candidate: Candidate, config: QuantizeConfig) -> str | None:
         """``"skipped: ..."`` where ``candidate``'s method would change nothing in the model, else None."""
         if candidate.unchanged is None or self.failed:
             return None
-        if self.graph is None:
-            try:
-                prepared, _ = prepare_on_data(self.search.model_path, self.search.split.calibration, config.batch_size)
-            except QuantcoreError:  # as the candidate's own prepare would: its run records why
-                self.failed = True
-                return None
-            self.graph = prepared.model.graph
-        reason = candidate.unchanged(self.graph)
+        try:
+            if self.prepared is None:
+                search = self.search
+                self.prepared, _ = prepare_on_data(search.model_path, search.split.calibration, config.batch_size)
+            reason = candidate.unchanged(self.prepared, config)
+        except QuantcoreError:  # as the candidate's own run would raise: its run records why
+            self.failed = True
+            return None
         return None if reason is None else f"skipped: {reason}, so it would run the config as given again"
 
 

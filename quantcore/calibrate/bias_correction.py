@@ -21,6 +21,7 @@ platforms that store biases as int32).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,6 +32,7 @@ from quantcore.annotate.annotation import Annotation
 from quantcore.config import QuantizeConfig
 from quantcore.graph.index import GraphIndex, NameScope
 from quantcore.numerics.fake_quant import fake_quantize_numpy
+from quantcore.numerics.tqc import TensorQuantConfig
 from quantcore.prepare.preparation import PreparedModel
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches
@@ -58,17 +60,25 @@ def _skip_reason(node: onnx.NodeProto, index: GraphIndex, calibrated: Annotation
     return _bias_problem(node, index)
 
 
-def correctable(graph: onnx.GraphProto) -> bool:
-    """Whether ``graph`` holds a layer this correction could correct once its weight is quantized: a
-    Conv/Gemm with a weight initializer and a bias it can change (module docstring)."""
-    index = GraphIndex(graph)
-    return any(
-        node.op_type in LAYERS
+def nothing_to_correct(prepared: PreparedModel, weights: Mapping[str, TensorQuantConfig]) -> str | None:
+    """Why correcting ``prepared``'s biases for the calibrated weight configs ``weights`` would change nothing
+    (no layer to correct, or weights already on their grids: ε = 0), or None where it would change some."""
+    index = GraphIndex(prepared.model.graph)
+    layers = [
+        node
+        for node in prepared.model.graph.node
+        if node.op_type in LAYERS
         and len(node.input) > 1
-        and index.is_initializer(node.input[1])
+        and node.input[1] in weights
         and _bias_problem(node, index) is None
-        for node in graph.node
+    ]
+    if not layers:
+        return "no Conv/Gemm with a bias to correct"
+    exact = all(
+        np.array_equal(fake_quantize_numpy(index.array(n.input[1]), weights[n.input[1]]), index.array(n.input[1]))
+        for n in layers
     )
+    return "the Conv/Gemm weights are already on their quantization grids, no mean shift to correct" if exact else None
 
 
 def _bias_problem(node: onnx.NodeProto, index: GraphIndex) -> str | None:

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import quantcore.auto
 import quantcore.config.auto
 import quantcore.progress
-from quantcore import AnalysisOptions, Canceled, QuantizeConfig, quantize, quantize_auto
+from quantcore import AnalysisOptions, Canceled, QuantizeConfig, prepare, quantize, quantize_auto
 from quantcore.auto import budget as budget_module
 from quantcore.auto import scoring
 from quantcore.auto import search as search_module
@@ -468,9 +468,30 @@ def test_what_each_method_finds_in_a_graph_of_matmuls() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
         [numpy_helper.from_array(np.ones(shape, np.float32), name) for name, shape in (("w", (4, 3)), ("b", (3,)))],
     )
-    found = {c.name: c.unchanged(graph) for c in CANDIDATES if c.unchanged is not None}
+    prepared = prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    config = QuantizeConfig(platform="tensorrt")
+    found = {c.name: c.unchanged(prepared, config) for c in CANDIDATES if c.unchanged is not None}
     assert found == {
         "equalization": "no pair of layers to equalize",
         "bias_correction": "no Conv/Gemm with a bias to correct",
         "smoothquant": None,  # a MatMul reading x through its own weight: whether x has outliers, the data tells
     }
+
+
+def test_bias_correction_is_skipped_where_the_weights_are_already_on_their_grids() -> None:
+    # weights exported from an int8 model: q · 2^-7 with |q| reaching 127 in every output channel, which the
+    # per-channel int8 grid of max|W| / 127 reproduces exactly, so no layer's output mean can shift
+    model = conv_relu_gemm()
+    rng = np.random.default_rng(0)
+    for initializer in model.graph.initializer:
+        if initializer.name in ("w", "fc.w"):
+            codes = rng.integers(-127, 128, size=tuple(initializer.dims)).reshape(initializer.dims[0], -1)
+            codes[:, 0] = 127
+            snapped = (codes * 2.0**-7).reshape(tuple(initializer.dims)).astype(np.float32)
+            initializer.CopyFrom(numpy_helper.from_array(snapped, initializer.name))
+    bias_correction = next(c for c in CANDIDATES if c.name == "bias_correction")
+    config = QuantizeConfig(platform="tensorrt")
+    assert bias_correction.unchanged(prepare(model), config) == (
+        "the Conv/Gemm weights are already on their quantization grids, no mean shift to correct"
+    )
+    assert bias_correction.unchanged(prepare(conv_relu_gemm()), config) is None
