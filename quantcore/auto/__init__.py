@@ -102,7 +102,7 @@ def quantize_auto(
             raise UnsupportedModelError(f"strategy auto: no candidate produced a model ({errors})")
         best = best or tried[0]  # the config as given, stopped by the budget before it was scored
         chosen, fallen_back = best.config, None
-        if best.error is None and not best.met and deadline - time.perf_counter() > best.final_seconds:
+        if best.error is None and not best.met and _fallback_fits(tried[0], best, deadline):
             chosen, fallen_back = fallback(search, best, deadline)
     left = deadline - time.perf_counter()
     probe_stopped = next((t.probe_stopped for t in tried if t.probe_stopped is not None), None)
@@ -163,6 +163,14 @@ def _why(metric: str, tried: list[Tried], best: Tried) -> str:
         d = top.difference
         why += f" ({top.name} scores higher by {d['value']:.3g}, within noise: [{d['low']:.3g}, {d['high']:.3g}])"
     return why
+
+
+def _fallback_fits(first: Tried, best: Tried, deadline: float) -> bool:
+    """Whether the time left holds the accuracy-target fallback from ``best`` and ``best``'s final run after it.
+    The fallback is one more candidate run, its layer ranking on top: at least what the first candidate took
+    without its analysis probe, the least any candidate's run does. A fallback started without that time is
+    stopped by the budget, its seconds lost to the final run."""
+    return deadline - time.perf_counter() > first.seconds - first.probe_seconds + best.final_seconds
 
 
 def _reason(

@@ -36,7 +36,8 @@ A candidate whose method would change nothing in the prepared model (``Candidate
 without a layer pair, bias correction where the weights are already on their grids, say) is recorded as
 skipped, with why, without a run: its run would be the config as given again, at a candidate's cost.
 
-Fallback: when no candidate meets the objective, the best one is run again with
+Fallback: when no candidate meets the objective, and the time left holds the fallback's run (at least what the
+first candidate took) with the best one's final run after it, the best one is run again with
 ``target = objective`` (``quantcore.analysis.accuracy_target``: without the bias correction, the
 reconstruction and the mixed precision it cannot be combined with), still on the selection split; the
 float layers it keeps are added to the chosen config's ``exclude_node_patterns``, so the final run, which

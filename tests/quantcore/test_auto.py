@@ -419,6 +419,23 @@ def test_an_unreachable_objective_falls_back_to_the_accuracy_target(small, tmp_p
     assert result.report["config"]["target"] is None  # the final run never chooses on the evaluation data
 
 
+def test_the_fallback_starts_only_where_its_run_and_the_final_run_fit(small, tmp_path, progress) -> None:
+    """On the ``progress`` clock: with an unreachable objective and a budget of the only candidate's seconds T
+    plus its final run's estimate F plus T/2, the time left after the search holds F but not the fallback's
+    run (at least T) before it: the fallback is not started, and the reason says the budget left no time."""
+    path, calibration, evaluation = small
+    unreachable = AccuracyTarget("cosine", 0.99999999)
+    config = auto_config("as_given", objective=unreachable)
+    free = quantize_auto(path, calibration, evaluation, config, tmp_path / "free", progress=progress).report["auto"]
+    assert free["fallback"] is not None  # unbounded, it starts
+    first = free["candidates"][0]
+    budget = first["seconds"] + first["final_seconds"] + first["seconds"] / 2
+    config = auto_config("as_given", objective=unreachable, budget_seconds=budget)
+    section = quantize_auto(path, calibration, evaluation, config, tmp_path / "out", progress=progress).report["auto"]
+    assert section["fallback"] is None
+    assert "the budget left no time for the accuracy-target fallback" in section["reason"]
+
+
 def test_strategy_fixed_never_enters_the_search(small, tmp_path, monkeypatch) -> None:
     path, calibration, evaluation = small
 
