@@ -421,13 +421,17 @@ class _Prepared:
         """``"skipped: ..."`` where ``candidate``'s method would change nothing in the model, else None."""
         if candidate.unchanged is None or self.failed:
             return None
-        try:
-            if self.prepared is None:
-                search = self.search
+        # a fault here is one the candidate's own run meets too, and records as its error, as any fault
+        if self.prepared is None:
+            search = self.search
+            try:
                 self.prepared, _ = prepare_on_data(search.model_path, search.split.calibration, config.batch_size)
+            except Exception:
+                self.failed = True
+                return None
+        try:
             reason = candidate.unchanged(self.prepared, config)
-        except QuantcoreError:  # as the candidate's own run would raise: its run records why
-            self.failed = True
+        except Exception:
             return None
         return None if reason is None else f"skipped: {reason}, so it would run the config as given again"
 

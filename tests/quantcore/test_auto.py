@@ -16,6 +16,7 @@ import quantcore.config.auto
 import quantcore.progress
 from quantcore import AnalysisOptions, Canceled, QuantizeConfig, prepare, quantize, quantize_auto
 from quantcore.auto import budget as budget_module
+from quantcore.auto import candidates as candidates_module
 from quantcore.auto import scoring
 from quantcore.auto import search as search_module
 from quantcore.auto.budget import FinalRun
@@ -466,6 +467,17 @@ def test_a_candidate_whose_method_finds_nothing_to_change_is_skipped_without_a_r
     skipped = {c["name"]: c for c in result.report["auto"]["candidates"]}["equalization"]
     assert skipped["error"].startswith("skipped: no pair of layers to equalize")
     assert skipped["seconds"] == 0.0 and skipped["value"] is None and not skipped["pareto"]
+
+
+def test_a_check_that_raises_leaves_the_candidate_to_its_own_run(small, tmp_path, recorded_runs, monkeypatch) -> None:
+    def broken(prepared, config):
+        raise ValueError("check broke")
+
+    varied = tuple(replace(c, unchanged=broken) if c.name == "equalization" else c for c in CANDIDATES)
+    monkeypatch.setattr(candidates_module, "CANDIDATES", varied)
+    path, calibration, evaluation = small
+    quantize_auto(path, calibration, evaluation, auto_config("equalization"), tmp_path / "out")
+    assert [name for name, _, _ in recorded_runs] == ["as_given", "equalization"]  # run, not skipped
 
 
 def test_equalization_is_tried_where_the_model_has_a_pair(tmp_path, recorded_runs) -> None:
