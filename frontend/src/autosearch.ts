@@ -40,7 +40,7 @@ export function autoSearchView(auto: AutoSearch): { el: HTMLElement; destroy: ()
     ),
     scroll(
       "Candidates",
-      table(null, ["Candidate", "What it changed", `${label(metric)} (selection)`, "Met", "Size", "CPU p50 ms (batch 1)", "Seconds", "Error"], rows, {
+      table(null, ["Candidate", "What it changed", `${label(metric)} (selection)`, "Met", "Size", "CPU p50 ms (batch 1)", "Seconds", "Why no model"], rows, {
         class: "data compact fit",
         id: "auto-candidates",
       }),

@@ -1,5 +1,6 @@
 """The job page of a strategy auto job, from a real report: quantcore.quantize_auto on a small
-Conv-Relu-Gemm model with three candidates and an objective some miss, on platform onnxruntime with
+Conv-Relu-Gemm model with four candidates (equalization skipped: the model has no layer pair) and an
+objective some miss, on platform onnxruntime with
 cpu_objective latency, so the report holds both the search (`auto`) and the CPU placement
 (`placement`). Served the way test_report_view serves a report."""
 
@@ -27,7 +28,8 @@ def auto_report(tmp_path_factory) -> dict:
     path = save(conv_relu_gemm(), tmp_path / "m.onnx")
     calibration = {"input": rng.normal(size=(40, 2, 6, 6)).astype(np.float32)}
     evaluation = {"input": rng.normal(size=(16, 2, 6, 6)).astype(np.float32)}
-    auto = AutoOptions(budget_seconds=60, candidates=("minmax", "mse"), objective=AccuracyTarget("cosine", 0.9999))
+    candidates = ("minmax", "mse", "equalization")
+    auto = AutoOptions(budget_seconds=60, candidates=candidates, objective=AccuracyTarget("cosine", 0.9999))
     config = QuantizeConfig(
         platform="onnxruntime",
         strategy="auto",
@@ -46,12 +48,16 @@ def test_auto_job_shows_its_candidates_plot_and_placement_within_1366_px(page, s
     serve_job(page, {**JOB, "recipe": {"strategy": "auto"}}, auto_report)
     sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
     rows = page.locator("#auto-candidates tbody tr")
-    expect(rows).to_have_count(len(auto["candidates"]))  # as_given, minmax, mse
+    expect(rows).to_have_count(len(auto["candidates"]))  # as_given, minmax, mse, equalization
     for row, candidate in zip(rows.all(), auto["candidates"], strict=True):
         expect(row).to_contain_text(candidate["name"])
         expect(row).to_contain_text(candidate["change"])
         expect(row.locator(".mark-pareto")).to_have_count(1 if candidate["pareto"] else 0)
         expect(row.locator(".mark-chosen")).to_have_count(1 if candidate["name"] == auto["chosen"] else 0)
+    skipped = [c for c in auto["candidates"] if c["error"]]
+    assert [c["name"] for c in skipped] == ["equalization"] and skipped[0]["error"].startswith("skipped: ")
+    expect(page.locator("#auto-candidates thead")).to_contain_text("Why no model")  # not an error: a reason
+    expect(rows.nth(auto["candidates"].index(skipped[0]))).to_contain_text(skipped[0]["error"])
     expect(page.locator("#auto-verdict")).to_contain_text(auto["reason"])
     expect(page.locator("#auto-verdict")).to_contain_text("Objective met" if auto["met"] else "Objective not met")
     # every candidate measured its latency, so the plot is against latency; its text names the chosen one
