@@ -170,7 +170,7 @@ def _fallback_fits(first: Tried, best: Tried, deadline: float) -> bool:
     The fallback is one more candidate run, its layer ranking on top: at least what the first candidate took
     without its analysis probe, the least any candidate's run does. A fallback started without that time is
     stopped by the budget, its seconds lost to the final run."""
-    return deadline - time.perf_counter() > first.seconds - first.probe_seconds + best.final_seconds
+    return deadline - time.perf_counter() > first.run_seconds + best.final_seconds
 
 
 def _reason(

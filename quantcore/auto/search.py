@@ -189,6 +189,11 @@ class Tried:
     probe_stopped: str | None = None  # why its probe was stopped (the final run then runs no analysis); None: not
     difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
 
+    @property
+    def run_seconds(self) -> float:
+        """Its seconds without the analysis probe: the least a later candidate's run, or the fallback's, takes."""
+        return self.seconds - self.probe_seconds
+
     def to_dict(self, pareto: bool) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -378,7 +383,7 @@ def run_candidates(
             left = deadline - time.perf_counter()
             kept = choose_among(list(tried), config.auto.objective.higher_is_better, left)
             reserve = 0.0 if kept is None else kept.final_seconds
-            needed = tried[0].seconds - tried[0].probe_seconds  # the others run no probe
+            needed = tried[0].run_seconds  # the others run no probe
             after = max(reserve, factor * needed + (analysis or 0.0) + search.final.held_back)
             if left < needed + after:
                 untried = ", ".join(c.name for c, _ in candidates[index:])
@@ -396,9 +401,7 @@ def run_candidates(
             if last.probe_stopped is not None:  # no final run will run the analysis: none held back for it
                 search = replace(search, final=search.final.without_analysis())
             analysis = last.analysis_seconds
-            factor = (last.final_seconds - analysis - search.final.held_back) / max(
-                last.seconds - last.probe_seconds, 1e-9
-            )
+            factor = (last.final_seconds - analysis - search.final.held_back) / max(last.run_seconds, 1e-9)
         if tried[-1].error == BUDGET_SPENT:
             untried = ", ".join(c.name for c, _ in candidates[index + 1 :]) or "none"
             return tried, (

@@ -54,7 +54,7 @@ from quantcore.reconstruction.cache import BlockCache
 from quantcore.reconstruction.converter import BlockModule, learnable_activation, learnable_weight
 from quantcore.runtime.batching import Batches, input_specs
 from quantcore.runtime.device import torch_device
-from quantcore.runtime.session import open_session, session_device
+from quantcore.runtime.session import open_session
 from quantcore.runtime.threads import torch_threads
 
 STAGE = "reconstruct"
@@ -254,13 +254,15 @@ def _train(module: BlockModule, cache: BlockCache, batch: int, rc: Reconstructio
 
 class _Run:
     """The state one reconstruction carries from block to block: current weights and configs, which
-    weights and scales earlier blocks own, the samples and the FP32 session. ``devices``: (the torch device
-    blocks train on, the ONNX Runtime sessions' device)."""
+    weights and scales earlier blocks own, the samples and the FP32 session. ``device``: the run's
+    ``QuantizeConfig.device``, which names the block caches' ONNX Runtime sessions' device as it does the FP32
+    session's, and resolves to the torch device blocks train on."""
 
-    def __init__(self, prepared, annotation, rc, samples, count, batch, fixed, devices, monitor, fp_session) -> None:
+    def __init__(self, prepared, annotation, rc, samples, count, batch, fixed, device, monitor, fp_session) -> None:
         self.prepared, self.annotation, self.rc = prepared, annotation, rc
         self.samples, self.count, self.batch = samples, count, batch
-        (self.device, self.session_device), self.monitor, self.fp_session = devices, monitor, fp_session
+        self.session_device, self.device = device, torch_device(device)
+        self.monitor, self.fp_session = monitor, fp_session
         self.index = GraphIndex(prepared.model.graph)
         self.configs = dict(annotation.configs)
         self.weights = {name: self.index.array(name).astype(np.float32) for name in annotation.parameters}
@@ -361,8 +363,7 @@ def reconstruct(
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(rc.threads if device.type == "cpu" else 0))
         fp_session = stack.enter_context(open_session(prepared.model, device=config.device, outputs=boundary))
-        devices = (device, session_device(config.device))
-        run = _Run(prepared, annotation, rc, samples, count, batch, fixed, devices, monitor, fp_session)
+        run = _Run(prepared, annotation, rc, samples, count, batch, fixed, config.device, monitor, fp_session)
         reports = []
         for k, block in enumerate(blocks):
             monitor.check(STAGE)
