@@ -82,7 +82,7 @@ def _fitted(weight: np.ndarray, grid: BlockGrid) -> BlockwiseWeight:
         steps = mask * (codes - zero[:, None])  # (blocks, size, N) q - z
         power = np.sum(steps**2, axis=1)
         fitted = np.sum(target * steps, axis=1) / np.where(power > 0, power, 1.0)
-        scale = np.where((power > 0) & (fitted > 0), fitted, scale).astype(np.float32).astype(np.float64)
+        scale = np.where((power > 0) & (fitted * scale > 0), fitted, scale).astype(np.float32).astype(np.float64)
         if not grid.symmetric:
             offset = np.sum(mask * (codes - target / scale[:, None]), axis=1) / rows
             zero = np.clip(np.round(offset), 0, grid.quant_max)
