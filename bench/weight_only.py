@@ -1,8 +1,9 @@
-"""Weight-only w4 on a decoder of ``samples.decoder``: quantcore's RTN, GPTQ, AWQ and HQQ
-(MatMulNBits, symmetric and not) against ONNX Runtime's own ``MatMulNBitsQuantizer`` (its DEFAULT, the C++
-round-to-nearest, and its HQQ; its RTN and GPTQ configurations need Intel Neural Compressor, reported as not
-run when it is absent) at block sizes 32 and 128, on the same calibration and evaluation tokens, the LM head
-kept float by all.
+"""Weight-only w4 on a decoder: quantcore's RTN, GPTQ, AWQ and HQQ (MatMulNBits, symmetric and not)
+against ONNX Runtime's own ``MatMulNBitsQuantizer`` (its DEFAULT, the C++ round-to-nearest; its HQQ; and,
+when ``gptq`` is among ``--algorithms``, its GPTQ, a copy of Intel Neural Compressor's that ONNX Runtime
+ships, which calibrates every layer on the FP32 model, one run of the calibration data per layer input)
+at block sizes 32 and 128, on the same calibration and evaluation tokens, the LM head kept float by all.
+ONNX Runtime has no AWQ of its own (its ``nvidia_awq`` needs ModelOpt).
 
 ``--model text`` (the default): a byte-level decoder (d_model 128, 4 blocks, 64-byte context) trained for
 ``--train-seconds`` on the Python standard library's source, evaluated on held-out windows of it;
@@ -57,6 +58,7 @@ from samples.large import external_decoder
 
 ALGORITHMS = ("rtn", "gptq", "awq", "hqq")
 BLOCKS = (32, 128)
+SCHEMES = {"symmetric": True, "asymmetric": False}
 TEXT_SHAPE = Shape(vocab=128, d_model=128, heads=4, layers=4, max_len=64)
 TEXT_BYTES = 3_000_000  # of the standard library's .py files, in name order
 SCORE_WINDOWS = 8  # evaluation windows a session runs at once: SmolLM2's logits are 25 MB a window of 128
@@ -114,29 +116,47 @@ def _score(row: Row, tokens: np.ndarray, reference: np.ndarray) -> None:
     row.sqnr = 10 * math.log10(signal / noise) if noise else math.inf  # FP32 against itself: infinite
 
 
-def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, head: str, algorithm: str) -> Path:
-    from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig, MatMulNBitsQuantizer
+def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, head: str, algorithm: str, **data) -> Path:
+    """ONNX Runtime's quantizer of ``algorithm``: DEFAULT (its C++ round-to-nearest), HQQ, or GPTQ (its
+    vendored Intel Neural Compressor, given ``data["calibration"]`` tokens), the LM head ``head`` float."""
+    from onnxruntime.quantization.calibrate import CalibrationDataReader
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        GPTQWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
 
-    config = HQQWeightOnlyQuantConfig(block_size=block, bits=4) if algorithm == "HQQ" else None
-    quantizer = MatMulNBitsQuantizer(
+    class Windows(CalibrationDataReader):
+        def __init__(self, tokens: np.ndarray) -> None:
+            self.tokens, self.at = tokens, 0
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            if self.at >= len(self.tokens):
+                return None
+            self.at += SCORE_WINDOWS
+            return {"tokens": self.tokens[self.at - SCORE_WINDOWS : self.at]}
+
+    class HeadFloat(MatMulNBitsQuantizer):
+        # its GPTQ reads a layer table that nodes_to_exclude does not reach: "fp32" there keeps a layer float
+        def _generate_q4_node_config(self) -> dict:
+            return {**super()._generate_q4_node_config(), head: "fp32"}
+
+    configs = {
+        "DEFAULT": lambda: None,
+        "HQQ": lambda: HQQWeightOnlyQuantConfig(block_size=block, bits=4),
+        "GPTQ": lambda: GPTQWeightOnlyQuantConfig(Windows(data["calibration"]), block_size=block),
+    }
+    quantizer = HeadFloat(
         onnx.load(str(source)),
         bits=4,
         block_size=block,
         is_symmetric=symmetric,
         nodes_to_exclude=[head],
-        algo_config=config,
+        algo_config=configs[algorithm](),
     )
     quantizer.process()
     onnx.save(quantizer.model.model, str(target))
     return target
-
-
-def _neural_compressor() -> bool:
-    try:
-        import neural_compressor  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _status_bytes(field: str) -> int:
@@ -201,6 +221,7 @@ def main() -> None:
     parser.add_argument("--memory-gb", type=float, default=1.0, help="memory: the model's size")
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
+    parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
     args = parser.parse_args()
     if args.memory:
         memory(args.memory_gb, args.algorithms)
@@ -221,7 +242,7 @@ def main() -> None:
         rows = [Row("FP32", None, None, source)]
         report = {"tokens": tokens[:REPORT_WINDOWS]}
         for block in args.blocks:
-            for symmetric in (True, False):
+            for symmetric in (SCHEMES[scheme] for scheme in args.schemes):
                 for algorithm in args.algorithms:
                     options = WeightOnlyConfig(algorithm=algorithm, block_size=block, symmetric=symmetric)
                     config = QuantizeConfig(
@@ -230,14 +251,11 @@ def main() -> None:
                     out = root / f"{algorithm}-{block}-{symmetric}"
                     result = quantize(source, built.calibration, report, config, out)
                     rows.append(Row(f"quantcore {algorithm}", block, symmetric, result.model_path))
-                rows.append(
-                    Row(
-                        "ORT DEFAULT",
-                        block,
-                        symmetric,
-                        _onnxruntime(source, root / f"ort-{block}-{symmetric}.onnx", block, symmetric, head, "DEFAULT"),
-                    )
-                )
+                for algorithm in ("DEFAULT", "GPTQ") if "gptq" in args.algorithms else ("DEFAULT",):
+                    target = root / f"ort-{algorithm}-{block}-{symmetric}.onnx"
+                    data = {"calibration": built.calibration["tokens"]}
+                    path = _onnxruntime(source, target, block, symmetric, head, algorithm, **data)
+                    rows.append(Row(f"ORT {algorithm}", block, symmetric, path))
             # ORT's HQQ is asymmetric with float zero points whatever is_symmetric says: one row per block
             path = _onnxruntime(source, root / f"ort-hqq-{block}.onnx", block, False, head, "HQQ")
             rows.append(Row("ORT HQQ", block, False, path))
@@ -277,8 +295,6 @@ def main() -> None:
                 + " | ".join(f"{p50[n][i] / p50[n][0]:.2f}" for n in LATENCY_TOKENS)
                 + " |"
             )
-        if not _neural_compressor():
-            print("ORT RTN / GPTQ configs: not run (they need neural_compressor, not installed)")
 
 
 if __name__ == "__main__":
