@@ -2,7 +2,8 @@
 against ONNX Runtime's own ``MatMulNBitsQuantizer`` (its DEFAULT, the C++ round-to-nearest; its HQQ; and,
 when ``gptq`` is among ``--algorithms``, its GPTQ, a copy of Intel Neural Compressor's that ONNX Runtime
 ships, which calibrates every layer on the FP32 model, one run of the calibration data per layer input)
-at block sizes 32 and 128, on the same calibration and evaluation tokens, the LM head kept float by all.
+at block sizes 32 and 128, on the same calibration and evaluation tokens, the LM head kept float by all
+(quantized by all with ``--quantize-lm-head``).
 ONNX Runtime has no AWQ of its own (its ``nvidia_awq`` needs ModelOpt).
 
 ``--model text`` (the default): a byte-level decoder (d_model 128, 4 blocks, 64-byte context) trained for
@@ -177,7 +178,8 @@ def _scores(path: Path, subject: Subject, reference: np.ndarray) -> dict[str, fl
 
 def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, subject: Subject, algorithm: str) -> Path:
     """ONNX Runtime's quantizer of ``algorithm``: DEFAULT (its C++ round-to-nearest), HQQ, or GPTQ (its
-    vendored Intel Neural Compressor, on the subject's calibration data), the LM head float."""
+    vendored Intel Neural Compressor, on the subject's calibration data); the subject's LM head, if it
+    names one, float."""
     from onnxruntime.quantization.calibrate import CalibrationDataReader
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         GPTQWeightOnlyQuantConfig,
@@ -279,6 +281,8 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
+    parser.add_argument("--quantize-lm-head", action="store_true", help="every method quantizes the LM head too")
+    parser.add_argument("--accuracy-level", type=int, default=4, help="quantcore's MatMulNBits accuracy_level")
     args = parser.parse_args()
     if args.memory:
         memory(args.memory_gb, args.algorithms)
@@ -293,6 +297,9 @@ def main() -> None:
         subject = _smollm(args.workdir, args.calibration, args.evaluation, args.length)
     else:
         subject = _minilm(args.workdir, args.calibration, args.evaluation)
+    if args.quantize_lm_head:
+        subject.head = None
+        subject.note += "; the LM head quantized by every method"
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         source = root / "model.onnx"
@@ -303,7 +310,13 @@ def main() -> None:
         for block in args.blocks:
             for symmetric in (SCHEMES[scheme] for scheme in args.schemes):
                 for algorithm in args.algorithms:
-                    options = WeightOnlyConfig(algorithm=algorithm, block_size=block, symmetric=symmetric)
+                    options = WeightOnlyConfig(
+                        algorithm=algorithm,
+                        block_size=block,
+                        symmetric=symmetric,
+                        quantize_lm_head=args.quantize_lm_head,
+                        accuracy_level=args.accuracy_level,
+                    )
                     config = QuantizeConfig(
                         platform="onnxruntime-weight-only", precision="w4", cpu_latency=False, weight_only=options
                     )
