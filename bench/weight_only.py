@@ -3,7 +3,9 @@ and not) against ONNX Runtime's own ``MatMulNBitsQuantizer``: its DEFAULT (the C
 and, each where its name is among ``--algorithms``, its HQQ and its GPTQ (a copy of Intel Neural
 Compressor's that ONNX Runtime ships, which calibrates every layer on the FP32 model, one run of the
 calibration data per layer input), at block sizes 32 and 128, on the same calibration and evaluation
-tokens, the LM head kept float by all (quantized by all with ``--quantize-lm-head``).
+tokens, the LM head kept float by all (quantized by all with ``--quantize-lm-head``), the embedding
+tables too (quantized with ``--quantize-embeddings`` by quantcore and by ONNX Runtime's DEFAULT, both as
+``GatherBlockQuantized``; its GPTQ quantizes MatMul weights only and keeps them float).
 ONNX Runtime has no AWQ of its own (its ``nvidia_awq`` needs ModelOpt).
 
 ``--model text`` (the default): a byte-level decoder (d_model 128, 4 blocks, 64-byte context) trained for
@@ -95,6 +97,7 @@ class Subject:
     latency: dict[str, dict[str, np.ndarray]]  # batch-1 feeds timed, by a column's name
     output: str = LOGITS  # scored: a causal LM's logits, else an encoder's embedding (one row a sample)
     head: str | None = None  # the LM head, kept float by every method
+    embeddings: bool = False  # the embedding tables quantized (by ONNX Runtime's DEFAULT as well)
 
     @classmethod
     def language_model(cls, built: DecoderModel, note: str) -> Subject:
@@ -211,6 +214,8 @@ def _onnxruntime(source: Path, target: Path, block: int, symmetric: bool, subjec
         block_size=block,
         is_symmetric=symmetric,
         nodes_to_exclude=[] if subject.head is None else [subject.head],
+        op_types_to_quantize=("MatMul", "Gather") if subject.embeddings else ("MatMul",),  # DEFAULT's only
+        quant_axes=(("MatMul", 0), ("Gather", 1)),  # blocks along K, and along a table's rows
         algo_config=configs[algorithm](),
     )
     quantizer.process()
@@ -282,6 +287,7 @@ def main() -> None:
     parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
     parser.add_argument("--quantize-lm-head", action="store_true", help="every method quantizes the LM head too")
+    parser.add_argument("--quantize-embeddings", action="store_true", help="quantize the embedding tables too")
     parser.add_argument("--accuracy-level", type=int, default=4, help="quantcore's MatMulNBits accuracy_level")
     args = parser.parse_args()
     if args.memory:
@@ -300,6 +306,9 @@ def main() -> None:
     if args.quantize_lm_head:
         subject.head = None
         subject.note += "; the LM head quantized by every method"
+    if args.quantize_embeddings:
+        subject.embeddings = True
+        subject.note += "; the embedding tables quantized (ORT GPTQ: float, it quantizes MatMul weights only)"
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         source = root / "model.onnx"
@@ -315,6 +324,7 @@ def main() -> None:
                         block_size=block,
                         symmetric=symmetric,
                         quantize_lm_head=args.quantize_lm_head,
+                        quantize_embeddings=args.quantize_embeddings,
                         accuracy_level=args.accuracy_level,
                     )
                     config = QuantizeConfig(

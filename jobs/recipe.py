@@ -376,7 +376,8 @@ class Recipe(_Spec):
     weight_only: WeightOnlySpec | None = Field(
         None,
         description="Platform onnxruntime-weight-only only: algorithm, block size, zero points and export format "
-        "(null: the defaults there). Embeddings and the LM head stay float unless quantize_lm_head.",
+        "(null: the defaults there). Embeddings and the LM head stay float unless quantize_embeddings and "
+        "quantize_lm_head.",
     )
     platform_named: bool | None = Field(
         None,

@@ -198,6 +198,11 @@ class WeightOnlySpec(Spec):
     quantize_lm_head: bool = Field(
         False, description="Also quantize the LM head (the last MatMul writing a graph output), kept float by default."
     )
+    quantize_embeddings: bool = Field(
+        False,
+        description="Also quantize the embedding tables (Gather of a 2-D float table), round to nearest in blocks "
+        "along each row, kept float by default; matmulnbits writes com.microsoft.GatherBlockQuantized.",
+    )
     accuracy_level: int = Field(
         4,
         ge=0,

@@ -25,6 +25,9 @@ class WeightOnlyConfig(Section):
     act_order: bool = Field(description="gptq: rows visited by decreasing H diagonal (block scales computed first).")
     damping: float = Field(description="gptq: λ = damping · mean(diag H) added to H's diagonal.")
     quantize_lm_head: bool = Field(description="Whether the LM head was quantized too (kept float by default).")
+    quantize_embeddings: bool = Field(
+        False, description="Whether the embedding tables were quantized too (kept float by default)."
+    )
     accuracy_level: int = Field(description="matmulnbits: MatMulNBits' accuracy_level (4: int8 activations per block).")
 
 

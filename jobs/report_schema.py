@@ -394,9 +394,12 @@ class EngineSummary(Section):
 
 class WeightOnlyLayer(Section):
     node: str
-    op_type: Literal["MatMul", "Gemm"]
+    op_type: Literal["MatMul", "Gemm", "Gather"] = Field(
+        description="Gather: an embedding table (quantize_embeddings), rounded to nearest (hqq: HQQ's fit) in "
+        "blocks along each row."
+    )
     weight: str = Field(description="The FP32 initializer replaced by the stored codes.")
-    shape: list[int] = Field(description="[K, N]: the reduction axis first.")
+    shape: list[int] = Field(description="[K, N]: the reduction axis first (an embedding: [row length, rows]).")
     fp32_bytes: int
     stored_bytes: int = Field(description="Packed codes, scales and zero points of this layer.")
     output_error: float | None = Field(

@@ -252,6 +252,7 @@ def test_weight_only_translates() -> None:
         "format": "dequantize_linear",
         "act_order": True,
         "accuracy_level": 1,
+        "quantize_embeddings": True,
     }
     chosen = to_quantize_config(Recipe.model_validate({"platform": "onnxruntime-weight-only", "weight_only": spec}))
     assert chosen.to_dict()["weight_only"] == {**spec, "damping": 0.01, "quantize_lm_head": False}

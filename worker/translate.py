@@ -77,6 +77,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "auto", timing_cache: Pa
             format=wo.format,
             act_order=wo.act_order,
             quantize_lm_head=wo.quantize_lm_head,
+            quantize_embeddings=wo.quantize_embeddings,
             accuracy_level=wo.accuracy_level,
         )
     )

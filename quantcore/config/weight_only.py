@@ -29,6 +29,12 @@ class WeightOnlyConfig:
     computed from the original weights first, GPTQ's ``static_groups``, so that blocks stay contiguous).
     damping: λ = damping·mean(diag H) added to H's diagonal. quantize_lm_head: also quantize the last
     MatMul/Gemm writing a graph output (kept float by default: its error reaches the logits unfiltered).
+    quantize_embeddings: also quantize each embedding table (a Gather along axis 0 of a 2-D float32
+    initializer read by nothing else), in blocks along its rows, by round to nearest (HQQ with ``hqq``: a
+    lookup has no activation for GPTQ or AWQ to weigh): ``com.microsoft.GatherBlockQuantized`` in
+    ``matmulnbits``, a blocked DequantizeLinear before the Gather in ``dequantize_linear`` (which ONNX
+    Runtime runs over the whole table on every call). Kept float by default, as ONNX Runtime's quantizer
+    keeps it: a language model's table is often a fifth of its weights, and each token reads one row.
     accuracy_level: ``matmulnbits``' attribute of that name, what ONNX Runtime's CPU kernel computes the
     activation in: 4 (the default) quantizes it to int8 per block inside the kernel, the integer path (a
     512-wide w4 decoder at batch 1 on a 2-core EPYC with VNNI, against FP32's time: one token 0.38x, against
@@ -44,6 +50,7 @@ class WeightOnlyConfig:
     act_order: bool = False
     damping: float = 0.01
     quantize_lm_head: bool = False
+    quantize_embeddings: bool = False
     accuracy_level: int = 4
 
     def __post_init__(self) -> None:
@@ -56,6 +63,7 @@ class WeightOnlyConfig:
         require_bool("weight_only.act_order", self.act_order)
         require_range("weight_only.damping", self.damping, 1e-6, 1.0)
         require_bool("weight_only.quantize_lm_head", self.quantize_lm_head)
+        require_bool("weight_only.quantize_embeddings", self.quantize_embeddings)
         require_range("weight_only.accuracy_level", self.accuracy_level, 0, 4, integer=True)
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ report is ``build_report``'s with its ``weight_only`` section (``weight_only_sec
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from quantcore.pipeline.run import Run
 from quantcore.report.document import build_report
 from quantcore.report.stage_results import Analyzed, PreparedInputs, QuantizedModel
 from quantcore.weight_only import (
+    embedding_layers,
     grid_of,
     make_plan,
     quantize_layers,
@@ -146,10 +148,12 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     run.clock.end("calibrate", started, done)
 
     started = run.clock.begin("export")
+    embeddings = embedding_layers(written, annotation, reader)  # rounded to nearest (HQQ with hqq) by any algorithm
     if options.algorithm == "gptq":
         quantized = quantize_sequentially(model, layers, inputs.calibration, config, run.monitor, reader)
+        quantized = itertools.chain(quantized, quantize_layers(embeddings, config, run.monitor))
     else:
-        quantized = quantize_layers(layers, config, run.monitor, plan)
+        quantized = quantize_layers(layers + embeddings, config, run.monitor, plan)
     exported, rows = write(written, quantized, config, run.out_dir, reader, external)
     bits = config.precision_spec.weight_bits
     run.clock.end("export", started, f"{len(rows)} weights at {bits} bit as {options.format}")

@@ -2,9 +2,11 @@
 8 bits in blocks along the reduction axis, activations float32.
 
     layers = weight_layers(model, annotation, reader)    # the annotated MatMul/Gemm weights, W (K, N)
+    embeddings = embedding_layers(model, annotation, reader)   # the annotated Gather tables, W = tableᵀ
     plan = make_plan(model, layers, batches, grid, device, monitor, reader)   # AWQ only: its search
-    quantized = quantize_layers(layers, config, monitor, plan)   # one layer at a time
+    quantized = quantize_layers(layers + embeddings, config, monitor, plan)   # one layer at a time
     quantized = quantize_sequentially(model, layers, batches, config, monitor, reader)   # GPTQ instead
+    quantized += quantize_layers(embeddings, config, monitor)   # then its embeddings: RTN (HQQ with hqq)
     exported, rows = write(plan.scaled_model(model, reader, layers), quantized, config, out_dir, reader, external)
 
 ``quantcore.weight_only.blocks`` holds the grid and round-to-nearest, ``gptq`` the GPTQ algorithm, ``awq``
@@ -34,7 +36,7 @@ from quantcore.weight_only.blocks import BlockGrid, BlockwiseWeight, quantize_rt
 from quantcore.weight_only.gptq import quantize_gptq
 from quantcore.weight_only.gram import Gram
 from quantcore.weight_only.hqq import quantize_hqq
-from quantcore.weight_only.layers import WeightLayer, weight_layers
+from quantcore.weight_only.layers import WeightLayer, embedding_layers, weight_layers
 from quantcore.weight_only.tensors import TensorReader
 from quantcore.weight_only.writer import QuantizedLayer, stored_bytes, write
 
@@ -77,6 +79,8 @@ def quantize_layer(
     kept = rtn
     if options.algorithm == "hqq":
         kept = quantize_hqq(weight, grid)
+    elif layer.op_type == "Gather":
+        pass  # an embedding: a lookup has no activation for GPTQ or AWQ to weigh
     elif options.algorithm == "awq" and awq_plan is not None:
         kept = quantize_planned(layer, awq_plan, grid)
         chosen = awq_plan.choices[layer.node].scale
@@ -99,13 +103,15 @@ def quantize_layer(
 def quantize_layers(
     layers: list[WeightLayer], config: QuantizeConfig, monitor: Monitor, awq_plan: AwqPlan | None = None
 ) -> Iterator[QuantizedLayer]:
-    """``quantize_layer`` of each layer with no Gram (RTN, HQQ, AWQ), one at a time as the caller takes them
-    (``awq_plan``: AWQ's, from ``awq_plan.make_plan``); GPTQ's layers come from ``quantize_sequentially``."""
+    """``quantize_layer`` of each layer with no Gram (RTN, HQQ, AWQ; embeddings whatever the algorithm),
+    one at a time as the caller takes them (``awq_plan``: AWQ's, from ``awq_plan.make_plan``); GPTQ's
+    layers come from ``quantize_sequentially``."""
     algorithm = config.weight_only.algorithm if config.weight_only else ""
     for done, layer in enumerate(layers, start=1):
         monitor.check(STAGE)
         entry = quantize_layer(layer, None, config, awq_plan)
-        monitor.report(STAGE, done / (len(layers) + 1), f"{algorithm}: layer {done}/{len(layers)}")
+        what = "embedding" if layer.op_type == "Gather" else "layer"
+        monitor.report(STAGE, done / (len(layers) + 1), f"{algorithm}: {what} {done}/{len(layers)}")
         yield entry
 
 
@@ -132,6 +138,7 @@ __all__ = [
     "Gram",
     "QuantizedLayer",
     "WeightLayer",
+    "embedding_layers",
     "grid_of",
     "make_plan",
     "quantize_layer",

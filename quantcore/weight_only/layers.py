@@ -3,7 +3,9 @@
 A layer is a MatMul or Gemm whose weight (input 1) the ``onnxruntime-weight-only`` platform annotated.
 Its weight is handled as W (K, N), K the reduction axis: a MatMul's B as stored, a Gemm's B transposed
 back when ``transB=1``, and read only when a stage needs it (``WeightLayer.read``): from the model in
-memory, or from its external-data file when the model was loaded without it.
+memory, or from its external-data file when the model was loaded without it. An embedding (a Gather
+whose table, input 0, the platform annotated: ``weight_only.quantize_embeddings``) is a layer too, its
+table (V, D) handled as W = tableᵀ (D, V): blocks run along each row, as the lookup reads them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class WeightLayer:
     op_type: str
     activation: str
     weight_name: str
-    transposed: bool  # a Gemm with transB=1: the initializer holds Wᵀ (N, K)
+    transposed: bool  # a Gemm with transB=1 or an embedding: the initializer holds Wᵀ (N, K)
     shape: tuple[int, int]  # W (K, N)
     initializer: onnx.TensorProto = field(repr=False)
     reader: TensorReader = field(repr=False)
@@ -65,5 +67,25 @@ def weight_layers(
         raise UnsupportedModelError(
             "weight-only quantization found no MatMul or Gemm with a constant 2-D float32 weight to quantize"
             + (f" (kept float: {kept})" if kept else "")
+        )
+    return layers
+
+
+def embedding_layers(
+    model: onnx.ModelProto, annotation: Annotation, reader: TensorReader | None = None
+) -> list[WeightLayer]:
+    """The annotated embedding tables of ``model`` (Gathers of a quantized table) in graph order, each as
+    a layer of W = tableᵀ (D, V) whose ``activation`` is the indices."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    layers = []
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.input[0] not in annotation.parameters:
+            continue
+        tensor = initializers[node.input[0]]
+        rows, width = (int(d) for d in tensor.dims)
+        layers.append(
+            WeightLayer(
+                node.name, node.op_type, node.input[1], node.input[0], True, (width, rows), tensor, reader or IN_MEMORY
+            )
         )
     return layers

@@ -9,13 +9,20 @@ formats (``WeightOnlyConfig.format``), the rest of the graph as prepared.
     scales     float32 (N·blocks), column-major over blocks (n·blocks + block)
     zero_points  asymmetric only: uint8 (N·ceil(blocks·bits/8)), packed like B per column; absent, the
                kernel takes 2^(bits-1), the symmetric grid's z
-and a Gemm's bias C follows as an Add (MatMulNBits computes A·W only).
+and a Gemm's bias C follows as an Add (MatMulNBits computes A·W only). An embedding's Gather becomes
+``com.microsoft.GatherBlockQuantized`` (version 1; gather_axis 0, quantize_axis 1, block_size, bits),
+MatMulNBits' conventions along each row of the table (V, D):
+    data       uint8 (V, D·bits/8): row v's codes, two 4-bit codes per byte, the first in the low nibble
+    indices    the Gather's
+    scales     float32 (V, blocks)
+    zero_points  asymmetric only: uint8 (V, ceil(blocks·bits/8)), packed like data; absent, 2^(bits-1)
 
 ``dequantize_linear``: the weight becomes a DequantizeLinear (opset 21, blocked: ``axis`` the K axis of
 the stored tensor, ``block_size``) of int4/int8 codes q - 2^(bits-1) (symmetric, no zero point) or
 uint4/uint8 codes with a uint4/uint8 zero point of the scale's shape (asymmetric), feeding the original
-MatMul/Gemm, whose transB is kept (its B stays (N, K), blocked along axis 1). The scale has ceil(K /
-block_size) entries along that axis (the last block short). The model is converted to opset 21 first
+MatMul/Gemm, whose transB is kept (its B stays (N, K), blocked along axis 1), or the Gather, its table
+(V, D) blocked along axis 1. The scale has ceil(K / block_size) entries along that axis (the last block
+short). The model is converted to opset 21 first
 (``quantcore.prepare.opset.upgrade_opset``).
 """
 
@@ -88,6 +95,20 @@ def matmulnbits_tensors(weight: BlockwiseWeight, name: str) -> list[onnx.TensorP
     return tensors
 
 
+def gather_tensors(weight: BlockwiseWeight, name: str) -> list[onnx.TensorProto]:
+    """[data, scales] (+ zero_points when asymmetric) of an embedding's GatherBlockQuantized, from its
+    W = tableᵀ (D, V), as the module docstring lays them out."""
+    grid = weight.grid
+    tensors = [
+        numpy_helper.from_array(_packed(np.ascontiguousarray(weight.codes.T), grid.bits), f"{name}_q{grid.bits}"),
+        numpy_helper.from_array(np.ascontiguousarray(weight.scales.T), f"{name}_scales"),
+    ]
+    if not grid.symmetric:
+        zeros = _packed(np.ascontiguousarray(weight.zero_points.T), grid.bits)  # (V, ceil(blocks·b/8))
+        tensors.append(numpy_helper.from_array(zeros, f"{name}_zero_points"))
+    return tensors
+
+
 def _integer_tensor(values: np.ndarray, bits: int, signed: bool, name: str) -> onnx.TensorProto:
     """``values`` (integer codes) as an int4/uint4/int8/uint8 initializer."""
     if bits == 8:
@@ -134,6 +155,22 @@ def _rewrite(graph: onnx.GraphProto, written: list[Written], options: WeightOnly
             nodes.append(node)
             continue
         layer, grid = entry.layer, entry.grid
+        if layer.op_type == "Gather" and options.format == "matmulnbits":
+            indices = node.input[1]
+            nodes.append(
+                helper.make_node(
+                    "GatherBlockQuantized",
+                    [entry.tensors[0], indices, *entry.tensors[1:]],
+                    list(node.output),
+                    name=node.name,
+                    domain=CONTRIB_DOMAIN,
+                    gather_axis=0,
+                    quantize_axis=1,
+                    block_size=grid.block_size,
+                    bits=grid.bits,
+                )
+            )
+            continue
         if options.format == "dequantize_linear":
             dequantized = f"{layer.weight_name}_dequantized"
             nodes.append(
@@ -146,7 +183,7 @@ def _rewrite(graph: onnx.GraphProto, written: list[Written], options: WeightOnly
                     block_size=grid.block_size,
                 )
             )
-            node.input[1] = dequantized
+            node.input[0 if layer.op_type == "Gather" else 1] = dequantized
             nodes.append(node)
             continue
         k, n = layer.shape
@@ -224,6 +261,7 @@ def _stage(
     form = options.format
     replaced: set[str] = set()  # the weights quantized, known only as the layers come
     layers = {n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1}
+    layers |= {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
     data_name = f"{MODEL_FILE}.data"
     with contextlib.ExitStack() as stack:
         data = DataFile(stack.enter_context(open(staging / data_name, "wb")), data_name) if external else None
@@ -241,6 +279,8 @@ def _stage(
             layer, weight = entry.layer, entry.weight
             if form == "dequantize_linear":
                 tensors = dequantize_tensors(weight, layer.transposed, layer.weight_name)
+            elif layer.op_type == "Gather":
+                tensors = gather_tensors(weight, layer.weight_name)
             else:
                 tensors = matmulnbits_tensors(weight, layer.weight_name)
             header.graph.initializer.extend(t if data is None else data.append(t) for t in tensors)

@@ -78,7 +78,7 @@ def test_precisions_and_config_validation() -> None:
     assert parse_precision("w4").weight_only and parse_precision("w8").weight_bits == 8
     assert QuantizeConfig(platform=PLATFORM).precision == "w4"
     bad_options = ({"block_size": 48}, {"block_size": 8}, {"block_size": 512}, {"algorithm": "sq"}, {"format": "gguf"})
-    for bad in (*bad_options, {"accuracy_level": 5}, {"accuracy_level": True}):
+    for bad in (*bad_options, {"accuracy_level": 5}, {"accuracy_level": True}, {"quantize_embeddings": "yes"}):
         with pytest.raises(ValueError, match="weight_only"):
             WeightOnlyConfig(**bad)
     with pytest.raises(ValueError, match="needs platform 'onnxruntime-weight-only'"):
@@ -183,6 +183,146 @@ def test_symmetric_rtn_matches_onnx_runtimes_quantizer(decoder, tmp_path: Path) 
     theirs = _run(quantizer.model.model, feeds)["logits"]
     ours = _run(str(tmp_path / "model.qdq.onnx"), feeds)["logits"]
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * float(np.abs(theirs).max()))
+
+
+EMBEDDINGS = 2  # token and position tables
+
+
+@pytest.mark.parametrize(
+    ("precision", "form", "symmetric"),
+    [
+        ("w4", "matmulnbits", True),
+        ("w4", "matmulnbits", False),
+        ("w4", "dequantize_linear", True),
+        ("w8", "matmulnbits", False),
+    ],
+)
+def test_embeddings_quantized_on_request(decoder, tmp_path: Path, precision: str, form: str, symmetric: bool) -> None:
+    """With quantize_embeddings, each table becomes a GatherBlockQuantized (matmulnbits) or a blocked
+    DequantizeLinear before its Gather (dequantize_linear), its rows rounded to nearest in blocks; the file
+    shrinks by what the tables spent, and the lookups return the numpy reference's rows."""
+    built, path = decoder
+    options = {"format": form, "symmetric": symmetric, "block_size": 32, "accuracy_level": 0}
+    report = _quantize(decoder, tmp_path / "tables", precision, quantize_embeddings=True, **options)
+    _quantize(decoder, tmp_path / "float", precision, **options)  # the same without the tables, for the size
+    exported_path = tmp_path / "tables" / "model.qdq.onnx"
+    onnx.checker.check_model(str(exported_path), full_check=True)
+    nodes = onnx.load(str(exported_path)).graph.node
+    if form == "matmulnbits":
+        assert sum(n.op_type == "GatherBlockQuantized" and n.domain == "com.microsoft" for n in nodes) == EMBEDDINGS
+    else:
+        assert sum(n.op_type == "DequantizeLinear" for n in nodes) == QUANTIZED_LAYERS + EMBEDDINGS
+    section = report["weight_only"]
+    tables = [row for row in section["layers"] if row["op_type"] == "Gather"]
+    assert len(tables) == EMBEDDINGS and len(section["layers"]) == QUANTIZED_LAYERS + EMBEDDINGS
+    assert [row["op_type"] for row in section["kept_float"]] == ["MatMul"]  # the LM head alone
+    assert undocumented(Report.model_validate(report)) == []
+    table_bytes = sum(row["fp32_bytes"] for row in tables)
+    saved = (tmp_path / "float" / "model.qdq.onnx").stat().st_size - exported_path.stat().st_size
+    stored = sum(row["stored_bytes"] for row in tables)
+    assert saved >= table_bytes - stored - 2048, (saved, table_bytes, stored)  # names and node protos aside
+
+    reference = onnx.load(str(path))
+    initializers = {t.name: t for t in reference.graph.initializer}
+    bits = parse_precision(precision).weight_bits
+    for row in section["layers"]:
+        tensor = initializers[row["weight"]]
+        w = numpy_helper.to_array(tensor)
+        table = row["op_type"] == "Gather"  # blocks along each row of (V, D): the reference's K is D
+        rounded = reference_rtn(w.T if table else w, bits, 32, symmetric)
+        tensor.CopyFrom(numpy_helper.from_array(rounded.T if table else rounded, tensor.name))
+    feeds = {"tokens": built.evaluation["tokens"][:8]}
+    expected = _run(reference, feeds)["logits"]
+    actual = _run(str(exported_path), feeds, exact_qdq=True)["logits"]
+    # the same float32 rows on both sides (a lookup does no arithmetic beyond (q - z)·s): only MatMulNBits'
+    # summation order differs, as in the test of the layers alone
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()) + 1e-5)
+
+
+def test_quantized_embeddings_match_onnx_runtimes_quantizer(decoder, tmp_path: Path) -> None:
+    """Symmetric w4 with the tables quantized gives the logits of ONNX Runtime's own quantizer asked for
+    MatMul and Gather (its GatherBlockQuantized of int4 codes, blocks along the rows): the same grid on the
+    tables, written independently. 1e-4 of max|logits|: the summation order only (measured 3e-6 / 7.9)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    built, path = decoder
+    _quantize(decoder, tmp_path, block_size=32, symmetric=True, accuracy_level=0, quantize_embeddings=True)
+    head = next(n.name for n in onnx.load(str(path)).graph.node if n.output[0] == "logits")
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(path)),
+        bits=4,
+        block_size=32,
+        is_symmetric=True,
+        nodes_to_exclude=[head],
+        op_types_to_quantize=("MatMul", "Gather"),
+        quant_axes=(("MatMul", 0), ("Gather", 1)),  # blocks along K, and along each table row
+    )
+    quantizer.process()
+    assert sum(n.op_type == "GatherBlockQuantized" for n in quantizer.model.model.graph.node) == EMBEDDINGS
+    feeds = {"tokens": built.evaluation["tokens"][:8]}
+    theirs = _run(quantizer.model.model, feeds)["logits"]
+    ours = _run(str(tmp_path / "model.qdq.onnx"), feeds)["logits"]
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * float(np.abs(theirs).max()))
+
+
+def _tables_model(path: Path) -> dict[str, np.ndarray]:
+    """tokens → Gather(odd: 16 x 7) → MatMul(7 x 8) + Gather(tied: 16 x 8) → Gemm(B = tied, transB) →
+    logits, and a Gather along axis 1 of a 3 x 16 table feeding an output; returns calibration data. The
+    tied table is read by its Gather and by the head, one initializer (as tied embeddings export)."""
+    rng = np.random.default_rng(0)
+    tables = {
+        "odd": rng.normal(size=(16, 7)),
+        "w": rng.normal(size=(7, 8)),
+        "tied": rng.normal(size=(16, 8)),
+        "columns": rng.normal(size=(3, 16)),
+    }
+    nodes = [
+        helper.make_node("Gather", ["odd", "tokens"], ["e"], name="odd_lookup"),
+        helper.make_node("MatMul", ["e", "w"], ["h"], name="proj"),
+        helper.make_node("Gather", ["tied", "tokens"], ["t"], name="tied_lookup"),
+        helper.make_node("Add", ["h", "t"], ["s"], name="sum"),
+        helper.make_node("Reshape", ["s", "rows"], ["s2"], name="flatten"),
+        helper.make_node("Gemm", ["s2", "tied"], ["logits"], name="head", transB=1),
+        helper.make_node("Gather", ["columns", "tokens"], ["c"], name="column_lookup", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tables",
+        [helper.make_tensor_value_info("tokens", onnx.TensorProto.INT64, ["n", 5])],
+        [
+            helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["m", 16]),
+            helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [3, "n", 5]),
+        ],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in tables.items()]
+        + [numpy_helper.from_array(np.array([-1, 8], np.int64), "rows")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return {"tokens": rng.integers(0, 16, size=(8, 5))}
+
+
+@pytest.mark.parametrize("precision", ["w4", "w8"])
+def test_embeddings_kept_float_by_rule(tmp_path: Path, precision: str) -> None:
+    """quantize_embeddings takes only a 2-D table gathered along axis 0 that nothing else reads; at w4 its
+    rows must pack into whole bytes. Every other table stays float, and the report says why."""
+    data = _tables_model(tmp_path / "tables.onnx")
+    config = QuantizeConfig(
+        platform=PLATFORM,
+        precision=precision,
+        batch_size=4,
+        cpu_latency=False,
+        weight_only=WeightOnlyConfig(block_size=16, quantize_embeddings=True, quantize_lm_head=True),
+    )
+    report = quantize(tmp_path / "tables.onnx", data, data, config, tmp_path / "out").report
+    section = report["weight_only"]
+    reasons = {row["node"]: row["reason"] for row in section["kept_float"]}
+    assert "read by several nodes" in reasons["tied_lookup"] and "read by several nodes" in reasons["head"]
+    assert "gathered along axis 0" in reasons["column_lookup"]
+    quantized = {row["node"] for row in section["layers"]}
+    if precision == "w4":
+        assert "odd length 7" in reasons["odd_lookup"] and quantized == {"proj"}
+    else:  # one code per byte: any row length
+        assert "odd_lookup" not in reasons and quantized == {"proj", "odd_lookup"}
+        assert report["evaluation"]["qdq_deployed"]["outputs"]["logits"]["cosine"] > 0.99
 
 
 def test_matmulnbits_takes_the_integer_path_by_default(decoder, tmp_path: Path) -> None:

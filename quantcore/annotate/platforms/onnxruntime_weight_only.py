@@ -11,7 +11,10 @@ either way). Kept float, with the reason recorded:
 
 - the LM head, the MatMul/Gemm whose output (or its bias Add's) is a graph output, unless
   ``weight_only.quantize_lm_head``: its error reaches the logits without anything after it to absorb it;
-- embedding lookups (Gather of a float initializer): a table read row by row, not a GEMM operand;
+- embedding lookups (Gather of a float initializer), unless ``weight_only.quantize_embeddings``; then a
+  Gather along axis 0 of a 2-D float32 table that no other node reads is chosen (its marker per row, axis
+  0), and kept float with the reason when it is not one, or when its rows have an odd length at 4 bits
+  (``GatherBlockQuantized`` stores two codes per byte along the row and cannot end on half a byte);
 - a weight read by several nodes (tied embeddings): one stored copy cannot serve a Gather as well;
 - weights that are not 2-D, and Gemms with transA, alpha or beta other than the plain product.
 """
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from quantcore.config import QuantizeConfig
 
 LM_HEAD_REASON = "LM head (its output is a graph output) kept float; weight_only.quantize_lm_head quantizes it"
-EMBEDDING_REASON = "embedding lookup (Gather of a float table) kept float"
+EMBEDDING_REASON = "embedding lookup (Gather of a float table) kept float; weight_only.quantize_embeddings quantizes it"
 
 
 def weight(axis: int | None, bits: int, config: QuantizeConfig) -> TensorQuantConfig:
@@ -98,17 +101,29 @@ def _float_attribute(node: onnx.NodeProto, name: str) -> float:
     return 1.0
 
 
-def keep_embedding(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
-    """A Gather from a float initializer (an embedding table) stays float, saying so."""
+def embedding(node: onnx.NodeProto, context: RuleContext) -> list[Request]:
+    """A Gather from a float initializer (an embedding table): quantized per the module docstring with
+    ``weight_only.quantize_embeddings``, else kept float, saying so."""
+    index = context.index
     table = node.input[0]
-    if context.index.is_initializer(table) and context.index.is_float32(table, unknown=False):
+    if not index.is_initializer(table) or not index.is_float32(table, unknown=False):
+        return []
+    weight_only = context.config.weight_only
+    if weight_only is None or not weight_only.quantize_embeddings:
         return [FloatReason(EMBEDDING_REASON)]
-    return []
+    dims = list(index.initializers[table].dims)
+    if len(dims) != 2 or attribute(node, "axis", 0) != 0:
+        return [FloatReason(f"embedding {table} is not a 2-D table gathered along axis 0; kept float")]
+    if len(index.consumers.get(table, [])) > 1:
+        return [FloatReason(f"embedding {table} is read by several nodes (tied weights) and kept float")]
+    if context.weight_bits == 4 and dims[1] % 2:
+        return [FloatReason(f"embedding {table} has rows of odd length {dims[1]}, which 4-bit storage cannot pack")]
+    return [QuantRequest(0, context.weight(0))]
 
 
 ONNXRUNTIME_WEIGHT_ONLY = Platform(
     name="onnxruntime-weight-only",
-    rules={"MatMul": quantize_weight, "Gemm": quantize_weight, "Gather": keep_embedding},
+    rules={"MatMul": quantize_weight, "Gemm": quantize_weight, "Gather": embedding},
     weight=weight,
     activation=activation,
     description="ONNX Runtime, weight-only: MatMul/Gemm weights at 4 or 8 bits in blocks along K (MatMulNBits or "
