@@ -22,8 +22,7 @@ the stored tensor, ``block_size``) of int4/int8 codes q - 2^(bits-1) (symmetric,
 uint4/uint8 codes with a uint4/uint8 zero point of the scale's shape (asymmetric), feeding the original
 MatMul/Gemm, whose transB is kept (its B stays (N, K), blocked along axis 1), or the Gather, its table
 (V, D) blocked along axis 1. The scale has ceil(K / block_size) entries along that axis (the last block
-short). The model is converted to opset 21 first
-(``quantcore.prepare.opset.upgrade_opset``).
+short). The model is converted to opset 21 first (``quantcore.prepare.opset.upgrade_opset``).
 """
 
 from __future__ import annotations

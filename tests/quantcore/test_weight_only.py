@@ -216,6 +216,7 @@ def test_embeddings_quantized_on_request(decoder, tmp_path: Path, precision: str
     tables = [row for row in section["layers"] if row["op_type"] == "Gather"]
     assert len(tables) == EMBEDDINGS and len(section["layers"]) == QUANTIZED_LAYERS + EMBEDDINGS
     assert [row["op_type"] for row in section["kept_float"]] == ["MatMul"]  # the LM head alone
+    assert any("whole table on every call" in note for note in section["notes"]) == (form == "dequantize_linear")
     assert undocumented(Report.model_validate(report)) == []
     table_bytes = sum(row["fp32_bytes"] for row in tables)
     saved = (tmp_path / "float" / "model.qdq.onnx").stat().st_size - exported_path.stat().st_size
