@@ -87,7 +87,7 @@ def test_precisions_and_config_validation() -> None:
         QuantizeConfig(platform="academic", precision="w4")
 
 
-@pytest.mark.parametrize(
+EXPORTS = pytest.mark.parametrize(
     ("precision", "form", "symmetric"),
     [
         ("w4", "matmulnbits", True),
@@ -98,6 +98,23 @@ def test_precisions_and_config_validation() -> None:
         ("w8", "dequantize_linear", False),
     ],
 )
+
+
+def reference_logits(path: Path, layers: list[dict], bits: int, symmetric: bool, feeds: dict) -> np.ndarray:
+    """The FP32 graph at ``path`` run with each quantized weight of the report's ``layers`` replaced by
+    ``reference_rtn``'s ŵ in blocks of 32 (an embedding table (V, D) in blocks along its rows)."""
+    reference = onnx.load(str(path))
+    initializers = {t.name: t for t in reference.graph.initializer}
+    for row in layers:
+        tensor = initializers[row["weight"]]
+        w = numpy_helper.to_array(tensor)
+        table = row["op_type"] == "Gather"  # the reference's K is the row length D
+        rounded = reference_rtn(w.T if table else w, bits, 32, symmetric)
+        tensor.CopyFrom(numpy_helper.from_array(rounded.T if table else rounded, tensor.name))
+    return _run(reference, feeds)["logits"]
+
+
+@EXPORTS
 def test_rtn_export_structure_and_numerics(decoder, tmp_path: Path, precision: str, form: str, symmetric: bool) -> None:
     built, path = decoder
     # MatMulNBits' float path (accuracy_level 0): the weights' rounding alone, checked against the reference
@@ -122,15 +139,8 @@ def test_rtn_export_structure_and_numerics(decoder, tmp_path: Path, precision: s
         assert spent <= 0.35 * quantized_fp32, f"{spent} bytes for {quantized_fp32} FP32 bytes"
 
     # numerics: the FP32 graph with each quantized weight replaced by the numpy reference's ŵ
-    reference = onnx.load(str(path))
-    initializers = {t.name: t for t in reference.graph.initializer}
-    bits = parse_precision(precision).weight_bits
-    for row in section["layers"]:
-        tensor = initializers[row["weight"]]
-        w = numpy_helper.to_array(tensor)
-        tensor.CopyFrom(numpy_helper.from_array(reference_rtn(w, bits, 32, symmetric), tensor.name))
     feeds = {"tokens": built.evaluation["tokens"][:8]}
-    expected = _run(reference, feeds)["logits"]
+    expected = reference_logits(path, section["layers"], parse_precision(precision).weight_bits, symmetric, feeds)
     # exact_qdq: DequantizeLinear → MatMul as written (MatMulNBits is unaffected: at accuracy_level 0 it
     # computes in float32)
     actual = _run(str(exported_path), feeds, exact_qdq=True)["logits"]
@@ -188,15 +198,7 @@ def test_symmetric_rtn_matches_onnx_runtimes_quantizer(decoder, tmp_path: Path) 
 EMBEDDINGS = 2  # token and position tables
 
 
-@pytest.mark.parametrize(
-    ("precision", "form", "symmetric"),
-    [
-        ("w4", "matmulnbits", True),
-        ("w4", "matmulnbits", False),
-        ("w4", "dequantize_linear", True),
-        ("w8", "matmulnbits", False),
-    ],
-)
+@EXPORTS
 def test_embeddings_quantized_on_request(decoder, tmp_path: Path, precision: str, form: str, symmetric: bool) -> None:
     """With quantize_embeddings, each table becomes a GatherBlockQuantized (matmulnbits) or a blocked
     DequantizeLinear before its Gather (dequantize_linear), its rows rounded to nearest in blocks; the file
@@ -223,17 +225,8 @@ def test_embeddings_quantized_on_request(decoder, tmp_path: Path, precision: str
     stored = sum(row["stored_bytes"] for row in tables)
     assert saved >= table_bytes - stored - 2048, (saved, table_bytes, stored)  # names and node protos aside
 
-    reference = onnx.load(str(path))
-    initializers = {t.name: t for t in reference.graph.initializer}
-    bits = parse_precision(precision).weight_bits
-    for row in section["layers"]:
-        tensor = initializers[row["weight"]]
-        w = numpy_helper.to_array(tensor)
-        table = row["op_type"] == "Gather"  # blocks along each row of (V, D): the reference's K is D
-        rounded = reference_rtn(w.T if table else w, bits, 32, symmetric)
-        tensor.CopyFrom(numpy_helper.from_array(rounded.T if table else rounded, tensor.name))
     feeds = {"tokens": built.evaluation["tokens"][:8]}
-    expected = _run(reference, feeds)["logits"]
+    expected = reference_logits(path, section["layers"], parse_precision(precision).weight_bits, symmetric, feeds)
     actual = _run(str(exported_path), feeds, exact_qdq=True)["logits"]
     # the same float32 rows on both sides (a lookup does no arithmetic beyond (q - z)·s): only MatMulNBits'
     # summation order differs, as in the test of the layers alone
