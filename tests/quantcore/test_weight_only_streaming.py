@@ -23,8 +23,8 @@ from samples.large import EMBEDDING_VOCAB, EMBEDDING_WIDTH, embedding_model, ext
 PLATFORM = "onnxruntime-weight-only"
 
 
-def _config(algorithm: str, form: str) -> QuantizeConfig:
-    options = WeightOnlyConfig(algorithm=algorithm, block_size=32, format=form)
+def _config(algorithm: str, form: str, embeddings: bool = False) -> QuantizeConfig:
+    options = WeightOnlyConfig(algorithm=algorithm, block_size=32, format=form, quantize_embeddings=embeddings)
     return QuantizeConfig(platform=PLATFORM, precision="w4", cpu_latency=False, weight_only=options)
 
 
@@ -34,26 +34,37 @@ def _tensors(path: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "form"),
-    [("rtn", "matmulnbits"), ("hqq", "dequantize_linear"), ("gptq", "matmulnbits"), ("awq", "dequantize_linear")],
+    ("algorithm", "form", "embeddings"),
+    [
+        ("rtn", "matmulnbits", False),
+        ("hqq", "dequantize_linear", False),
+        ("gptq", "matmulnbits", True),
+        ("awq", "dequantize_linear", False),
+    ],
 )
-def test_the_streamed_export_writes_the_bytes_of_the_in_memory_one(tmp_path: Path, algorithm: str, form: str) -> None:
+def test_the_streamed_export_writes_the_bytes_of_the_in_memory_one(
+    tmp_path: Path, algorithm: str, form: str, embeddings: bool
+) -> None:
     """The same model stored with external data (streamed: weights read one at a time, the export's data
-    file written as they come) and stored whole (loaded whole, exported in one file)."""
+    file written as they come) and stored whole (loaded whole, exported in one file); with ``embeddings``,
+    the table is read from the data file and its codes written to the export's as well."""
     (tmp_path / "external").mkdir()
     source = external_decoder(tmp_path / "external", d_model=64, layers=2)
     whole = tmp_path / "whole.onnx"
     onnx.save(onnx.load(str(source)), str(whole))
     data = {"input_ids": np.random.default_rng(1).integers(0, 256, size=(8, 8), dtype=np.int64)}
-    streamed = quantize(source, data, data, _config(algorithm, form), tmp_path / "streamed")
-    loaded = quantize(whole, data, data, _config(algorithm, form), tmp_path / "loaded")
+    config = _config(algorithm, form, embeddings)
+    streamed = quantize(source, data, data, config, tmp_path / "streamed")
+    loaded = quantize(whole, data, data, config, tmp_path / "loaded")
 
     # structure: external data in, external data out; the whole model in, one file out
     assert streamed.model_data_path == streamed.model_path.with_name("model.qdq.onnx.data")
     assert loaded.model_data_path is None
     header = onnx.load(str(streamed.model_path), load_external_data=False)
     external = {t.name for t in header.graph.initializer if t.data_location == TensorProto.EXTERNAL}
-    assert external >= {f"{w}{i}_{'q4' if form == 'matmulnbits' else 'codes'}" for w in ("wq", "wup") for i in (0, 1)}
+    stored = "q4" if form == "matmulnbits" else "codes"
+    assert external >= {f"{w}{i}_{stored}" for w in ("wq", "wup") for i in (0, 1)}
+    assert ("embedding_q4" in external) == embeddings and ("embedding" in external) != embeddings
     assert streamed.model_path.stat().st_size < 20_000  # the graph alone: every weight is in the data file
     assert [n.op_type for n in header.graph.node] == [n.op_type for n in onnx.load(str(loaded.model_path)).graph.node]
     # numerics: the same codes, scales and kept weights, byte for byte
