@@ -325,6 +325,7 @@ def main() -> None:
         onnx.save(subject.model, str(source))
         reference = np.concatenate(list(_outputs(source, subject)))
         rows = [Row("FP32", None, None, source)]
+        failed: list[str] = []  # ONNX Runtime's quantizations that raised
         report = {k: v[:REPORT_WINDOWS] for k, v in subject.evaluation.items()}
         for block in args.blocks:
             for symmetric in (SCHEMES[scheme] for scheme in args.schemes):
@@ -346,7 +347,11 @@ def main() -> None:
                 theirs = "gptq" in args.algorithms and not args.skip_onnxruntime_gptq
                 for algorithm in ("DEFAULT", "GPTQ") if theirs else ("DEFAULT",):
                     target = root / f"ort-{algorithm}-{block}-{symmetric}.onnx"
-                    path = _onnxruntime(source, target, block, symmetric, subject, algorithm)
+                    try:
+                        path = _onnxruntime(source, target, block, symmetric, subject, algorithm)
+                    except Exception as error:  # the reference tool's own failure is a finding, not the run's end
+                        failed.append(f"ORT {algorithm}, block {block}, symmetric {symmetric}: {error!r}"[:300])
+                        continue
                     rows.append(Row(f"ORT {algorithm}", block, symmetric, path))
             if "hqq" in args.algorithms:  # ORT's HQQ of a 49,152-column LM head alone ran past 25 min
                 # it is asymmetric with float zero points whatever is_symmetric says: one row per block
@@ -364,6 +369,8 @@ def main() -> None:
             p50[column] = [statistics.median(t) if isinstance(t, list) and t else math.nan for t in times]
         del models
         _print(subject, rows, p50)
+        for line in failed:
+            print(f"failed: {line}")
 
 
 def _print(subject: Subject, rows: list[Row], p50: dict[str, list[float]]) -> None:

@@ -159,7 +159,8 @@ def quantize_weight_only(run: Run, config: QuantizeConfig) -> tuple[ExportResult
     embeddings = embedding_layers(written, annotation, reader)  # rounded to nearest (HQQ with hqq) by any algorithm
     if options.algorithm == "gptq":
         quantized = quantize_sequentially(model, layers, inputs.calibration, config, run.monitor, reader)
-        quantized = itertools.chain(quantized, quantize_layers(embeddings, config, run.monitor))
+        tables = quantize_layers(embeddings, config, run.monitor, before=len(layers))
+        quantized = itertools.chain(quantized, tables)
     else:
         quantized = quantize_layers(layers + embeddings, config, run.monitor, plan)
     exported, rows = write(written, quantized, config, run.out_dir, reader, external)

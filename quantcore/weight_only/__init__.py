@@ -6,7 +6,7 @@
     plan = make_plan(model, layers, batches, grid, device, monitor, reader)   # AWQ only: its search
     quantized = quantize_layers(layers + embeddings, config, monitor, plan)   # one layer at a time
     quantized = quantize_sequentially(model, layers, batches, config, monitor, reader)   # GPTQ instead
-    quantized += quantize_layers(embeddings, config, monitor)   # then its embeddings: RTN (HQQ with hqq)
+    quantized += quantize_layers(embeddings, config, monitor, before=len(layers))   # then RTN of the tables
     exported, rows = write(plan.scaled_model(model, reader, layers), quantized, config, out_dir, reader, external)
 
 ``quantcore.weight_only.blocks`` holds the grid and round-to-nearest, ``gptq`` the GPTQ algorithm, ``awq``
@@ -101,17 +101,23 @@ def quantize_layer(
 
 
 def quantize_layers(
-    layers: list[WeightLayer], config: QuantizeConfig, monitor: Monitor, awq_plan: AwqPlan | None = None
+    layers: list[WeightLayer],
+    config: QuantizeConfig,
+    monitor: Monitor,
+    awq_plan: AwqPlan | None = None,
+    before: int = 0,
 ) -> Iterator[QuantizedLayer]:
     """``quantize_layer`` of each layer with no Gram (RTN, HQQ, AWQ; embeddings whatever the algorithm),
     one at a time as the caller takes them (``awq_plan``: AWQ's, from ``awq_plan.make_plan``); GPTQ's
-    layers come from ``quantize_sequentially``."""
+    layers come from ``quantize_sequentially``, which reports k/(n+1) after its k-th of n: ``before`` = n
+    puts these in the last step, after theirs."""
     algorithm = config.weight_only.algorithm if config.weight_only else ""
     for done, layer in enumerate(layers, start=1):
         monitor.check(STAGE)
         entry = quantize_layer(layer, None, config, awq_plan)
         what = "embedding" if layer.op_type == "Gather" else "layer"
-        monitor.report(STAGE, done / (len(layers) + 1), f"{algorithm}: {what} {done}/{len(layers)}")
+        fraction = (before + done / (len(layers) + 1)) / (before + 1)
+        monitor.report(STAGE, fraction, f"{algorithm}: {what} {done}/{len(layers)}")
         yield entry
 
 

@@ -259,6 +259,28 @@ def test_quantized_embeddings_match_onnx_runtimes_quantizer(decoder, tmp_path: P
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * float(np.abs(theirs).max()))
 
 
+def test_gptq_quantizes_the_tables_after_its_layers_with_progress_going_on(decoder, tmp_path: Path) -> None:
+    """GPTQ's sequential layers, then the tables (rounded to nearest): the export stage's progress never
+    goes back, and its last steps are the embeddings'."""
+    built, path = decoder
+    events: list[tuple[float, str]] = []
+    config = QuantizeConfig(
+        platform=PLATFORM,
+        precision="w4",
+        batch_size=16,
+        cpu_latency=False,
+        weight_only=WeightOnlyConfig(algorithm="gptq", quantize_embeddings=True),
+    )
+    progress = lambda stage, fraction, message: stage == "export" and events.append((fraction, message))  # noqa: E731
+    report = quantize(path, built.calibration, built.evaluation, config, tmp_path, progress=progress).report
+    fractions = [fraction for fraction, _ in events]
+    assert fractions == sorted(fractions), events
+    tail = [message for _, message in events[-EMBEDDINGS - 1 : -1]]  # before the stage's own closing event
+    assert tail == ["gptq: embedding 1/2", "gptq: embedding 2/2"], events
+    tables = [row for row in report["weight_only"]["layers"] if row["op_type"] == "Gather"]
+    assert len(tables) == EMBEDDINGS and all("damping" not in row for row in tables)  # not GPTQ's
+
+
 def _tables_model(path: Path) -> dict[str, np.ndarray]:
     """tokens → Gather(odd: 16 x 7) → MatMul(7 x 8) + Gather(tied: 16 x 8) → Gemm(B = tied, transB) →
     logits, and a Gather along axis 1 of a 3 x 16 table feeding an output; returns calibration data. The
