@@ -77,6 +77,12 @@ def _packed(values: np.ndarray, bits: int) -> np.ndarray:
     return pack_nibbles(values) if bits == 4 else np.asarray(values, dtype=np.uint8)
 
 
+def _by_column(values: np.ndarray, bits: int) -> np.ndarray:
+    """(K', N) integer codes → (N, ceil(K'·bits/8)) bytes, each column's codes along K packed: how both
+    contrib ops store their data and zero points."""
+    return _packed(np.ascontiguousarray(values.T), bits)
+
+
 def matmulnbits_tensors(weight: BlockwiseWeight, name: str) -> list[onnx.TensorProto]:
     """[B, scales] (+ zero_points when asymmetric) as the module docstring lays them out."""
     grid = weight.grid
@@ -89,7 +95,7 @@ def matmulnbits_tensors(weight: BlockwiseWeight, name: str) -> list[onnx.TensorP
         numpy_helper.from_array(np.ascontiguousarray(weight.scales.T).reshape(-1), f"{name}_scales"),
     ]
     if not grid.symmetric:
-        zeros = _packed(np.ascontiguousarray(weight.zero_points.T), grid.bits).reshape(-1)  # (N·ceil(blocks·b/8))
+        zeros = _by_column(weight.zero_points, grid.bits).reshape(-1)  # (N·ceil(blocks·b/8))
         tensors.append(numpy_helper.from_array(zeros, f"{name}_zero_points"))
     return tensors
 
@@ -99,12 +105,11 @@ def gather_tensors(weight: BlockwiseWeight, name: str) -> list[onnx.TensorProto]
     W = tableᵀ (D, V), as the module docstring lays them out."""
     grid = weight.grid
     tensors = [
-        numpy_helper.from_array(_packed(np.ascontiguousarray(weight.codes.T), grid.bits), f"{name}_q{grid.bits}"),
+        numpy_helper.from_array(_by_column(weight.codes, grid.bits), f"{name}_q{grid.bits}"),
         numpy_helper.from_array(np.ascontiguousarray(weight.scales.T), f"{name}_scales"),
     ]
     if not grid.symmetric:
-        zeros = _packed(np.ascontiguousarray(weight.zero_points.T), grid.bits)  # (V, ceil(blocks·b/8))
-        tensors.append(numpy_helper.from_array(zeros, f"{name}_zero_points"))
+        tensors.append(numpy_helper.from_array(_by_column(weight.zero_points, grid.bits), f"{name}_zero_points"))
     return tensors
 
 
