@@ -164,7 +164,8 @@ class Placement(Section):
     onnxruntime: str
     rounds: int
     stopped: str = Field(
-        description="Why the search stopped: no region changed the model, no quantized region left, or the round limit."
+        description="Why the search stopped: no region changed the model, no quantized region left, the round limit, "
+        "or the timing budget (no room to profile the next round's model)."
     )
     regions: list[PlacementRegion] = Field(description="Every region estimated (or timed), round by round.")
     kept: Literal["quantized", "placed", "fp32"] = Field(
@@ -180,16 +181,21 @@ class Placement(Section):
         description="Per batch size, the timings the choice read: FP32 and the model judged, from the profile; or "
         "FP32, all quantized and placed timed together."
     )
-    final_source: Literal["profile", "timed"] = Field(
+    final_source: Literal["profile", "timed", "profiles"] = Field(
         description="profile: the last profile's runs (FP32 and the model judged, interleaved) decided, nothing more "
-        "was timed; timed: the final whole-model comparison did."
+        "was timed; timed: the final whole-model comparison did; profiles: the timing budget had no room for that "
+        "comparison, and its rule read each quantized model's profile runs against FP32's in the same round."
     )
     final_cached: bool
     measurements: int = Field(description="Node profiles and whole-model timings made (0 on a cached rerun).")
     cached_measurements: int
-    measured_seconds: float
-    fallback_budget_s: float = Field(
-        description="Seconds of timed runs the regions without an estimate may spend: the calibration's seconds."
+    measured_seconds: float = Field(description="Wall-clock seconds of the measurements made (sessions included).")
+    timed_seconds: float = Field(
+        description="Seconds of timed runs of every measurement read or made, cached or not: what the budget counts."
+    )
+    timing_budget_s: float = Field(
+        description="Seconds of timed runs the measurements after the first profile may bring the total to: the "
+        "calibration's seconds. A measurement whose minimum runs would exceed it is not made."
     )
     statement: str
 

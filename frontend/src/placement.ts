@@ -48,7 +48,11 @@ export function placementView(placement: Placement): HTMLElement {
       { class: "hint" },
       `${placement.cpu}, ONNX Runtime ${placement.onnxruntime}, ${placement.threads} thread(s); ${placement.rounds} round(s), stopped: ${placement.stopped}. ` +
         `Model kept: ${placement.kept}. Estimates are µs of profiled kernels (cost above 0: slower quantized); timed pairs and the speed-up are p50 ms of interleaved runs` +
-        (placement.final_source === "profile" ? " (the last profile's own runs: nothing more was timed)." : " (a final comparison)."),
+        {
+          profile: " (the last profile's own runs: nothing more was timed).",
+          profiles: " (each model's profile runs beside FP32's: the timing budget left no room for a final comparison).",
+          timed: " (a final comparison).",
+        }[placement.final_source],
     ),
     scroll(
       "Placement regions",

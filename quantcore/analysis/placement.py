@@ -7,7 +7,9 @@ runs at each of ``config.cpu_batch_sizes`` with ``config.cpu_threads``, every no
 estimates each region's cost from the two (``quantcore.analysis.region_costs``:
 its quantized kernels and conversions against its float nodes). The regions estimated slower quantized go
 float together, and the next round profiles the model that leaves (the neighbours of a region gone float
-are annotated afresh), until a round moves none or ``MAX_ROUNDS`` rounds. A variant timed or profiled is
+are annotated afresh), until a round moves none or ``MAX_ROUNDS`` rounds. A round moves regions only when
+together they are estimated to save at least ``MIN_GAIN`` of FP32's time at one batch size: a smaller gain
+is within what the whole runs can tell apart, and checking it costs a round. A variant timed or profiled is
 annotated again with its float nodes excluded; the first calibration's scales are reused where exact
 (``quantcore.calibrate.reuse``) and the other tensors observed on the first calibration batch (a kernel's
 speed does not depend on its scales).
@@ -15,10 +17,19 @@ speed does not depend on its scales).
 A region the profiles cannot be traced to (no node of one of them found for it) is measured as a
 whole-model pair instead: the current model against the same model with the region float
 (``quantcore.evaluate.paired_latency``: interleaved runs, quartiles), float when clearly faster (beyond
-the spread, at one batch size and slower at none). These pairs stop once their timed runs (runs x p50)
-reach ``FALLBACK_SHARE`` x the job's calibration seconds; the regions not measured then stay quantized.
-A region ONNX Runtime refuses to run quantized (the session fails with it, runs without it) goes float
-with ONNX Runtime's message.
+the spread, at one batch size and slower at none). A region ONNX Runtime refuses to run quantized (the
+session fails with it, runs without it) goes float with ONNX Runtime's message.
+
+Budget. The measurements' timed runs (their durations, cached or not, so that a rerun from the cache stops
+where the first run stopped) may take ``TIMING_SHARE`` x the job's calibration seconds. The first round's
+profile is always made: nothing can be said of the CPU without it. Every later measurement (a round's
+profile, a fallback pair, the final comparison) is made only when its runs fit in what is left, estimated
+from the first profile's run times at its protocol's minimum runs (or its seconds per batch size, if
+longer). A round whose profile does not fit
+leaves the previous round's model as the placed one (its moves are reported as not applied: the estimate
+chooses, a whole-model measurement guarantees); a region whose pair does not fit stays quantized; a
+final comparison that does not fit is replaced by the profiles' own runs (``final_source`` "profiles",
+below).
 
 Last, the choice, judged first on the profiles' own runs (each profile times its models' whole runs,
 interleaved): when the last round profiled the placed model and found it no slower than FP32 on a few
@@ -36,7 +47,9 @@ quantized model and the placed one are timed together before FP32 wins (the esti
 guarantees): of the two quantized ones the placed one is preferred only when clearly faster than the
 fully quantized one; the preferred one is kept when it is no slower than FP32, else the other one if it
 is, else FP32 (``no_slower``: as above, or clearly faster at one batch size, a gain beyond the spread
-paying for a loss within it). The objective promises a model never slower than FP32, so FP32 need not be
+paying for a loss within it). Without the budget for that comparison, the same rule reads the profiles:
+each quantized model's runs against FP32's in its own round, the placed one preferred when ``_gained``.
+The objective promises a model never slower than FP32, so FP32 need not be
 clearly faster to win: under load the spread of a run can swallow a 2x gap between medians. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, within ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
@@ -45,9 +58,7 @@ tensors around the float regions are observed again) and exported into ``out_dir
 accuracy as always.
 
 Profiles and timings are read from and written to a ``TimingCache`` when the config names a directory
-(``config.cpu_timing_cache``): a rerun of the same models on the same machine measures nothing. The
-fallback's budget counts each pair's runs times their median, cached or not, so a rerun from the cache
-stops where the first run stopped.
+(``config.cpu_timing_cache``): a rerun of the same models on the same machine measures nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ from quantcore.analysis.regions import Region, count_op_types, quantized_regions
 from quantcore.annotate.annotation import Annotation, annotate
 from quantcore.calibrate.reuse import recalibrate
 from quantcore.config import QuantizeConfig
+from quantcore.evaluate import node_profile, paired_latency
 from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
 from quantcore.evaluate.latency_cache import PROFILE, Measured, Profiles, TimingCache, timing_key
 from quantcore.evaluate.node_profile import Profiler, profile_nodes
@@ -90,7 +102,10 @@ from quantcore.runtime.cpu_features import cpu_model
 STAGE = "place"
 LABELS = ("fp32", "quantized", "placed")  # the models the final comparison may time
 MAX_ROUNDS = 3
-FALLBACK_SHARE = 1.0  # the fallback pairs' timed runs, as a share of the job's calibration seconds
+# the measurements' timed runs, as a share of the job's calibration seconds: sessions, warm-up runs and the
+# profiler's files come on top (10-35 % more where the runs take half a second or more), within 1.5x the
+# calibration's time in all
+TIMING_SHARE = 1.0
 RUN_SHARE = 0.25  # seconds of runs per batch size of each profile and timing, as a share of calibration's,
 RUN_S = (0.1, 0.5)  # within these bounds: under 0.1 s the quartiles of a small model are mostly noise
 
@@ -106,7 +121,7 @@ class PlacementRun:
     base_calibrated: Annotation
     base_exported: ExportResult
     out_dir: Path
-    calibration_seconds: float  # the calibrate stage's: what the fallback pairs may spend (``FALLBACK_SHARE``)
+    calibration_seconds: float  # the calibrate stage's: the measurements' budget (``TIMING_SHARE``)
 
 
 @dataclass(frozen=True)
@@ -145,15 +160,29 @@ class _Search:
         specs = input_specs(run.prepared.model)
         fixed = fixed_batch(specs)
         self.batch_sizes = (fixed,) if fixed is not None else tuple(config.cpu_batch_sizes)
-        run_s = min(RUN_S[1], max(RUN_S[0], RUN_SHARE * run.calibration_seconds))
-        measuring = {"specs": specs, "sample": run.sample, "threads": self.threads, "budget_s": run_s}
+        self.run_s = min(RUN_S[1], max(RUN_S[0], RUN_SHARE * run.calibration_seconds))
+        measuring = {"specs": specs, "sample": run.sample, "threads": self.threads, "budget_s": self.run_s}
         self.timer = timer or functools.partial(interleaved_times, **measuring)
         self.profiler = profiler or functools.partial(profile_nodes, **measuring)
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
         self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
-        self.budget = FALLBACK_SHARE * run.calibration_seconds
-        self.spent = 0.0  # runs x p50 of every fallback pair, cached or not (the budget's)
+        self.budget = TIMING_SHARE * run.calibration_seconds
+        self.spent = 0.0  # seconds of timed runs of every measurement, cached or not (the budget's)
+        self.run_seconds: dict[int, float] = {}  # per batch size, one run of the slower model in the first profile
+
+    def affords(self, models: int, *, profile: bool) -> bool:
+        """Whether a profile (or a timing) of ``models`` models fits in what is left of the budget: per batch size
+        its protocol's minimum rounds, or ``run_s`` if longer, at the first profile's run times. True before the
+        first profile, which is always made."""
+        low, high = (
+            (node_profile.MIN_RUNS, node_profile.RUNS) if profile else (paired_latency.MIN_RUNS, paired_latency.RUNS)
+        )
+        estimate = sum(
+            min(high * models * seconds, max(low * models * seconds, self.run_s))
+            for seconds in self.run_seconds.values()
+        )
+        return self.spent + estimate <= self.budget
 
     def variant(self, float_nodes: tuple[str, ...], *, full: bool = False) -> _Variant:
         """The model with ``float_nodes`` excluded: the first calibration's scales where they are exact, the
@@ -181,7 +210,14 @@ class _Search:
         signatures = [signature(onnx.load_from_string(m)) for m in models]
         key = timing_key([PROFILE, *signatures], self.batch_sizes, self.threads)
         get, put = (None, None) if self.cache is None else (self.cache.get_profiles, self.cache.put_profiles)
-        return self._cached(key, get, put, lambda: self.profiler(models, self.batch_sizes))
+        profiles, cached = self._cached(key, get, put, lambda: self.profiler(models, self.batch_sizes))
+        runs = [p for p in profiles if not isinstance(p, str)]
+        self.spent += sum(sum(p.run_times_us) for profile in runs for p in profile.values()) / 1e6
+        if not self.run_seconds and runs:
+            for batch in self.batch_sizes:
+                medians = [profile[batch].run_us / 1e6 for profile in runs if batch in profile]
+                self.run_seconds[batch] = max(medians, default=0.0)
+        return profiles, cached
 
     def measure(self, models: Sequence[bytes]) -> tuple[Measured, bool]:
         """Per batch size, each model's ``Timing`` or refusal; and whether it came from the cache."""
@@ -192,7 +228,9 @@ class _Search:
             return {batch: [t if isinstance(t, str) else Timing.of(t) for t in times] for batch, times in raw.items()}
 
         get, put = (None, None) if self.cache is None else (self.cache.get, self.cache.put)
-        return self._cached(key, get, put, run)
+        measured, cached = self._cached(key, get, put, run)
+        self.spent += _timed_seconds(measured)
+        return measured, cached
 
     def _cached(self, key, get, put, run):
         """``get(key)`` when the cache holds it, else ``run()`` (its seconds counted) stored with ``put``;
@@ -260,6 +298,8 @@ def place(
     rows: list[dict[str, Any]] = []
     stopped, rounds = f"round limit ({MAX_ROUNDS})", 0
     profiled: list[_Profiled] = []
+    moves: list[tuple[dict[str, Any], RegionCost]] = []  # the last round's regions sent float: row, estimate
+    previous = current
     for round_index in range(1, MAX_ROUNDS + 1):
         rounds = round_index
         monitor.check(STAGE)
@@ -267,14 +307,20 @@ def place(
         if not regions:
             stopped = "no quantized region left"
             break
+        if not search.affords(2, profile=True):
+            rounds, current = round_index - 1, previous
+            _not_applied(moves, "the timing budget has no room to profile the model without it")
+            stopped = f"timing budget ({search.budget:.3g} s of runs) spent"
+            break
         (fp32, quantized), cached = search.profile([fp32_model, current.model])
         profiled.append(_Profiled(current, _run_timings(fp32), _run_timings(quantized)))
         if isinstance(fp32, str) or isinstance(quantized, str):
-            costs = [RegionCost({}, {}, None) for _ in regions]
+            costs, totals = [RegionCost({}, {}, None) for _ in regions], {}
         else:
             qdq_graph = onnx.load_from_string(current.model).graph
             costs = region_costs(fp32, graph, quantized, qdq_graph, regions)
-        moved: list[tuple[str, ...]] = []
+            totals = {b: sum(node.us for node in profile.nodes) for b, profile in fp32.items()}
+        moves = []
         for position, (region, estimate) in enumerate(zip(regions, costs, strict=True)):
             row = _row(round_index, region, graph, estimate, cached)
             if estimate.cost is None:
@@ -284,27 +330,47 @@ def place(
             else:
                 row.update(kept="quantized", reason=f"estimated faster quantized (cost {estimate.cost:+.3f})")
             if row["kept"] == "float":
-                moved.append(region.nodes)
+                moves.append((row, estimate))
             rows.append(row)
             done = min(0.9, round_index / (MAX_ROUNDS + 1))
             monitor.report(STAGE, done, f"round {round_index}, region {position + 1}/{len(regions)}: {row['kept']}")
-        if not moved:
+        # moves on estimates alone (none measured or refused) must be worth a round
+        if moves and all(estimate.cost is not None for _, estimate in moves):
+            gain = _estimated_gain([estimate for _, estimate in moves], totals)
+            if gain < MIN_GAIN:
+                _not_applied(moves, f"together they save {gain:.1%} of FP32's time, under {MIN_GAIN:.0%}")
+                moves = []
+        if not moves:
             stopped = "no region changed the model"
             break
-        float_nodes = dict.fromkeys((*current.float_nodes, *(n for nodes in moved for n in nodes)))  # ordered set
-        current = search.variant(tuple(float_nodes))
+        float_nodes = dict.fromkeys((*current.float_nodes, *(n for row, _ in moves for n in row["nodes"])))  # ordered
+        previous, current = current, search.variant(tuple(float_nodes))
     return _choose(search, base, current, profiled, rows, rounds, stopped)
+
+
+def _estimated_gain(costs: Sequence[RegionCost], totals: Mapping[int, float]) -> float:
+    """The share of FP32's time (its profile's node total) that ``costs``' regions together are estimated to save
+    in float, at the batch size where it is largest."""
+    return max(
+        (sum(c.quantized_us[b] - c.float_us[b] for c in costs) / total for b, total in totals.items() if total > 0),
+        default=0.0,
+    )
+
+
+def _not_applied(moves: Sequence[tuple[dict[str, Any], RegionCost]], why: str) -> None:
+    """Report ``moves``' rows (sent float) as left quantized, and why."""
+    for row, _ in moves:
+        row.update(kept="quantized", reason=f"{row['reason']}; left quantized: {why}")
 
 
 def _measure_region(search: _Search, current: _Variant, region: Region, row: dict[str, Any]) -> None:
     """The fallback for a region without an estimate: time ``current`` against it with ``region`` float, within
     the budget, and fill ``row``'s timings, decision and reason."""
-    if search.spent >= search.budget:
-        row.update(kept="quantized", reason=f"no estimate, and the fallback budget ({search.budget:.3g} s) is spent")
+    if not search.affords(2, profile=False):
+        row.update(kept="quantized", reason=f"no estimate, and the timing budget ({search.budget:.3g} s) is spent")
         return
     trial = search.variant((*current.float_nodes, *region.nodes))
     measured, cached = search.measure([current.model, trial.model])
-    search.spent += _timed_seconds(measured)
     row["cached"] = cached
     row["timings"] = {
         f"batch_{b}": {
@@ -388,6 +454,8 @@ def _choose(
     if settled:
         source, timings = "profile", {"fp32": judged.fp32, label: judged.timings}
         chosen = label if not every or no_slower(judged.timings, judged.fp32, trade=False) else "fp32"
+    elif profiled and not search.affords(len(_labels(placed, all_float)), profile=False):
+        source, (chosen, timings) = "profiles", _from_profiles(profiled, placed, every)
     else:
         source, (timings, cached) = "timed", _timed(search, base, placed, all_float)
         preferred = ["quantized", "placed"] if "placed" in timings else ["quantized"]
@@ -428,10 +496,16 @@ def _choose(
         "measurements": search.measured,
         "cached_measurements": search.cached,
         "measured_seconds": round(search.seconds, 3),
-        "fallback_budget_s": round(search.budget, 3),
+        "timed_seconds": round(search.spent, 3),
+        "timing_budget_s": round(search.budget, 3),
         "statement": _statement(chosen, float_moves, len(kept.float_nodes), final),
     }
     return PlacementOutcome(kept.config, kept.annotation, kept.calibrated, exported, report)
+
+
+def _labels(placed: _Variant, all_float: bool) -> tuple[str, ...]:
+    """The models the final comparison times: placed only where it is neither FP32's nor all quantized's twin."""
+    return ("fp32", "quantized") if all_float or not placed.float_nodes else LABELS
 
 
 def _timed(
@@ -440,9 +514,26 @@ def _timed(
     """FP32, all quantized and (unless it is either's twin) placed, timed together: per label its timings; and
     whether they came from the cache."""
     fp32 = search.run.prepared.model.SerializeToString()
-    labels = ("fp32", "quantized") if all_float or not placed.float_nodes else LABELS
+    labels = _labels(placed, all_float)
     measured, cached = search.measure([fp32, base.model, placed.model][: len(labels)])
     return {label: _timings(measured, i) for i, label in enumerate(labels)}, cached
+
+
+def _from_profiles(
+    profiled: Sequence[_Profiled], placed: _Variant, every: Sequence[str]
+) -> tuple[str, dict[str, dict[int, Timing]]]:
+    """The final comparison's rule on the profiles' runs, each quantized model against FP32 in its own round: the
+    placed model first where ``_gained``, else all quantized; the first no slower than FP32, else FP32. The
+    chosen label, and the timings it read (FP32's from the chosen model's round)."""
+    first = profiled[0]
+    last = next((p for p in reversed(profiled) if p.variant is placed and p is not first), None)
+    candidates = [("quantized", first)]
+    if last is not None:
+        candidates.insert(0 if _gained(last, first) else 1, ("placed", last))
+    for label, seen in candidates:
+        if seen.timings and (not every or no_slower(seen.timings, seen.fp32)):
+            return label, {"fp32": seen.fp32, label: seen.timings}
+    return "fp32", {"fp32": first.fp32, "quantized": first.timings}
 
 
 def _statement(chosen: str, float_moves: int, float_nodes: int, final: Mapping[str, Any]) -> str:

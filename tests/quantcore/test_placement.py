@@ -313,24 +313,92 @@ def test_every_region_estimated_faster_quantized_stays(tmp_path, data) -> None:
     assert timer.calls == 0 and report["final_source"] == "profile"  # the profile's runs: faster than FP32
 
 
-def test_regions_without_an_estimate_are_timed_within_the_calibration_budget(tmp_path, data) -> None:
+def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path, data) -> None:
     """A quantized model ONNX Runtime will not profile leaves every region without an estimate: each is timed
-    as a whole-model pair (the old way) while the budget lasts. A fake pair stands for 2 batch sizes x 9 runs x
-    both models' times (1 ms, 1.5 ms while conv2 is quantized): 54 ms for conv1's region, then 45 ms for conv2's.
-    A budget of 80 ms lets both run and none in round 2; 0 s none."""
+    as a whole-model pair (the old way) while the budget lasts. The FP32 profile's runs take 50 µs (its five
+    nodes), so a pair is estimated at 2 batch sizes x 200 runs x 2 x 50 µs = 40 ms and the final comparison of
+    three models at 60 ms; a fake pair takes 2 batch sizes x 9 runs x both models' times (1 ms, 1.5 ms while
+    conv2 is quantized): 54 ms for conv1's region, then 45 ms for conv2's. A budget of 120 ms lets both run
+    and round 2 profile (0.5 ms), not round 2's pair (100 + 40 ms) nor the final comparison, so the profiles
+    decide: refused, they show no quantized model no slower than FP32, which is kept. A budget of 0 s times
+    nothing after the first profile; ample budget times every pair and the final comparison."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.08 / placement.FALLBACK_SHARE)
-    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=FakeTimer(slow=("conv2",))).report
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.12 / placement.TIMING_SHARE)
+    timer = FakeTimer(slow=("conv2",))
+    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=timer).report
     first = [row for row in report["regions"] if row["round"] == 1]
     assert [row["kept"] for row in first] == ["quantized", "float"] and all(row["cost"] is None for row in first)
     assert first[1]["timings"]["batch_1"]["float"]["p50_ms"] == pytest.approx(1.0)
-    assert report["kept"] == "placed" and report["float_nodes"] == ["conv2"]
     second = [row for row in report["regions"] if row["round"] == 2]
-    assert [row["reason"] for row in second] == ["no estimate, and the fallback budget (0.08 s) is spent"]
+    assert [row["reason"] for row in second] == ["no estimate, and the timing budget (0.12 s) is spent"]
+    assert timer.calls == 2 and report["final_source"] == "profiles" and report["kept"] == "fp32"
+    assert report["timed_seconds"] == pytest.approx(0.054 + 0.045 + 0.001, abs=1e-3)
     broke = replace(run, calibration_seconds=0.0)
     timer = FakeTimer(slow=("conv2",))
     spent = place(broke, config, profiler=FakeProfiler(refuse=True), timer=timer).report
-    assert all(row["kept"] == "quantized" for row in spent["regions"]) and timer.calls == 1
+    assert all(row["kept"] == "quantized" for row in spent["regions"]) and timer.calls == 0
+    timer = FakeTimer(slow=("conv2",))
+    ample = place(replace(run, calibration_seconds=100.0), config, profiler=FakeProfiler(refuse=True), timer=timer)
+    assert ample.report["kept"] == "placed" and ample.report["final_source"] == "timed" and timer.calls == 4
+
+
+def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(tmp_path, data) -> None:
+    """conv2's region is estimated slower quantized, but every run takes 60-100 ms (medians 80 ms): the first
+    profile's runs take 1.6 s, and profiling the model without conv2 would take at least 2 batch sizes x 0.5 s
+    more, past a budget of 2 s. The estimate alone does not change the model: conv2 stays quantized, its row
+    says why, and the first profile keeps the quantized model (even medians). With ample budget, the same
+    profiles send conv2 float."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config, calibration_seconds=2.0 / placement.TIMING_SHARE)
+    profiler, timer = FakeProfiler({"conv2": 40.0}, run_us=lambda _model, _batch: 100_000.0), FakeTimer()
+    report = place(run, config, profiler=profiler, timer=timer).report
+    conv2 = next(row for row in report["regions"] if row["nodes"] == ["conv2"])
+    assert conv2["kept"] == "quantized" and conv2["reason"].endswith(
+        "left quantized: the timing budget has no room to profile the model without it"
+    )
+    assert report["stopped"] == "timing budget (2 s of runs) spent" and report["rounds"] == 1
+    assert report["kept"] == "quantized" and report["float_nodes"] == [] and report["final_source"] == "profile"
+    assert profiler.calls == 1 and timer.calls == 0 and report["timed_seconds"] == pytest.approx(1.6)
+    ample = place(replace(run, calibration_seconds=100.0), config, profiler=profiler).report
+    assert ample["float_nodes"] == ["conv2"]
+
+
+def test_regions_estimated_to_save_under_the_minimum_gain_stay_quantized(tmp_path, data) -> None:
+    """conv2's region is estimated 5 µs slower quantized (11 µs and two 2 µs conversions against 10 µs float), but
+    the softmax between the regions takes 1 ms: 0.5 % of FP32's time is not worth a round. Without the softmax's
+    millisecond the same 5 µs are 10 % of it, and conv2 goes float."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config)
+    profiler = FakeProfiler({"conv2": 11.0}, {"softmax": 1000.0})
+    report = place(run, config, profiler=profiler, timer=FakeTimer()).report
+    conv2 = next(row for row in report["regions"] if row["nodes"] == ["conv2"])
+    assert conv2["cost"] > 0 and conv2["kept"] == "quantized"
+    assert conv2["reason"].endswith("left quantized: together they save 0.5% of FP32's time, under 2%")
+    assert report["stopped"] == "no region changed the model" and profiler.calls == 1 and report["float_nodes"] == []
+    noticeable = place(run, config, profiler=FakeProfiler({"conv2": 11.0}), timer=FakeTimer()).report
+    conv2 = next(row for row in noticeable["regions"] if row["nodes"] == ["conv2"])
+    assert conv2["kept"] == "float" and noticeable["rounds"] == 2
+
+
+def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, data) -> None:
+    """The scenario of the timed comparison above (all quantized at 0.5x FP32 in the first round's profile, placed
+    at 0.8x in the second's), with a budget of 0.1 s: both profiles fit (12 ms, then 14.4 ms of runs), three
+    models timed at 2 x 0.1 s at least do not. The comparison's rule reads the profiles instead: the placed
+    model did not gain on all quantized, which is no slower than FP32 in its round, and is kept."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.1 / placement.TIMING_SHARE)
+
+    def run_us(model: onnx.ModelProto, _batch: int) -> float:
+        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+            return 1000.0
+        return 500.0 if _reads_dequantized(model, "conv2") else 800.0
+
+    timer = FakeTimer()
+    report = place(run, config, profiler=FakeProfiler({"conv2": 40.0}, run_us=run_us), timer=timer).report
+    assert report["rounds"] == 2 and timer.calls == 0
+    assert report["final_source"] == "profiles" and report["kept"] == "quantized"
+    assert report["final"]["batch_1"]["quantized"]["p50_ms"] == pytest.approx(0.4)
+    assert report["final"]["batch_1"]["speedup_p50"] == pytest.approx(2.0)
 
 
 def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_path, data) -> None:
@@ -397,10 +465,10 @@ def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
 
 
 def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data) -> None:
-    """Regions without an estimate and a budget for one fake pair (36 ms of timed runs): the first run times one
-    region, and the rerun, from the cache, the same one."""
+    """Regions without an estimate and a budget for one fake pair (estimated 40 ms, its runs 36 ms): the first run
+    times one region, and the rerun, from the cache, the same one."""
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.03 / placement.FALLBACK_SHARE)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.06 / placement.TIMING_SHARE)
     first, second = FakeTimer(), FakeTimer()
     report = place(run, config, profiler=FakeProfiler(refuse=True), timer=first).report
     timed = [bool(row["timings"]) for row in report["regions"]]
