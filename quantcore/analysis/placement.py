@@ -21,7 +21,8 @@ the spread, at one batch size and slower at none). A region ONNX Runtime refuses
 session fails with it, runs without it) goes float with ONNX Runtime's message.
 
 Budget. The measurements' timed runs (their durations, cached or not, so that a rerun from the cache stops
-where the first run stopped) may take ``TIMING_SHARE`` x the job's calibration seconds. The first round's
+where the first run stopped) may take ``TIMING_SHARE`` x the job's calibration seconds, and at least
+``TIMING_FLOOR_S``. The first round's
 profile is always made: nothing can be said of the CPU without it. Every later measurement (a round's
 profile, a fallback pair, the final comparison) is made only when its runs fit in what is left, estimated
 from the first profile's run times at its protocol's minimum runs (or its seconds per batch size, if
@@ -106,6 +107,9 @@ MAX_ROUNDS = 3
 # profiler's files come on top (10-35 % more where the runs take half a second or more), within 1.5x the
 # calibration's time in all
 TIMING_SHARE = 1.0
+# but never less than this many seconds: a model calibrated in 20 ms would get 20 ms of runs, which cannot tell
+# a quantized model from FP32 at batch 1 (the profiler's cost per node alone can invert a 1.3x gain there)
+TIMING_FLOOR_S = 1.0
 RUN_SHARE = 0.25  # seconds of runs per batch size of each profile and timing, as a share of calibration's,
 RUN_S = (0.1, 0.5)  # within these bounds: under 0.1 s the quartiles of a small model are mostly noise
 
@@ -167,7 +171,7 @@ class _Search:
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
         self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
-        self.budget = TIMING_SHARE * run.calibration_seconds
+        self.budget = max(TIMING_SHARE * run.calibration_seconds, TIMING_FLOOR_S)
         self.spent = 0.0  # seconds of timed runs of every measurement, cached or not (the budget's)
         self.run_seconds: dict[int, float] = {}  # per batch size, one run of the slower model in the first profile
 

@@ -313,7 +313,7 @@ def test_every_region_estimated_faster_quantized_stays(tmp_path, data) -> None:
     assert timer.calls == 0 and report["final_source"] == "profile"  # the profile's runs: faster than FP32
 
 
-def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path, data) -> None:
+def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path, data, monkeypatch) -> None:
     """A quantized model ONNX Runtime will not profile leaves every region without an estimate: each is timed
     as a whole-model pair (the old way) while the budget lasts. The FP32 profile's runs take 50 µs (its five
     nodes), so a pair is estimated at 2 batch sizes x 200 runs x 2 x 50 µs = 40 ms and the final comparison of
@@ -322,6 +322,7 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     and round 2 profile (0.5 ms), not round 2's pair (100 + 40 ms) nor the final comparison, so the profiles
     decide: refused, they show no quantized model no slower than FP32, which is kept. A budget of 0 s times
     nothing after the first profile; ample budget times every pair and the final comparison."""
+    monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config, calibration_seconds=0.12 / placement.TIMING_SHARE)
     timer = FakeTimer(slow=("conv2",))
@@ -340,6 +341,17 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     timer = FakeTimer(slow=("conv2",))
     ample = place(replace(run, calibration_seconds=100.0), config, profiler=FakeProfiler(refuse=True), timer=timer)
     assert ample.report["kept"] == "placed" and ample.report["final_source"] == "timed" and timer.calls == 4
+
+
+def test_a_job_calibrated_in_no_time_still_gets_the_timing_floor(tmp_path, data) -> None:
+    """The scenario above with a calibration of 0 s: the budget is ``TIMING_FLOOR_S``, room for every fake pair
+    and the final comparison, as with ample budget."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.0)
+    timer = FakeTimer(slow=("conv2",))
+    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=timer).report
+    assert report["timing_budget_s"] == placement.TIMING_FLOOR_S > 0
+    assert report["kept"] == "placed" and report["final_source"] == "timed" and timer.calls == 4
 
 
 def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(tmp_path, data) -> None:
@@ -380,11 +392,12 @@ def test_regions_estimated_to_save_under_the_minimum_gain_stay_quantized(tmp_pat
     assert conv2["kept"] == "float" and noticeable["rounds"] == 2
 
 
-def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, data) -> None:
+def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, data, monkeypatch) -> None:
     """The scenario of the timed comparison above (all quantized at 0.5x FP32 in the first round's profile, placed
     at 0.8x in the second's), with a budget of 0.1 s: both profiles fit (12 ms, then 14.4 ms of runs), three
     models timed at 2 x 0.1 s at least do not. The comparison's rule reads the profiles instead: the placed
     model did not gain on all quantized, which is no slower than FP32 in its round, and is kept."""
+    monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config, calibration_seconds=0.1 / placement.TIMING_SHARE)
 
@@ -464,9 +477,10 @@ def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
     assert (tmp_path / "cache" / "cpu-timings.json").is_file()
 
 
-def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data) -> None:
+def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data, monkeypatch) -> None:
     """Regions without an estimate and a budget for one fake pair (estimated 40 ms, its runs 36 ms): the first run
     times one region, and the rerun, from the cache, the same one."""
+    monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
     run = _placement_run(tmp_path, data, config, calibration_seconds=0.06 / placement.TIMING_SHARE)
     first, second = FakeTimer(), FakeTimer()
