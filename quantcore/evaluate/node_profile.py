@@ -7,16 +7,21 @@ fusions rename nodes (a QLinearConv fused from DequantizeLinear → Conv → Qua
 ``<Conv's name>_token_<n>``, an NCHWc Conv ``<its output tensor>_nchwc``) and add layout nodes of their
 own (``Transpose``, ``ReorderInput``, ``ReorderOutput``). The optimized graph gives each profiled node
 its input and output tensors, by which ``quantcore.analysis.region_costs`` maps it back. Each run's
-``model_run`` duration is kept too: the models are profiled interleaved, so their runs compare as
-``paired_latency.interleaved_times``'s do (the profiler's own cost, a few µs per node, falls on the model with
-more nodes: a quantized model's Q/DQ make it look, if anything, slower).
+duration is kept too: the models are profiled interleaved, so their runs compare as
+``paired_latency.interleaved_times``'s do. But the profiler's own cost, about ``PROFILER_NODE_US`` per node
+and run, falls on the model with more nodes, and on a short run it is most of the run: ocr-cls's FP32 model
+(238 nodes) and its quantized one (190) ran 1.95 and 2.06 ms per run profiled at batch 1, 0.58 and 0.81 ms
+unprofiled, so the profile had a model 0.72x as fast as FP32 even with it. Where that cost could reach
+``paired_latency.MIN_GAIN`` of a run (nodes x ``PROFILER_NODE_US`` above that share of its median), the
+run durations are taken from unprofiled runs instead, made in the same sessions once profiling has ended.
 
 Protocol per batch size, the models compared interleaved (one session each): at the first batch size one
 untimed run (a session's first run initializes its kernels and is several times slower), then ``MIN_RUNS``
 to ``RUNS`` runs, all profiled; a node's time is the median of its kernel times over those runs (µs), the
 run's time the median of the profiler's ``model_run`` durations. A later batch size's first run only
 grows the arena, which the median of at least ``MIN_RUNS`` runs shrugs off: untimed, it would be a fourth
-of the profile of a model whose batch of 32 takes seconds. With intra-op
+of the profile of a model whose batch of 32 takes seconds. The unprofiled runs, at the batch sizes that need
+them, follow the same rounds (one untimed, then ``MIN_RUNS`` to ``RUNS``); being short, they cost little. With intra-op
 threads each kernel's time is its wall clock, so the nodes' times add up to nearly the run's; what is
 left is the executor's own overhead.
 """
@@ -29,7 +34,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +42,14 @@ import numpy as np
 import onnx
 
 from quantcore.evaluate.cpu_latency import feeds_for, latency_session
+from quantcore.evaluate.paired_latency import MIN_GAIN
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 
 RUNS = 5  # timed runs per batch size, at most
 MIN_RUNS = 3  # at least: the median of three shrugs off one preempted run
 KERNEL_SUFFIX = "_kernel_time"
+PROFILER_NODE_US = 5.0  # the profiler's cost per node and run: ocr-cls's quantized model, 2.06 - 0.81 ms over 190 nodes
 
 # models (serialized) and batch sizes → per model, per batch size its profile, or why ONNX Runtime did not run it
 Profiler = Callable[[Sequence[bytes], Sequence[int]], "list[dict[int, NodeProfile] | str]"]
@@ -63,7 +70,8 @@ class ProfiledNode:
 @dataclass(frozen=True)
 class NodeProfile:
     """One model at one batch size: its profiled nodes in the optimized graph's order and each timed run's
-    duration (µs), in the order run: the whole-model timing of the runs the node medians are of."""
+    duration (µs), in the order run: the whole-model timing of the runs the node medians are of, or of as many
+    unprofiled runs where the profiler's cost would weigh on them (see module)."""
 
     nodes: tuple[ProfiledNode, ...]
     run_times_us: tuple[float, ...]
@@ -136,16 +144,50 @@ def profile_nodes(
                 elif timed >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s:
                     break
             counts.append(timed)
-        return [
+        profiles = [
             session if isinstance(session, str) else _read(session, directory, batch_sizes, counts)
             for session, directory in zip(sessions, directories, strict=True)
         ]
+        read = [p for p in profiles if not isinstance(p, str)]
+        for batch in batch_sizes:
+            if any(len(p[batch].nodes) * PROFILER_NODE_US > MIN_GAIN * p[batch].run_us for p in read if batch in p):
+                clean = _unprofiled(sessions, feeds_for(specs, batch, sample), budget_s)
+                for i, times in clean.items():
+                    if not isinstance(profiles[i], str) and batch in profiles[i]:
+                        profiles[i][batch] = replace(profiles[i][batch], run_times_us=tuple(times))
+        return profiles
+
+
+def _unprofiled(sessions: Sequence[Any], feeds: Mapping[str, np.ndarray], budget_s: float | None) -> dict[int, list]:
+    """Per live session (by position), the µs of each of its unprofiled runs on ``feeds``: one untimed round, then
+    ``MIN_RUNS`` to ``RUNS`` rounds, interleaved and rotated, as the profiled ones (a session that fails now is
+    left out: its profile stands)."""
+    live = [i for i, s in enumerate(sessions) if not isinstance(s, str)]
+    times: dict[int, list] = {i: [] for i in live}
+    started = time.perf_counter()
+    for round_index in range(1 + RUNS):
+        shift = round_index % max(len(live), 1)
+        for i in live[shift:] + live[:shift]:
+            begun = time.perf_counter()
+            try:
+                sessions[i].run(None, feeds)
+            except RUNTIME_ERRORS:
+                live.remove(i)
+                times.pop(i)
+                continue
+            if round_index > 0:
+                times[i].append((time.perf_counter() - begun) * 1e6)
+        if round_index == 0:
+            started = time.perf_counter()
+        elif round_index >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s:
+            break
+    return times
 
 
 def _read(
     session: Any, directory: Path, batch_sizes: Sequence[int], counts: Sequence[int]
 ) -> dict[int, NodeProfile] | str:
-    """The profile ``session`` wrote into ``directory``, parsed (``_parse``)."""
+    """The profile ``session`` wrote into ``directory``, parsed (``_parse``); its profiling ends here."""
     try:
         events = json.loads(Path(session.end_profiling()).read_text())
         optimized = onnx.load(str(directory / "optimized.onnx"), load_external_data=False)

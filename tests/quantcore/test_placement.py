@@ -20,7 +20,7 @@ from quantcore.analysis.placement import PlacementRun, place
 from quantcore.analysis.region_costs import attribute, region_costs
 from quantcore.analysis.regions import quantized_regions
 from quantcore.config import AnalysisOptions
-from quantcore.evaluate import latency_cache
+from quantcore.evaluate import latency_cache, node_profile
 from quantcore.evaluate.latency_cache import TimingCache
 from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode, profile_nodes
 from quantcore.evaluate.paired_latency import Timing, no_slower
@@ -223,6 +223,47 @@ def test_real_profiles_are_traced_back_to_their_regions(tmp_path, data) -> None:
     assert convs == {"r1_nchwc": 0, "out_nchwc": 1}
     costs = region_costs(fp32, graph, quantized, qdq.graph, regions)
     assert all(cost.cost is not None and set(cost.float_us) == {1, 4} for cost in costs)
+
+
+class _CountingSession:
+    """A real session that counts the runs made after its profiling ended."""
+
+    def __init__(self, session) -> None:
+        self.session, self.ended, self.after = session, False, 0
+
+    def run(self, *args, **kwargs):
+        self.after += self.ended
+        return self.session.run(*args, **kwargs)
+
+    def end_profiling(self):
+        self.ended = True
+        return self.session.end_profiling()
+
+
+@pytest.mark.parametrize("node_us", [0.0, 1e6])
+def test_short_profiled_runs_are_timed_again_unprofiled(tmp_path, data, monkeypatch, node_us) -> None:
+    """The profiler's cost per node can be most of a short run, so where it could reach MIN_GAIN of the run the
+    whole-run durations come from unprofiled runs in the same sessions, after profiling ended. A cost of 0 µs
+    per node never asks for them; one of a second always does: one untimed run, then as many timed runs as the
+    profile reports, per model and batch size. Which way the times point is the machine's, not checked."""
+    monkeypatch.setattr(node_profile, "PROFILER_NODE_US", node_us)
+    sessions: list[_CountingSession] = []
+    real = node_profile.latency_session
+
+    def counting(*args, **kwargs):
+        sessions.append(_CountingSession(real(*args, **kwargs)))
+        return sessions[-1]
+
+    monkeypatch.setattr(node_profile, "latency_session", counting)
+    config = QuantizeConfig(**FAST)
+    run = _placement_run(tmp_path, data, config)
+    qdq = build_qdq_model(run.prepared, run.base_calibrated)
+    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
+    profiles = profile_nodes(models, (1, 4), specs=input_specs(run.prepared.model), sample=run.sample, threads=1)
+    assert all(isinstance(p, dict) and set(p) == {1, 4} for p in profiles)
+    for session, profile in zip(sessions, profiles, strict=True):
+        expected = sum(1 + profile[b].runs for b in (1, 4)) if node_us else 0
+        assert session.after == expected and all(profile[b].runs >= node_profile.MIN_RUNS for b in (1, 4))
 
 
 def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(tmp_path, data) -> None:
