@@ -22,15 +22,13 @@ session fails with it, runs without it) goes float with ONNX Runtime's message.
 
 Budget. The measurements' timed runs (their durations, cached or not, so that a rerun from the cache stops
 where the first run stopped) may take ``TIMING_SHARE`` x the job's calibration seconds, and at least
-``TIMING_FLOOR_S``. The first round's
-profile is always made: nothing can be said of the CPU without it. Every later measurement (a round's
-profile, a fallback pair, the final comparison) is made only when its runs fit in what is left, estimated
-from the first profile's run times at its protocol's minimum runs (or its seconds per batch size, if
-longer). A round whose profile does not fit
-leaves the previous round's model as the placed one (its moves are reported as not applied: the estimate
-chooses, a whole-model measurement guarantees); a region whose pair does not fit stays quantized; a
-final comparison that does not fit is replaced by the profiles' own runs (``final_source`` "profiles",
-below).
+``TIMING_FLOOR_S``. The first round's profile is always made: nothing can be said of the CPU without it.
+Every later measurement (a round's profile, a fallback pair, the final comparison) is made only when its
+runs fit in what is left, estimated from the first profile's run times at its protocol's minimum runs (or
+its seconds per batch size, if longer). A round whose profile does not fit leaves the previous round's
+model as the placed one (its moves are reported as not applied: the estimate chooses, a whole-model
+measurement guarantees); a region whose pair does not fit stays quantized; a final comparison that does
+not fit is replaced by the profiles' own runs (``final_source`` "profiles", below).
 
 Last, the choice, judged first on the profiles' own runs (each profile times its models' whole runs,
 interleaved): when the last round profiled the placed model and found it no slower than FP32 on a few
@@ -50,8 +48,8 @@ fully quantized one; the preferred one is kept when it is no slower than FP32, e
 is, else FP32 (``no_slower``: as above, or clearly faster at one batch size, a gain beyond the spread
 paying for a loss within it). Without the budget for that comparison, the same rule reads the profiles:
 each quantized model's runs against FP32's in its own round, the placed one preferred when ``_gained``.
-The objective promises a model never slower than FP32, so FP32 need not be
-clearly faster to win: under load the spread of a run can swallow a 2x gap between medians. Every profile and timing
+The objective promises a model never slower than FP32, so FP32 need not be clearly faster to win: under
+load the spread of a run can swallow a 2x gap between medians. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, within ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
 calibrated on the full calibration data (the first calibration's scales reused where exact: only the

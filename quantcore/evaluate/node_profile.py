@@ -11,7 +11,7 @@ duration is kept too: the models are profiled interleaved, so their runs compare
 ``paired_latency.interleaved_times``'s do. But the profiler's own cost, about ``PROFILER_NODE_US`` per node
 and run, falls on the model with more nodes, and on a short run it is most of the run: ocr-cls's FP32 model
 (238 nodes) and its quantized one (190) ran 1.95 and 2.06 ms per run profiled at batch 1, 0.58 and 0.81 ms
-unprofiled, so the profile had a model 0.72x as fast as FP32 even with it. Where that cost could reach
+unprofiled, so the profile read as even a model that ran at 0.72x FP32's speed. Where that cost could reach
 ``paired_latency.MIN_GAIN`` of a run (nodes x ``PROFILER_NODE_US`` above that share of its median), the
 run durations are taken from unprofiled runs instead, made in the same sessions once profiling has ended.
 
@@ -21,9 +21,9 @@ to ``RUNS`` runs, all profiled; a node's time is the median of its kernel times 
 run's time the median of the profiler's ``model_run`` durations. A later batch size's first run only
 grows the arena, which the median of at least ``MIN_RUNS`` runs shrugs off: untimed, it would be a fourth
 of the profile of a model whose batch of 32 takes seconds. The unprofiled runs, at the batch sizes that need
-them, follow the same rounds (one untimed, then ``MIN_RUNS`` to ``RUNS``); being short, they cost little. With intra-op
-threads each kernel's time is its wall clock, so the nodes' times add up to nearly the run's; what is
-left is the executor's own overhead.
+them, follow the same rounds (one untimed, then ``MIN_RUNS`` to ``RUNS``); being short, they cost little.
+With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to nearly the run's;
+what is left is the executor's own overhead.
 """
 
 from __future__ import annotations
