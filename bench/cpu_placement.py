@@ -15,6 +15,7 @@ comparison, and the place stage's seconds when the job runs again with the profi
 (integer kernels), of the preset and of the placed model.
 
     .venv/bin/python -m bench.cpu_placement [--reruns 3] [--threads N] [--models digits resnet ocr-cls ...]
+        [--calibration-samples 16] [--timing-share 1.0]
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def _quantize(
     objective: str,
     out_dir: Path,
     cache: Path | None = None,
+    timing_share: float = 1.0,
 ) -> QuantizeResult:
     config = QuantizeConfig(
         platform="onnxruntime",
@@ -76,6 +78,7 @@ def _quantize(
         cpu_threads=threads,
         cpu_batch_sizes=BATCHES,
         cpu_timing_cache=None if cache is None else str(cache),
+        cpu_timing_share=timing_share,
     )
     return quantize(model_path, calibration, evaluation, config, out_dir)
 
@@ -95,9 +98,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--calibration-samples", type=int, default=16, help="of each third-party model (its calibration's seconds)"
     )
+    parser.add_argument(
+        "--timing-share", type=float, default=1.0, help="the placement's timing runs per calibration second"
+    )
     args = parser.parse_args(argv)
     threads = resolved_threads(args.threads)
-    print(f"threads {threads}; p50 ms (median of {args.reruns} interleaved reruns); speed-up = FP32 / model\n")
+    print(
+        f"threads {threads}; timing share {args.timing_share:g}; p50 ms (median of {args.reruns} interleaved "
+        "reruns); speed-up = FP32 / model\n"
+    )
     print(
         "| model | batch | FP32 | ort preset | placed | preset speed-up | placed speed-up | placed float nodes "
         "| calibrate s | place s (x calibrate) | timing s (x calibrate, final from) | place s, cached rerun "
@@ -113,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
             cache = work / f"{name}-timings"
             results = {
                 "accuracy": _quantize(*job, "accuracy", work / f"{name}-accuracy"),
-                "latency": _quantize(*job, "latency", work / f"{name}-latency", cache),
+                "latency": _quantize(*job, "latency", work / f"{name}-latency", cache, args.timing_share),
             }
-            rerun = _quantize(*job, "latency", work / f"{name}-rerun", cache)
+            rerun = _quantize(*job, "latency", work / f"{name}-rerun", cache, args.timing_share)
             models = [
                 model_path.read_bytes(),
                 results["accuracy"].model_path.read_bytes(),

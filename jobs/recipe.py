@@ -182,6 +182,16 @@ class DeploySpec(_Spec):
         max_length=8,
         description="Batch sizes the placement and the CPU latency are measured at.",
     )
+    timing_share: float = Field(
+        1.0,
+        ge=0.1,
+        le=100.0,
+        title="Placement timing budget",
+        description="The placement's timing runs, as a multiple of the job's calibration time (1 s at least). At 1 "
+        "the placement adds at most about 1.5x the calibration's time; a model whose first profile takes the whole "
+        "budget then keeps FP32 or the fully quantized model rather than a placement it could not check. A larger "
+        "share buys more rounds.",
+    )
 
 
 class AnalysisSpec(_Spec):

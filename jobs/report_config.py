@@ -173,4 +173,9 @@ class RunConfig(Section):
     )
     cpu_threads: int | None = Field(None, title="CPU threads", description="null: every core of the worker.")
     cpu_batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], title="CPU batch sizes")
+    cpu_timing_share: float = Field(
+        1.0,
+        title="CPU timing share",
+        description="The placement's timing runs, as a multiple of the calibration's time.",
+    )
     weight_only: WeightOnlyConfig | None = Field(None, description="Platform onnxruntime-weight-only only.")

@@ -1,5 +1,5 @@
-"""The recipe's deploy.cpu_objective / cpu_threads / batch_sizes: defaults per platform, 422 cases naming
-the field, and their translation into QuantizeConfig."""
+"""The recipe's deploy.cpu_objective / cpu_threads / batch_sizes / timing_share: defaults per platform, 422 cases
+naming the field, and their translation into QuantizeConfig."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def test_latency_is_the_default_on_onnxruntime_only() -> None:
         ({"batch_sizes": []}, "onnxruntime", "batch_sizes"),
         ({"batch_sizes": [0]}, "onnxruntime", "batch_sizes"),
         ({"batch_sizes": [1, 5000]}, "onnxruntime", "batch_sizes"),
+        ({"timing_share": 0.05}, "onnxruntime", "timing_share"),
+        ({"timing_share": 101}, "onnxruntime", "timing_share"),
+        ({"timing_share": "a lot"}, "onnxruntime", "timing_share"),
     ],
 )
 def test_invalid_deploy_settings_name_the_field(deploy: dict, platform: str, needle: str) -> None:
@@ -49,6 +52,11 @@ def test_deploy_settings_translate(tmp_path: Path) -> None:
     )
     assert accuracy.cpu_objective == "accuracy" and accuracy.cpu_timing_cache is None
     assert to_quantize_config(Recipe()).cpu_objective == "accuracy"
+    assert config.cpu_timing_share == 1.0
+    for share in (0.1, 4.0, 100.0):  # the recipe's bounds are within the engine's
+        deploy = {"timing_share": share}
+        recipe = Recipe.model_validate({"platform": "onnxruntime", "deploy": deploy})
+        assert to_quantize_config(recipe).cpu_timing_share == share
 
 
 def test_the_onnxruntime_alternative_is_measured_only_for_an_unnamed_default_platform() -> None:

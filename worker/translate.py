@@ -99,6 +99,7 @@ def to_quantize_config(recipe: Recipe, *, device: str = "auto", timing_cache: Pa
         cpu_objective=recipe.deploy.cpu_objective or "accuracy",
         cpu_threads=recipe.deploy.cpu_threads,
         cpu_batch_sizes=tuple(recipe.deploy.batch_sizes),
+        cpu_timing_share=recipe.deploy.timing_share,
         cpu_timing_cache=None if timing_cache is None else str(timing_cache),
         cpu_alternative=recipe.platform_named is False and recipe.platform == "tensorrt",
         analysis=AnalysisOptions(

@@ -21,8 +21,10 @@ the spread, at one batch size and slower at none). A region ONNX Runtime refuses
 session fails with it, runs without it) goes float with ONNX Runtime's message.
 
 Budget. The measurements' timed runs (their durations, cached or not, so that a rerun from the cache stops
-where the first run stopped) may take ``TIMING_SHARE`` x the job's calibration seconds, and at least
-``TIMING_FLOOR_S``. The first round's profile is always made: nothing can be said of the CPU without it.
+where the first run stopped) may take ``config.cpu_timing_share`` x the job's calibration seconds, and at
+least ``TIMING_FLOOR_S``. At the default share of 1 the whole stays within about 1.5x the calibration's
+time: sessions, warm-up runs and the profiler's files come on top of the runs (10-35 % more where the runs
+take half a second or more). The first round's profile is always made: nothing can be said of the CPU without it.
 Every later measurement (a round's profile, a fallback pair, the final comparison) is made only when its
 runs fit in what is left, estimated from the first profile's run times at its protocol's minimum runs (or
 its seconds per batch size, if longer). A round whose profile does not fit leaves the previous round's
@@ -101,12 +103,9 @@ from quantcore.runtime.cpu_features import cpu_model
 STAGE = "place"
 LABELS = ("fp32", "quantized", "placed")  # the models the final comparison may time
 MAX_ROUNDS = 3
-# the measurements' timed runs, as a share of the job's calibration seconds: sessions, warm-up runs and the
-# profiler's files come on top (10-35 % more where the runs take half a second or more), within 1.5x the
-# calibration's time in all
-TIMING_SHARE = 1.0
-# but never less than this many seconds: a model calibrated in 20 ms would get 20 ms of runs, which cannot tell
-# a quantized model from FP32 at batch 1 (the profiler's cost per node alone can invert a 1.3x gain there)
+# the budget's least seconds, whatever config.cpu_timing_share and the calibration's seconds make of it: a
+# model calibrated in 20 ms would get 20 ms of runs, which cannot tell a quantized model from FP32 at batch 1
+# (the profiler's cost per node alone can invert a 1.3x gain there)
 TIMING_FLOOR_S = 1.0
 RUN_SHARE = 0.25  # seconds of runs per batch size of each profile and timing, as a share of calibration's,
 RUN_S = (0.1, 0.5)  # within these bounds: under 0.1 s the quartiles of a small model are mostly noise
@@ -123,7 +122,7 @@ class PlacementRun:
     base_calibrated: Annotation
     base_exported: ExportResult
     out_dir: Path
-    calibration_seconds: float  # the calibrate stage's: the measurements' budget (``TIMING_SHARE``)
+    calibration_seconds: float  # the calibrate stage's: the measurements' budget (``config.cpu_timing_share``)
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ class _Search:
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
         self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
-        self.budget = max(TIMING_SHARE * run.calibration_seconds, TIMING_FLOOR_S)
+        self.budget = max(config.cpu_timing_share * run.calibration_seconds, TIMING_FLOOR_S)
         self.spent = 0.0  # seconds of timed runs of every measurement, cached or not (the budget's)
         self.run_seconds: dict[int, float] = {}  # per batch size, one run of the slower model in the first profile
 

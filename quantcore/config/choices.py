@@ -70,6 +70,8 @@ MIXED_PRECISION_METRICS = ("cosine", "sqnr")  # measured on calibration samples:
 # region the rules quantize (no placement: the export is that of a run without the option).
 CPU_OBJECTIVES = ("accuracy", "latency", "size")
 MAX_CPU_BATCH = 4096
+# the placement's timing runs as a multiple of the calibration's seconds: from a tenth to a hundred
+MIN_TIMING_SHARE, MAX_TIMING_SHARE = 0.1, 100.0
 
 
 def default_precision(platform: PlatformName) -> str:

@@ -17,6 +17,8 @@ from quantcore.config.choices import (
     CPU_OBJECTIVES,
     DEVICES,
     MAX_CPU_BATCH,
+    MAX_TIMING_SHARE,
+    MIN_TIMING_SHARE,
     MIXED_PRECISION_FORMS,
     PLATFORM_NAMES,
     PLATFORM_PRECISIONS,
@@ -125,9 +127,11 @@ class QuantizeConfig:
     quantize stays quantized) or ``latency`` (platform onnxruntime only: regions that run slower quantized
     than float on this CPU are kept float, stage ``place``). cpu_threads: ONNX Runtime intra-op threads for
     the placement's and the latency stage's measurements (None: every core this process may use).
-    cpu_batch_sizes: the batch sizes both measure at. cpu_timing_cache: a directory where the placement
-    keeps its timings between runs (None: not kept); where timings are kept changes no result, so it is
-    left out of ``to_dict`` (the report's config, the resume checkpoint's fingerprint).
+    cpu_batch_sizes: the batch sizes both measure at. cpu_timing_share: the placement's timing runs, as a
+    multiple of the calibrate stage's seconds (1 s at least; ``quantcore.analysis.placement``): a larger share
+    lets it check more rounds where a first profile takes the whole budget. cpu_timing_cache: a directory
+    where the placement keeps its timings between runs (None: not kept); where timings are kept changes no
+    result, so it is left out of ``to_dict`` (the report's config, the resume checkpoint's fingerprint).
     cpu_alternative: when the engine stage is skipped (no TensorRT engine for this model), also quantize
     the prepared model with the onnxruntime platform's rules and measure it on this CPU beside the model
     kept (stage ``cpu_alternative``, ``quantcore.pipeline.cpu_alternative``); a service sets it for a recipe that
@@ -170,6 +174,7 @@ class QuantizeConfig:
     cpu_objective: str = "accuracy"
     cpu_threads: int | None = None
     cpu_batch_sizes: tuple[int, ...] = (1, 32)
+    cpu_timing_share: float = 1.0
     cpu_timing_cache: str | None = None
     cpu_alternative: bool = False
     weight_only: WeightOnlyConfig | None = None
@@ -251,6 +256,7 @@ class QuantizeConfig:
         for batch in self.cpu_batch_sizes:
             require_range("cpu_batch_sizes", batch, 1, MAX_CPU_BATCH, integer=True)
         object.__setattr__(self, "cpu_batch_sizes", tuple(sorted(set(self.cpu_batch_sizes))))
+        require_range("cpu_timing_share", self.cpu_timing_share, MIN_TIMING_SHARE, MAX_TIMING_SHARE)
         if self.cpu_timing_cache is not None and not isinstance(self.cpu_timing_cache, str):
             raise ValueError(f"cpu_timing_cache must be a directory path string or None, got {self.cpu_timing_cache!r}")
         self._check_weight_only()
@@ -332,5 +338,6 @@ class QuantizeConfig:
             "cpu_objective": self.cpu_objective,
             "cpu_threads": self.cpu_threads,
             "cpu_batch_sizes": list(self.cpu_batch_sizes),
+            "cpu_timing_share": self.cpu_timing_share,
             "weight_only": None if self.weight_only is None else self.weight_only.to_dict(),
         }

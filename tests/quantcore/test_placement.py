@@ -365,7 +365,7 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     nothing after the first profile; ample budget times every pair and the final comparison."""
     monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.12 / placement.TIMING_SHARE)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.12 / config.cpu_timing_share)
     timer = FakeTimer(slow=("conv2",))
     report = place(run, config, profiler=FakeProfiler(refuse=True), timer=timer).report
     first = [row for row in report["regions"] if row["round"] == 1]
@@ -399,10 +399,10 @@ def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(
     """conv2's region is estimated slower quantized, but every run takes 60-100 ms (medians 80 ms): the first
     profile's runs take 1.6 s, and profiling the model without conv2 would take at least 2 batch sizes x 0.5 s
     more, past a budget of 2 s. The estimate alone does not change the model: conv2 stays quantized, its row
-    says why, and the first profile keeps the quantized model (even medians). With ample budget, the same
-    profiles send conv2 float."""
+    says why, and the first profile keeps the quantized model (even medians). A timing share of 2 (a budget of
+    4 s) lets the same profiles send conv2 float."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=2.0 / placement.TIMING_SHARE)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=2.0 / config.cpu_timing_share)
     profiler, timer = FakeProfiler({"conv2": 40.0}, run_us=lambda _model, _batch: 100_000.0), FakeTimer()
     report = place(run, config, profiler=profiler, timer=timer).report
     conv2 = next(row for row in report["regions"] if row["nodes"] == ["conv2"])
@@ -412,8 +412,8 @@ def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(
     assert report["stopped"] == "timing budget (2 s of runs) spent" and report["rounds"] == 1
     assert report["kept"] == "quantized" and report["float_nodes"] == [] and report["final_source"] == "profile"
     assert profiler.calls == 1 and timer.calls == 0 and report["timed_seconds"] == pytest.approx(1.6)
-    ample = place(replace(run, calibration_seconds=100.0), config, profiler=profiler).report
-    assert ample["float_nodes"] == ["conv2"]
+    ample = place(run, replace(config, cpu_timing_share=2.0), profiler=profiler).report
+    assert ample["float_nodes"] == ["conv2"] and ample["timing_budget_s"] == pytest.approx(4.0)
 
 
 def test_regions_estimated_to_save_under_the_minimum_gain_stay_quantized(tmp_path, data) -> None:
@@ -440,7 +440,7 @@ def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, d
     model did not gain on all quantized, which is no slower than FP32 in its round, and is kept."""
     monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.1 / placement.TIMING_SHARE)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.1 / config.cpu_timing_share)
 
     def run_us(model: onnx.ModelProto, _batch: int) -> float:
         if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
@@ -523,7 +523,7 @@ def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, d
     times one region, and the rerun, from the cache, the same one."""
     monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.06 / placement.TIMING_SHARE)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.06 / config.cpu_timing_share)
     first, second = FakeTimer(), FakeTimer()
     report = place(run, config, profiler=FakeProfiler(refuse=True), timer=first).report
     timed = [bool(row["timings"]) for row in report["regions"]]
