@@ -333,6 +333,12 @@ class CpuLatency(Section):
     budget_s: float | None = Field(
         None, description="Seconds of timed runs after which a measurement stops (runs is then a maximum)."
     )
+    session_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="ONNX Runtime session config entries of every session measured: intra-op spinning off, since "
+        "an idle session's spinning threads take the cores from the one running (a lone session with spinning on "
+        "runs faster at batch 1).",
+    )
     batch_sizes: list[int]
     fp32: dict[str, LatencyStats]
     quantized: dict[str, LatencyStats]

@@ -10,7 +10,16 @@ import pytest
 
 import quantcore
 from quantcore.errors import Canceled, InvalidDataError
-from quantcore.evaluate.cpu_latency import MIN_RUNS, LatencySettings, cpu_latency, feeds_for, summarize, time_calls
+from quantcore.evaluate.cpu_latency import (
+    MIN_RUNS,
+    SPIN_OFF,
+    LatencySettings,
+    cpu_latency,
+    feeds_for,
+    latency_session,
+    summarize,
+    time_calls,
+)
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import InputSpec
 from tests.quantcore.models import conv_bn_residual, save
@@ -51,6 +60,16 @@ def test_cpu_latency_dynamic_batch(models) -> None:
         for batch in (1, 32):
             _check(result[label][f"batch_{batch}"], batch)
     assert all(v > 0 for v in result["speedup_p50"].values())
+
+
+def test_every_measured_session_runs_without_intra_op_spinning(models, tmp_path) -> None:
+    """An idle session's spinning threads take the cores from the one running, so every session the latency
+    stage, the node profiles and the placement's timings open has spinning off, and the report says so."""
+    fp32, quantized, data, _ = models
+    for session in (latency_session(str(fp32), 2), latency_session(str(quantized), 1, profile_to=tmp_path)):
+        assert session.get_session_options().get_session_config_entry(SPIN_OFF[0]) == SPIN_OFF[1] == "0"
+    result = cpu_latency(fp32, quantized, sample=data, settings=FAST)
+    assert result["session_config"] == {"session.intra_op.allow_spinning": "0"}
 
 
 def test_cpu_latency_fixed_batch_model_measured_at_its_batch(models) -> None:
