@@ -187,10 +187,9 @@ class DeploySpec(_Spec):
         ge=0.1,
         le=100.0,
         title="Placement timing budget",
-        description="The placement's timing runs, as a multiple of the job's calibration time (1 s at least). At 1 "
-        "the placement adds at most about 1.5x the calibration's time; a model whose first profile takes the whole "
-        "budget then keeps FP32 or the fully quantized model rather than a placement it could not check. A larger "
-        "share buys more rounds.",
+        description="The placement's timing runs, as a multiple of the job's calibration time (1 s at least). A model "
+        "whose first profile takes the whole budget keeps FP32 or the fully quantized model rather than a placement "
+        "it could not check; a larger share buys more rounds.",
     )
 
 
