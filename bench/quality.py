@@ -325,11 +325,13 @@ def run_model(
     work, not busy-waiting (spinning was about 40 % of ocr-det's FP32 CPU time on a loaded 2-core machine)."""
     import onnxruntime as ort
 
+    from quantcore.runtime.session import SPIN_OFF
+
     started = time.perf_counter()
     cpu_started = time.process_time()
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry(*SPIN_OFF)
     session = ort.InferenceSession(
         str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled_optimizers or []
     )

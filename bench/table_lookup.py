@@ -3,7 +3,8 @@ the FP32 Gather on the same table (the reference): ``com.microsoft.GatherBlockQu
 ``matmulnbits``) and a blocked DequantizeLinear before the Gather (format ``dequantize_linear``), which
 ONNX Runtime's CPU EP runs over the whole table on every call. The table is random, (``--rows``,
 ``--width``), SmolLM2-135M's shape by default, rounded to nearest in blocks of 32 along each row by
-quantcore's own writer; the indices are ``--tokens`` random rows. The three sessions run in turn,
+quantcore's own writer; the indices are ``--tokens`` random rows. The three sessions
+(``cpu_latency.latency_session``, as every CPU measurement here: intra-op spinning off) run in turn,
 ``--runs`` times each; the table gives each one's p50 and its ratio to FP32's, and checks that the two
 quantized forms return the same rows. Run: ``.venv/bin/python -m bench.table_lookup``.
 """
@@ -16,9 +17,9 @@ import time
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from quantcore.evaluate.cpu_latency import latency_session
 from quantcore.weight_only.blocks import BlockGrid, quantize_rtn
 from quantcore.weight_only.writer import BLOCKED_DQ_OPSET, CONTRIB_DOMAIN, dequantize_tensors, gather_tensors
 
@@ -82,8 +83,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
     sessions = {
-        name: ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-        for name, model in models(args.rows, args.width, args.tokens).items()
+        name: latency_session(model, None) for name, model in models(args.rows, args.width, args.tokens).items()
     }
     feeds = {"ids": np.random.default_rng(1).integers(0, args.rows, size=(1, args.tokens), dtype=np.int64)}
     outputs = {name: session.run(None, feeds)[0] for name, session in sessions.items()}  # also the warm-up

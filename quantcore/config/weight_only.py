@@ -33,7 +33,7 @@ class WeightOnlyConfig:
     initializer read by nothing else), in blocks along its rows, by round to nearest (HQQ with ``hqq``: a
     lookup has no activation for GPTQ or AWQ to weigh): ``com.microsoft.GatherBlockQuantized`` in
     ``matmulnbits``, a blocked DequantizeLinear before the Gather in ``dequantize_linear`` (which ONNX
-    Runtime runs over the whole table on every call, ``bench.table_lookup``: 513x an FP32 Gather's time
+    Runtime runs over the whole table on every call, ``bench.table_lookup``: 424x an FP32 Gather's time
     for a 49,152 x 576 table at w4, GatherBlockQuantized 0.3x; the report notes it). Kept float by
     default, as ONNX Runtime's quantizer keeps it.
     accuracy_level: ``matmulnbits``' attribute of that name, what ONNX Runtime's CPU kernel computes the

@@ -44,10 +44,9 @@ from quantcore.checks import require_seconds
 from quantcore.errors import InvalidDataError
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import InputSpec, input_specs
-from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
+from quantcore.runtime.session import RUNTIME_ERRORS, SPIN_OFF, runtime_message
 
 STAGE = "latency"
-SPIN_OFF = ("session.intra_op.allow_spinning", "0")  # a session config entry every measured session gets
 PERCENTILES = (50, 90, 99)
 MIN_RUNS = 5  # timed runs a measurement gets before its budget can stop it (its median is then a real one)
 

@@ -56,7 +56,7 @@ INTEGER_PATH_NOTE = (
 )
 WHOLE_TABLE_NOTE = (
     "each quantized embedding table is a DequantizeLinear before its Gather, which ONNX Runtime runs over the whole "
-    "table on every call (bench.table_lookup, a 49,152 x 576 table at w4 on a 2-core EPYC: 68 ms a lookup, 513x an "
+    "table on every call (bench.table_lookup, a 49,152 x 576 table at w4 on a 2-core EPYC: 29 ms a lookup, 424x an "
     "FP32 Gather's time, where format matmulnbits' GatherBlockQuantized takes 0.3x): this format's tables are for "
     "runtimes that fold it"
 )

@@ -25,6 +25,8 @@ from quantcore.graph.protobuf import fits_in_protobuf, skeleton
 # of 0.994, measured; its ClipQuantRewrite refuses a Clip before an int4/uint4 QuantizeLinear), and
 # exact arithmetic needs none of them.
 EXACT_OPTIMIZATION = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+# the session config entry that keeps the intra-op threads from spinning between parallel sections
+SPIN_OFF = ("session.intra_op.allow_spinning", "0")
 # every exception ONNX Runtime's Python binding raises (Fail, InvalidArgument, InvalidGraph, ...): plain
 # Exception subclasses of its own module, which share no base class to catch them by
 RUNTIME_ERRORS: tuple[type[Exception], ...] = tuple(
@@ -116,7 +118,7 @@ def open_session(
     if in_node_order:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if not spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry(*SPIN_OFF)
     if exact_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     providers = providers_for(device)

@@ -12,7 +12,6 @@ import quantcore
 from quantcore.errors import Canceled, InvalidDataError
 from quantcore.evaluate.cpu_latency import (
     MIN_RUNS,
-    SPIN_OFF,
     LatencySettings,
     cpu_latency,
     feeds_for,
@@ -21,6 +20,7 @@ from quantcore.evaluate.cpu_latency import (
     time_calls,
 )
 from quantcore.progress import Monitor
+from quantcore.runtime.session import SPIN_OFF
 from quantcore.runtime.batching import InputSpec
 from tests.quantcore.models import conv_bn_residual, save
 
