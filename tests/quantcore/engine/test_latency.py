@@ -20,8 +20,8 @@ from quantcore.evaluate.cpu_latency import (
     time_calls,
 )
 from quantcore.progress import Monitor
-from quantcore.runtime.session import SPIN_OFF
 from quantcore.runtime.batching import InputSpec
+from quantcore.runtime.session import SPIN_OFF
 from tests.quantcore.models import conv_bn_residual, save
 
 FAST = LatencySettings(warmup=2, runs=12, budget_s=None)  # enough for percentiles; the numbers are not asserted on
