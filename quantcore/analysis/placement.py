@@ -213,7 +213,7 @@ class _Search:
         get, put = (None, None) if self.cache is None else (self.cache.get_profiles, self.cache.put_profiles)
         profiles, cached = self._cached(key, get, put, lambda: self.profiler(models, self.batch_sizes))
         runs = [p for p in profiles if not isinstance(p, str)]
-        self.spent += sum(sum(p.run_times_us) for profile in runs for p in profile.values()) / 1e6
+        self.spent += sum(p.timed_us for profile in runs for p in profile.values()) / 1e6
         if not self.run_seconds and runs:
             for batch in self.batch_sizes:
                 medians = [profile[batch].run_us / 1e6 for profile in runs if batch in profile]

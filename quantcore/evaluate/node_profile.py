@@ -17,13 +17,16 @@ run durations are taken from unprofiled runs instead, made in the same sessions 
 
 Protocol per batch size, the models compared interleaved (one session each): at the first batch size one
 untimed run (a session's first run initializes its kernels and is several times slower), then ``MIN_RUNS``
-to ``RUNS`` runs, all profiled; a node's time is the median of its kernel times over those runs (µs), the
-run's time the median of the profiler's ``model_run`` durations. A later batch size's first run only
-grows the arena, which the median of at least ``MIN_RUNS`` runs shrugs off: untimed, it would be a fourth
-of the profile of a model whose batch of 32 takes seconds. The unprofiled runs, at the batch sizes that need
-them, follow the same rounds (one untimed, then ``MIN_RUNS`` to ``RUNS``); being short, they cost little.
-With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to nearly the run's;
-what is left is the executor's own overhead.
+to ``RUNS`` runs, all profiled; a node's time is the lower median of its kernel times over those runs (µs),
+the run's time the median of the profiler's ``model_run`` durations. Other processes' load and a later batch
+size's first run (it only grows the arena; untimed, it would be a third of the profile of a model whose batch
+of 32 takes seconds) lengthen a kernel and never shorten it, so of two runs the shorter is the one to keep:
+two are the least. A third round would cost the most where the budget can least afford it: the first
+profile, always made, runs two models at batch 32, and its third round alone runs half as many samples as a
+calibration of 128. The unprofiled runs, at the batch sizes that need them, follow the same rounds (one
+untimed, then ``MIN_RUNS`` to ``RUNS``); being short, they cost little, and ``NodeProfile.timed_us`` counts
+them with the profiled runs they replace. With intra-op threads each kernel's time is its wall clock, so the
+nodes' times add up to nearly the run's; what is left is the executor's own overhead.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 
 RUNS = 5  # timed runs per batch size, at most
-MIN_RUNS = 3  # at least: the median of three shrugs off one preempted run
+MIN_RUNS = 2  # at least: a node's lower median of two is its unpreempted run (see module)
 KERNEL_SUFFIX = "_kernel_time"
 PROFILER_NODE_US = 5.0  # the profiler's cost per node and run: ocr-cls's quantized model, 2.06 - 0.81 ms over 190 nodes
 
@@ -58,7 +61,7 @@ Profiler = Callable[[Sequence[bytes], Sequence[int]], "list[dict[int, NodeProfil
 @dataclass(frozen=True)
 class ProfiledNode:
     """One node of the optimized graph: its name and op type as ONNX Runtime reports them, its tensors, and
-    its median kernel time (µs)."""
+    its lower median kernel time (µs)."""
 
     name: str
     op_type: str
@@ -75,6 +78,7 @@ class NodeProfile:
 
     nodes: tuple[ProfiledNode, ...]
     run_times_us: tuple[float, ...]
+    timed_us: float  # every timed run made for this profile (profiled, and unprofiled where they replace them)
 
     @property
     def run_us(self) -> float:
@@ -89,6 +93,7 @@ class NodeProfile:
         return {
             "nodes": [[n.name, n.op_type, list(n.inputs), list(n.outputs), n.us] for n in self.nodes],
             "run_times_us": list(self.run_times_us),
+            "timed_us": self.timed_us,
         }
 
     @classmethod
@@ -97,7 +102,7 @@ class NodeProfile:
             ProfiledNode(str(name), str(op), tuple(inputs), tuple(outputs), float(us))
             for name, op, inputs, outputs, us in data["nodes"]
         )
-        return cls(nodes, tuple(float(t) for t in data["run_times_us"]))
+        return cls(nodes, tuple(float(t) for t in data["run_times_us"]), float(data["timed_us"]))
 
 
 def profile_nodes(
@@ -154,7 +159,10 @@ def profile_nodes(
                 clean = _unprofiled(sessions, feeds_for(specs, batch, sample), budget_s)
                 for i, times in clean.items():
                     if not isinstance(profiles[i], str) and batch in profiles[i]:
-                        profiles[i][batch] = replace(profiles[i][batch], run_times_us=tuple(times))
+                        profile = profiles[i][batch]
+                        profiles[i][batch] = replace(
+                            profile, run_times_us=tuple(times), timed_us=profile.timed_us + sum(times)
+                        )
         return profiles
 
 
@@ -200,7 +208,7 @@ def _parse(
     events: list[dict[str, Any]], graph: onnx.GraphProto, batch_sizes: Sequence[int], counts: Sequence[int]
 ) -> dict[int, NodeProfile] | str:
     """Split the profiler's events into its ``model_run``s (a node event lies inside its run's span), drop the
-    first batch size's untimed run, and take the medians over each batch size's ``counts`` timed runs."""
+    first batch size's untimed run, and take the lower medians over each batch size's ``counts`` timed runs."""
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
     expected = 1 + sum(counts)
     if len(spans) != expected:
@@ -229,9 +237,10 @@ def _parse(
                 name,
                 op_types[name],
                 *tensors.get(name, ((), ())),
-                statistics.median(per_run[run].get(name, 0.0) for run in timed),
+                statistics.median_low(per_run[run].get(name, 0.0) for run in timed),
             )
             for name in names
         )
-        result[batch] = NodeProfile(nodes, tuple(float(spans[run][1] - spans[run][0]) for run in timed))
+        durations = tuple(float(spans[run][1] - spans[run][0]) for run in timed)
+        result[batch] = NodeProfile(nodes, durations, sum(durations))
     return result

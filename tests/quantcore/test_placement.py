@@ -5,6 +5,7 @@ deterministic; no test here checks a speed), the timing cache, and the pipeline.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -166,15 +167,16 @@ class FakeProfiler:
             else:
                 nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, self.float_us.get(node.name, 10.0)))
         if self.run_us is not None:
-            return {
-                b: NodeProfile(tuple(nodes), tuple(self.run_us(model, b) * factor for factor in SPREAD[:5]))
-                for b in batch_sizes
-            }
+            return {b: _profile(nodes, [self.run_us(model, b) * factor for factor in SPREAD[:5]]) for b in batch_sizes}
         if self.run_ratio is None:
             runs = (sum(n.us for n in nodes),) * 5
         else:
             runs = tuple(1000.0 * (self.run_ratio if has_qdq else 1.0) * factor for factor in SPREAD[:5])
-        return dict.fromkeys(batch_sizes, NodeProfile(tuple(nodes), runs))
+        return dict.fromkeys(batch_sizes, _profile(nodes, runs))
+
+
+def _profile(nodes: list[ProfiledNode], runs: Sequence[float]) -> NodeProfile:
+    return NodeProfile(tuple(nodes), tuple(runs), sum(runs))
 
 
 def _placement_run(
@@ -264,6 +266,46 @@ def test_short_profiled_runs_are_timed_again_unprofiled(tmp_path, data, monkeypa
     for session, profile in zip(sessions, profiles, strict=True):
         expected = sum(1 + profile[b].runs for b in (1, 4)) if node_us else 0
         assert session.after == expected and all(profile[b].runs >= node_profile.MIN_RUNS for b in (1, 4))
+        for b in (1, 4):  # the budget counts the profiled runs the unprofiled ones replaced, too
+            replaced = profile[b].timed_us > sum(profile[b].run_times_us)
+            assert replaced if node_us else profile[b].timed_us == pytest.approx(sum(profile[b].run_times_us))
+
+
+def test_a_spent_budget_stops_each_batch_size_after_two_rounds(tmp_path, data) -> None:
+    """With its seconds spent the profile makes ``MIN_RUNS`` rounds, two: a third would cost the first profile
+    of a large model half a calibration's samples."""
+    config = QuantizeConfig(**FAST)
+    run = _placement_run(tmp_path, data, config)
+    qdq = build_qdq_model(run.prepared, run.base_calibrated)
+    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
+    specs = input_specs(run.prepared.model)
+    profiles = profile_nodes(models, (1, 4), specs=specs, sample=run.sample, threads=1, budget_s=0.0)
+    assert node_profile.MIN_RUNS == 2
+    assert [[p[b].runs for b in (1, 4)] for p in profiles if isinstance(p, dict)] == [[2, 2], [2, 2]]
+
+
+def test_a_node_time_is_its_lower_median_so_a_preempted_run_does_not_count() -> None:
+    """Two timed runs (after the untimed first), the node's kernel 10 µs in one and 30 µs in the other (a run
+    other processes preempted): the node reads 10 µs, the runs their own spans. Of three runs, the middle."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+
+    def events(kernels: Sequence[float]) -> list[dict]:
+        spans = [{"name": "model_run", "ts": 1000 * i, "dur": 100 + k} for i, k in enumerate([50.0, *kernels])]
+        nodes = [
+            {"cat": "Node", "name": "relu_kernel_time", "ts": 1000 * i + 1, "dur": k, "args": {"op_name": "Relu"}}
+            for i, k in enumerate([50.0, *kernels])
+        ]
+        return spans + nodes
+
+    two = node_profile._parse(events([10.0, 30.0]), graph, (1,), (2,))[1]
+    assert [n.us for n in two.nodes] == [10.0] and two.run_times_us == (110.0, 130.0) and two.timed_us == 240.0
+    three = node_profile._parse(events([30.0, 10.0, 20.0]), graph, (1,), (3,))[1]
+    assert [n.us for n in three.nodes] == [20.0]
 
 
 def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(tmp_path, data) -> None:
@@ -583,7 +625,7 @@ def test_latency_needs_the_onnxruntime_platform() -> None:
 
 def test_the_timing_cache_drops_the_oldest_entries_past_its_byte_cap(tmp_path, monkeypatch) -> None:
     """Node profiles are ~100x a timing's size: the cache is bounded by its JSON bytes as well as its entries."""
-    profile = NodeProfile((ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0),), (5.0, 5.0, 5.0))
+    profile = _profile([ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0)], (5.0, 5.0, 5.0))
     size = len(json.dumps([{"1": profile.to_dict()}]))
     monkeypatch.setattr(latency_cache, "MAX_BYTES", 2 * size + 1)  # two entries fit, not three
     cache = TimingCache(tmp_path)
