@@ -187,7 +187,7 @@ class DeploySpec(_Spec):
         ge=0.1,
         le=100.0,
         title="Placement timing budget",
-        description="The placement's timing runs, as a multiple of the job's calibration time (1 s at least). A model "
+        description="The placement's timing runs, as a multiple of the job's calibration time. A model "
         "whose first profile takes the whole budget keeps FP32 or the fully quantized model rather than a placement "
         "it could not check; a larger share buys more rounds.",
     )

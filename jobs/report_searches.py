@@ -195,8 +195,8 @@ class Placement(Section):
     )
     timing_budget_s: float = Field(
         description="Seconds of timed runs the measurements after the first profile may bring the total to: the "
-        "calibration's seconds times config.cpu_timing_share, and 1 s at least. A measurement whose minimum runs "
-        "would exceed it is not made."
+        "calibration's seconds (a resumed job's: its checkpoint's) times config.cpu_timing_share. A measurement "
+        "whose minimum runs would exceed it is not made."
     )
     statement: str
 

@@ -21,10 +21,11 @@ the spread, at one batch size and slower at none). A region ONNX Runtime refuses
 session fails with it, runs without it) goes float with ONNX Runtime's message.
 
 Budget. The measurements' timed runs (their durations, cached or not, so that a rerun from the cache stops
-where the first run stopped) may take ``config.cpu_timing_share`` x the job's calibration seconds, and at
-least ``TIMING_FLOOR_S``. At the default share of 1 the whole stays within about 1.5x the calibration's
-time: sessions, warm-up runs and the profiler's files come on top of the runs (10-35 % more where the runs
-take half a second or more). The first round's profile is always made: nothing can be said of the CPU without it.
+where the first run stopped) may take ``config.cpu_timing_share`` x the job's calibration seconds (a resumed
+job's: its checkpoint's), however few: the runs of a model calibrated in 20 ms are that short too. Sessions,
+warm-up runs and the profiler's files come on top of the runs (10-35 % more where the runs take half a second
+or more; about 50 ms a profile on the smallest models). The first round's profile is always made, at least
+``node_profile.MIN_RUNS`` rounds per batch size: nothing can be said of the CPU without it.
 Every later measurement (a round's profile, a fallback pair, the final comparison) is made only when its
 runs fit in what is left, estimated from the first profile's run times at its protocol's minimum runs (or
 its seconds per batch size, if longer). A round whose profile does not fit leaves the previous round's
@@ -52,7 +53,7 @@ paying for a loss within it). Without the budget for that comparison, the same r
 each quantized model's runs against FP32's in its own round, the placed one preferred when ``_gained``.
 The objective promises a model never slower than FP32, so FP32 need not be clearly faster to win: under
 load the spread of a run can swallow a 2x gap between medians. Every profile and timing
-runs each batch size for ``RUN_SHARE`` x the calibration seconds, within ``RUN_S``, and at least its
+runs each batch size for ``RUN_SHARE`` x the calibration seconds, at most ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
 calibrated on the full calibration data (the first calibration's scales reused where exact: only the
 tensors around the float regions are observed again) and exported into ``out_dir``; the evaluate stage then measures its
@@ -103,12 +104,8 @@ from quantcore.runtime.cpu_features import cpu_model
 STAGE = "place"
 LABELS = ("fp32", "quantized", "placed")  # the models the final comparison may time
 MAX_ROUNDS = 3
-# the budget's least seconds, whatever config.cpu_timing_share and the calibration's seconds make of it: a
-# model calibrated in 20 ms would get 20 ms of runs, which cannot tell a quantized model from FP32 at batch 1
-# (the profiler's cost per node alone can invert a 1.3x gain there)
-TIMING_FLOOR_S = 1.0
 RUN_SHARE = 0.25  # seconds of runs per batch size of each profile and timing, as a share of calibration's,
-RUN_S = (0.1, 0.5)  # within these bounds: under 0.1 s the quartiles of a small model are mostly noise
+RUN_S = 0.5  # at most: by then a model's quartiles have settled, and a large one stops at its minimum of runs
 
 
 @dataclass(frozen=True)
@@ -161,14 +158,14 @@ class _Search:
         specs = input_specs(run.prepared.model)
         fixed = fixed_batch(specs)
         self.batch_sizes = (fixed,) if fixed is not None else tuple(config.cpu_batch_sizes)
-        self.run_s = min(RUN_S[1], max(RUN_S[0], RUN_SHARE * run.calibration_seconds))
+        self.run_s = min(RUN_S, RUN_SHARE * run.calibration_seconds)
         measuring = {"specs": specs, "sample": run.sample, "threads": self.threads, "budget_s": self.run_s}
         self.timer = timer or functools.partial(interleaved_times, **measuring)
         self.profiler = profiler or functools.partial(profile_nodes, **measuring)
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
         self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
-        self.budget = max(config.cpu_timing_share * run.calibration_seconds, TIMING_FLOOR_S)
+        self.budget = config.cpu_timing_share * run.calibration_seconds
         self.spent = 0.0  # seconds of timed runs of every measurement, cached or not (the budget's)
         self.run_seconds: dict[int, float] = {}  # per batch size, one run of the slower model in the first profile
 

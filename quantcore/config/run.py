@@ -128,7 +128,7 @@ class QuantizeConfig:
     than float on this CPU are kept float, stage ``place``). cpu_threads: ONNX Runtime intra-op threads for
     the placement's and the latency stage's measurements (None: every core this process may use).
     cpu_batch_sizes: the batch sizes both measure at. cpu_timing_share: the placement's timing runs, as a
-    multiple of the calibrate stage's seconds (1 s at least; ``quantcore.analysis.placement``): a larger share
+    multiple of the calibrate stage's seconds (``quantcore.analysis.placement``): a larger share
     lets it check more rounds where a first profile takes the whole budget. cpu_timing_cache: a directory
     where the placement keeps its timings between runs (None: not kept); where timings are kept changes no
     result, so it is left out of ``to_dict`` (the report's config, the resume checkpoint's fingerprint).

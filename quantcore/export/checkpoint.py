@@ -5,12 +5,13 @@ output directory::
 
     {"format": 1, "stage": "export", "fingerprint": <sha256 hex>,
      "files": {<name>: <sha256 hex>, ...}, "export": {counts, opset, warnings},
-     "percentile_search": <the clip stage's choice, or null>}
+     "percentile_search": <the clip stage's choice, or null>, "calibration_seconds": <the calibrate stage's>}
 
 The fingerprint is SHA-256 over the configuration (``QuantizeConfig.to_dict()`` as sorted JSON), the
 source model's bytes, and every calibration array's name, dtype, shape and bytes: the inputs that
 determine calibration and export. A later run reuses the checkpoint only when its fingerprint is equal
-and every listed file exists with the recorded digest; otherwise it recomputes (and overwrites).
+and every listed file exists with the recorded digest; otherwise it recomputes (and overwrites). The
+calibrate stage's seconds go with it: the place stage's timing budget is a share of them.
 Nothing here knows about jobs, queues or databases: the caller decides which directory to resume from.
 """
 
@@ -34,7 +35,7 @@ from quantcore.export.qdq import ExportResult
 from quantcore.numerics.tqc import QuantState, TensorQuantConfig
 
 CHECKPOINT_FILE = "checkpoint.json"
-FORMAT = 1
+FORMAT = 2  # 2: calibration_seconds
 CHUNK = 1 << 20
 
 
@@ -57,9 +58,16 @@ def fingerprint(model_path: Path, calibration: Mapping[str, np.ndarray], config:
     return digest.hexdigest()
 
 
-def save(out_dir: Path, key: str, exported: ExportResult, percentile_search: Mapping[str, Any] | None = None) -> Path:
+def save(
+    out_dir: Path,
+    key: str,
+    exported: ExportResult,
+    percentile_search: Mapping[str, Any] | None,
+    calibration_seconds: float,
+) -> Path:
     """Record ``exported`` (whose files are already complete in ``out_dir``) under ``key``, with the clip
-    stage's choice (``quantcore.calibrate.clip_search``) when it ran: a resumed run goes on with that percentile."""
+    stage's choice (``quantcore.calibrate.clip_search``) when it ran: a resumed run goes on with that percentile.
+    """
     document: dict[str, Any] = {
         "format": FORMAT,
         "stage": "export",
@@ -74,6 +82,7 @@ def save(out_dir: Path, key: str, exported: ExportResult, percentile_search: Map
             "warnings": list(exported.warnings),
         },
         "percentile_search": None if percentile_search is None else dict(percentile_search),
+        "calibration_seconds": calibration_seconds,
     }
     path = out_dir / CHECKPOINT_FILE
     atomic.write_json(path, document)
@@ -82,10 +91,12 @@ def save(out_dir: Path, key: str, exported: ExportResult, percentile_search: Map
 
 @dataclass(frozen=True)
 class Restored:
-    """What a valid checkpoint gives back: the export, and the clip stage's choice (None: none ran)."""
+    """What a valid checkpoint gives back: the export, the clip stage's choice (None: none ran), and the
+    calibrate stage's seconds."""
 
     exported: ExportResult
     percentile_search: dict[str, Any] | None
+    calibration_seconds: float
 
 
 def load(resume_from: Path, out_dir: Path, key: str) -> Restored | None:
@@ -117,7 +128,7 @@ def load(resume_from: Path, out_dir: Path, key: str) -> Restored | None:
         opset=recorded["opset"],
         warnings=tuple(recorded["warnings"]),
     )
-    return Restored(exported, document.get("percentile_search"))
+    return Restored(exported, document.get("percentile_search"), float(document["calibration_seconds"]))
 
 
 def restore_configs(annotation: Annotation, tqc_path: Path) -> Annotation:

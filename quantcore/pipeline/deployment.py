@@ -142,7 +142,7 @@ def place_stage(run: Run, inputs: PreparedInputs, model: QuantizedModel) -> Quan
         model.calibrated,
         model.exported,
         run.out_dir,
-        run.clock.seconds.get("calibrate", 0.0),  # none on a job resumed after calibration: the budget's floor
+        model.calibration_seconds,
     )
     outcome = place(placement_run, model.config, monitor=run.monitor)
     run.clock.end("place", started, outcome.report["statement"])

@@ -146,7 +146,17 @@ def restore_checkpoint(
     if percentile_search is not None:  # re-calibrations (remedy, target) go on with the clip kept
         config = replace(config, percentile=percentile_search["chosen"], clip=percentile_search["clip"])
         resumed = ("calibrate", "clip", "export")
-    return QuantizedModel(config, inputs.prepared, annotation, calibrated, exported, percentile_search, None, resumed)
+    return QuantizedModel(
+        config,
+        inputs.prepared,
+        annotation,
+        calibrated,
+        exported,
+        percentile_search,
+        None,
+        resumed,
+        calibration_seconds=restored.calibration_seconds,
+    )
 
 
 def calibrate_stage(run: Run, inputs: PreparedInputs, annotation: Annotation, config: QuantizeConfig) -> Calibration:
@@ -277,7 +287,8 @@ def export_stage(run: Run, annotation: Annotation, calibration: Calibration, key
     started = run.clock.begin("export")
     config = calibration.config
     exported = export(calibration.prepared, calibration.calibrated, run.out_dir, platform=config.platform)
-    checkpoint.save(run.out_dir, key, exported, calibration.percentile_search)
+    seconds = run.clock.seconds.get("calibrate", 0.0)
+    checkpoint.save(run.out_dir, key, exported, calibration.percentile_search, seconds)
     run.clock.end(
         "export",
         started,
@@ -294,4 +305,5 @@ def export_stage(run: Run, annotation: Annotation, calibration: Calibration, key
         resumed=(),
         mixed_precision=calibration.mixed_precision,
         qat=calibration.qat,
+        calibration_seconds=seconds,
     )

@@ -59,6 +59,7 @@ class QuantizedModel:
     placement: dict[str, Any] | None = None  # the place stage's report (``analysis.placement``); None: not run
     mixed_precision: dict[str, Any] | None = None  # its stage's report (``analysis.mixed_precision``); None: not run
     qat: QatResult | None = None  # None: no qat in the config
+    calibration_seconds: float = 0.0  # the calibrate stage's, a resumed run's from its checkpoint (the place budget)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from quantcore import QuantizeConfig, quantize
+from quantcore.export import checkpoint
 from quantcore.export.checkpoint import CHECKPOINT_FILE
 from tests.quantcore.models import conv_relu_gemm, save
 
@@ -37,11 +38,15 @@ def _stages_run(path, data, out, config, resume_from) -> tuple[list[str], dict]:
 
 
 def test_checkpoint_lists_the_exported_files(first_run) -> None:
-    _, _, out, result = first_run
+    path, data, out, result = first_run
     document = json.loads((out / CHECKPOINT_FILE).read_text())
     assert document["stage"] == "export"
     assert set(document["files"]) == {"model.qdq.onnx", "tqc.json"}
     assert result.report["resumed"] == []
+    # the calibrate stage's seconds, which a resumed job's place stage budgets its timing runs by
+    key = checkpoint.fingerprint(path, {"input": data}, QuantizeConfig(batch_size=8))
+    restored = checkpoint.load(out, out, key)
+    assert restored is not None and restored.calibration_seconds == result.report["stage_seconds"]["calibrate"] > 0
 
 
 def test_resume_skips_calibrate_and_export_and_gives_the_same_model(first_run, tmp_path) -> None:

@@ -405,7 +405,6 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     and round 2 profile (0.5 ms), not round 2's pair (100 + 40 ms) nor the final comparison, so the profiles
     decide: refused, they show no quantized model no slower than FP32, which is kept. A budget of 0 s times
     nothing after the first profile; ample budget times every pair and the final comparison."""
-    monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = _placement_run(tmp_path, data, config, calibration_seconds=0.12 / config.cpu_timing_share)
     timer = FakeTimer(slow=("conv2",))
@@ -424,17 +423,6 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     timer = FakeTimer(slow=("conv2",))
     ample = place(replace(run, calibration_seconds=100.0), config, profiler=FakeProfiler(refuse=True), timer=timer)
     assert ample.report["kept"] == "placed" and ample.report["final_source"] == "timed" and timer.calls == 4
-
-
-def test_a_job_calibrated_in_no_time_still_gets_the_timing_floor(tmp_path, data) -> None:
-    """The scenario above with a calibration of 0 s: the budget is ``TIMING_FLOOR_S``, room for every fake pair
-    and the final comparison, as with ample budget."""
-    config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.0)
-    timer = FakeTimer(slow=("conv2",))
-    report = place(run, config, profiler=FakeProfiler(refuse=True), timer=timer).report
-    assert report["timing_budget_s"] == placement.TIMING_FLOOR_S > 0
-    assert report["kept"] == "placed" and report["final_source"] == "timed" and timer.calls == 4
 
 
 def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(tmp_path, data) -> None:
@@ -477,12 +465,12 @@ def test_regions_estimated_to_save_under_the_minimum_gain_stay_quantized(tmp_pat
 
 def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, data, monkeypatch) -> None:
     """The scenario of the timed comparison above (all quantized at 0.5x FP32 in the first round's profile, placed
-    at 0.8x in the second's), with a budget of 0.1 s: both profiles fit (12 ms, then 14.4 ms of runs), three
-    models timed at 2 x 0.1 s at least do not. The comparison's rule reads the profiles instead: the placed
-    model did not gain on all quantized, which is no slower than FP32 in its round, and is kept."""
-    monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
+    at 0.8x in the second's), with a budget of 40 ms: both profiles fit (12 ms, then 14.4 ms of runs), three
+    models timed at 2 batch sizes x 7 runs x 1 ms at least (42 ms more) do not. The comparison's rule reads the
+    profiles instead: the placed model did not gain on all quantized, which is no slower than FP32 in its
+    round, and is kept."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.1 / config.cpu_timing_share)
+    run = _placement_run(tmp_path, data, config, calibration_seconds=0.04 / config.cpu_timing_share)
 
     def run_us(model: onnx.ModelProto, _batch: int) -> float:
         if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
@@ -563,7 +551,6 @@ def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
 def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, data, monkeypatch) -> None:
     """Regions without an estimate and a budget for one fake pair (estimated 40 ms, its runs 36 ms): the first run
     times one region, and the rerun, from the cache, the same one."""
-    monkeypatch.setattr(placement, "TIMING_FLOOR_S", 0.0)  # budgets of fake milliseconds
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
     run = _placement_run(tmp_path, data, config, calibration_seconds=0.06 / config.cpu_timing_share)
     first, second = FakeTimer(), FakeTimer()
@@ -611,6 +598,8 @@ def test_latency_objective_runs_in_the_pipeline_and_reports(tmp_path, data) -> N
     assert set(section["final"]) == {"batch_1", "batch_4"} and section["kept"] in ("quantized", "placed", "fp32")
     assert result.report["latency"]["cpu"]["threads"] == 1 and result.report["latency"]["cpu"]["batch_sizes"] == [1, 4]
     assert undocumented(Report.model_validate(result.report)) == []
+    calibrated = result.report["stage_seconds"]["calibrate"]  # the budget's base (a resumed job: its checkpoint's)
+    assert section["timing_budget_s"] == pytest.approx(calibrated * config.cpu_timing_share, abs=1e-3)
 
 
 def test_latency_needs_the_onnxruntime_platform() -> None:
