@@ -3,7 +3,7 @@
 After export, ``quantize`` writes ``checkpoint.json`` (atomically, after the files it lists) into its
 output directory::
 
-    {"format": 1, "stage": "export", "fingerprint": <sha256 hex>,
+    {"format": 2, "stage": "export", "fingerprint": <sha256 hex>,
      "files": {<name>: <sha256 hex>, ...}, "export": {counts, opset, warnings},
      "percentile_search": <the clip stage's choice, or null>, "calibration_seconds": <the calibrate stage's>}
 
