@@ -24,8 +24,10 @@ of 32 takes seconds) lengthen a kernel and never shorten it, so of two runs the 
 two are the least. A third round would cost the most where the budget can least afford it: the first
 profile, always made, runs two models at batch 32, and its third round alone runs half as many samples as a
 calibration of 128. The unprofiled runs, at the batch sizes that need them, follow the same rounds (one
-untimed, then ``MIN_RUNS`` to ``RUNS``); being short, they cost little, and ``NodeProfile.timed_us`` counts
-them with the profiled runs they replace. With intra-op threads each kernel's time is its wall clock, so the
+untimed, then ``MIN_RUNS``, and on to ``UNPROFILED_RUNS`` until the batch size's seconds have passed): being
+short, they cost little, and where the whole-run times are read as a verdict (a placed model no slower than
+FP32) five runs of a 50 µs model are no evidence. ``NodeProfile.timed_us`` counts them with the profiled
+runs they replace. With intra-op threads each kernel's time is its wall clock, so the
 nodes' times add up to nearly the run's; what is left is the executor's own overhead.
 """
 
@@ -51,6 +53,7 @@ from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 
 RUNS = 5  # timed runs per batch size, at most
 MIN_RUNS = 2  # at least: a node's lower median of two is its unpreempted run (see module)
+UNPROFILED_RUNS = 50  # at most, of the unprofiled runs that replace short profiled ones
 KERNEL_SUFFIX = "_kernel_time"
 PROFILER_NODE_US = 5.0  # the profiler's cost per node and run: ocr-cls's quantized model, 2.06 - 0.81 ms over 190 nodes
 
@@ -168,12 +171,12 @@ def profile_nodes(
 
 def _unprofiled(sessions: Sequence[Any], feeds: Mapping[str, np.ndarray], budget_s: float | None) -> dict[int, list]:
     """Per live session (by position), the µs of each of its unprofiled runs on ``feeds``: one untimed round, then
-    ``MIN_RUNS`` to ``RUNS`` rounds, interleaved and rotated, as the profiled ones (a session that fails now is
-    left out: its profile stands)."""
+    ``MIN_RUNS`` to ``UNPROFILED_RUNS`` rounds, interleaved and rotated, as the profiled ones (a session that fails
+    now is left out: its profile stands)."""
     live = [i for i, s in enumerate(sessions) if not isinstance(s, str)]
     times: dict[int, list] = {i: [] for i in live}
     started = time.perf_counter()
-    for round_index in range(1 + RUNS):
+    for round_index in range(1 + UNPROFILED_RUNS):
         shift = round_index % max(len(live), 1)
         for i in live[shift:] + live[:shift]:
             begun = time.perf_counter()
