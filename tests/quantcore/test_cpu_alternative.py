@@ -13,7 +13,7 @@ from quantcore import QuantizeConfig, quantize
 from quantcore.config import AnalysisOptions
 from quantcore.tensorrt.engine import EngineResult, build_engine
 from tests.quantcore.models import save
-from tests.quantcore.test_placement import two_regions
+from tests.quantcore.placement_cases import two_regions
 from tests.test_report_schema import undocumented
 
 # tensorrt with an engine stage, nothing else slow; batch sizes 1 and 4 keep the timings short

@@ -1,77 +1,31 @@
-"""Latency-aware placement (quantcore.analysis.placement): regions, how ONNX Runtime's profiles are traced back
-to them (real profiles: structure only), decisions from an injected profiler and timer (so the decisions are
-deterministic; no test here checks a speed), the timing cache, and the pipeline."""
+"""Latency-aware placement (quantcore.analysis.placement): regions, decisions from an injected profiler and timer
+(so the decisions are deterministic; no test here checks a speed), the timing cache, and the pipeline. The real
+profiles behind the estimates: ``test_node_profile``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from jobs.report_schema import Report
 from quantcore import QuantizeConfig, annotate, calibrate, export, prepare, quantize
 from quantcore.analysis import placement
-from quantcore.analysis.placement import PlacementRun, place
-from quantcore.analysis.region_costs import attribute, region_costs
+from quantcore.analysis.placement import place
 from quantcore.analysis.regions import quantized_regions
-from quantcore.config import AnalysisOptions
-from quantcore.evaluate import latency_cache, node_profile
-from quantcore.evaluate.latency_cache import TimingCache
-from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode, profile_nodes
+from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode
 from quantcore.evaluate.paired_latency import Timing, no_slower
-from quantcore.export.qdq import build_qdq_model
-from quantcore.runtime.batching import Batches, input_specs
 from tests.quantcore.models import save
+from tests.quantcore.placement_cases import FAST, calibration_data, placement_run, reads_dequantized, two_regions
 from tests.test_report_schema import undocumented
-
-# the options every run here shares: no clip search, analysis or latency stage (they do not concern placement)
-FAST = {"platform": "onnxruntime", "percentile_candidates": (), "analysis": AnalysisOptions(enabled=False)}
-
-
-def two_regions() -> onnx.ModelProto:
-    """input (N, 3, 8, 8) → conv1 → relu1 → softmax (float on the CPU EP) → conv2 → relu2 → out.
-
-    Softmax stays float, so the quantized nodes form two regions: {conv1, relu1} and {conv2} (relu2 writes
-    the graph's output, read in float: nothing to quantize there)."""
-    rng = np.random.default_rng(0)
-    weights = [
-        numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
-        for name, shape in (("w1", (4, 3, 3, 3)), ("b1", (4,)), ("w2", (4, 4, 3, 3)), ("b2", (4,)))
-    ]
-    nodes = [
-        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Softmax", ["r1"], ["s"], name="softmax", axis=1),
-        helper.make_node("Conv", ["s", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["out"], name="relu2"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "two_regions",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4, 8, 8])],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
 
 
 @pytest.fixture
 def data() -> np.ndarray:
-    return np.random.default_rng(1).normal(size=(32, 3, 8, 8)).astype(np.float32)
-
-
-def _reads_dequantized(model: onnx.ModelProto, node_name: str) -> bool:
-    producers = {out: node for node in model.graph.node for out in node.output}
-    node = next(n for n in model.graph.node if n.name == node_name)
-    return any(producers.get(name) is not None and producers[name].op_type == "DequantizeLinear" for name in node.input)
+    return calibration_data()
 
 
 # a noisy machine's runs as multiples of their median: quartiles at 0.8x and 1.4x
@@ -104,10 +58,10 @@ class FakeTimer:
             times = []
             for serialized in models:
                 model = onnx.load_from_string(serialized)
-                if any(_reads_dequantized(model, name) for name in self.refused):
+                if any(reads_dequantized(model, name) for name in self.refused):
                     times.append("QLinearConv: not implemented (injected)")
                     continue
-                slow = [_reads_dequantized(model, name) for name in self.slow]
+                slow = [reads_dequantized(model, name) for name in self.slow]
                 time = 1.0 + self.penalty * (any(slow) if self.joint else sum(slow))
                 times.append([time * factor for factor in self.factors])
             result[batch] = times
@@ -153,7 +107,7 @@ class FakeProfiler:
                 if node.input[0] not in written:
                     continue  # a weight's: folded into the kernel that reads it
                 nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, 2.0))
-            elif has_qdq and _reads_dequantized(model, node.name):
+            elif has_qdq and reads_dequantized(model, node.name):
                 us = self.quantized.get(node.name, 5.0)
                 nodes.append(ProfiledNode(f"{node.name}_token_7", f"QLinear{node.op_type}", inputs, outputs, us))
                 fused.update(outputs)
@@ -179,140 +133,19 @@ def _profile(nodes: list[ProfiledNode], runs: Sequence[float]) -> NodeProfile:
     return NodeProfile(tuple(nodes), tuple(runs), sum(runs))
 
 
-def _placement_run(
-    tmp_path: Path,
-    data: np.ndarray,
-    config: QuantizeConfig,
-    model: onnx.ModelProto | None = None,
-    calibration_seconds: float = 100.0,
-) -> PlacementRun:
-    path = save(model or two_regions(), tmp_path / "model.onnx")
-    prepared = prepare(path)
-    base = annotate(prepared, config)
-    calibrated = calibrate(prepared, base, {"input": data}, config)
-    exported = export(prepared, calibrated, tmp_path / "out", platform=config.platform)
-    batches = Batches({"input": data}, input_specs(prepared.model), config.batch_size, what="calibration")
-    sample = {"input": data[:16]}
-    return PlacementRun(prepared, batches, sample, base, calibrated, exported, tmp_path / "out", calibration_seconds)
-
-
 def test_regions_of_a_small_model(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST)
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     regions = quantized_regions(run.prepared.model.graph, run.base_calibrated)
     assert [r.nodes for r in regions] == [("conv1", "relu1"), ("conv2",)]
     assert regions[0].op_types(run.prepared.model.graph) == {"Conv": 1, "Relu": 1}
-
-
-def test_real_profiles_are_traced_back_to_their_regions(tmp_path, data) -> None:
-    """ONNX Runtime's own names: the QDQ model's conv1 runs fused as ``conv1_token_<n>`` (QLinearConv), the FP32
-    model's conv2 as an NCHWc Conv named after relu2's output (``out_nchwc``); both are found, and every region
-    gets an estimate at each batch size. Structure only: which way the estimate points is the machine's."""
-    config = QuantizeConfig(**FAST)
-    run = _placement_run(tmp_path, data, config)
-    graph = run.prepared.model.graph
-    regions = quantized_regions(graph, run.base_calibrated)
-    qdq = build_qdq_model(run.prepared, run.base_calibrated)
-    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
-    fp32, quantized = profile_nodes(models, (1, 4), specs=input_specs(run.prepared.model), sample=run.sample, threads=1)
-    assert isinstance(fp32, dict) and isinstance(quantized, dict) and set(fp32) == set(quantized) == {1, 4}
-    owners = dict(zip((n.name for n in quantized[1].nodes), attribute(quantized[1], qdq.graph, regions), strict=True))
-    fused = [n for n in quantized[1].nodes if n.op_type == "QLinearConv"]
-    assert [n.name.split("_token_")[0] for n in fused] == ["conv1"] and owners[fused[0].name] == 0
-    assert owners["input_QuantizeLinear"] == 0  # the region's boundary conversion
-    fp32_owners = attribute(fp32[1], graph, regions)
-    convs = {n.name: owner for n, owner in zip(fp32[1].nodes, fp32_owners, strict=True) if n.op_type == "Conv"}
-    assert convs == {"r1_nchwc": 0, "out_nchwc": 1}
-    costs = region_costs(fp32, graph, quantized, qdq.graph, regions)
-    assert all(cost.cost is not None and set(cost.float_us) == {1, 4} for cost in costs)
-
-
-class _CountingSession:
-    """A real session that counts the runs made after its profiling ended."""
-
-    def __init__(self, session) -> None:
-        self.session, self.ended, self.after = session, False, 0
-
-    def run(self, *args, **kwargs):
-        self.after += self.ended
-        return self.session.run(*args, **kwargs)
-
-    def end_profiling(self):
-        self.ended = True
-        return self.session.end_profiling()
-
-
-@pytest.mark.parametrize("node_us", [0.0, 1e6])
-def test_short_profiled_runs_are_timed_again_unprofiled(tmp_path, data, monkeypatch, node_us) -> None:
-    """The profiler's cost per node can be most of a short run, so where it could reach MIN_GAIN of the run the
-    whole-run durations come from unprofiled runs in the same sessions, after profiling ended. A cost of 0 µs
-    per node never asks for them; one of a second always does: one untimed run, then as many timed runs as the
-    profile reports, per model and batch size. Which way the times point is the machine's, not checked."""
-    monkeypatch.setattr(node_profile, "PROFILER_NODE_US", node_us)
-    sessions: list[_CountingSession] = []
-    real = node_profile.latency_session
-
-    def counting(*args, **kwargs):
-        sessions.append(_CountingSession(real(*args, **kwargs)))
-        return sessions[-1]
-
-    monkeypatch.setattr(node_profile, "latency_session", counting)
-    config = QuantizeConfig(**FAST)
-    run = _placement_run(tmp_path, data, config)
-    qdq = build_qdq_model(run.prepared, run.base_calibrated)
-    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
-    profiles = profile_nodes(models, (1, 4), specs=input_specs(run.prepared.model), sample=run.sample, threads=1)
-    assert all(isinstance(p, dict) and set(p) == {1, 4} for p in profiles)
-    for session, profile in zip(sessions, profiles, strict=True):
-        expected = sum(1 + profile[b].runs for b in (1, 4)) if node_us else 0
-        assert session.after == expected and all(profile[b].runs >= node_profile.MIN_RUNS for b in (1, 4))
-        for b in (1, 4):  # the budget counts the profiled runs the unprofiled ones replaced, too
-            replaced = profile[b].timed_us > sum(profile[b].run_times_us)
-            assert replaced if node_us else profile[b].timed_us == pytest.approx(sum(profile[b].run_times_us))
-
-
-def test_a_spent_budget_stops_each_batch_size_after_two_rounds(tmp_path, data) -> None:
-    """With its seconds spent the profile makes ``MIN_RUNS`` rounds, two: a third would cost the first profile
-    of a large model half a calibration's samples."""
-    config = QuantizeConfig(**FAST)
-    run = _placement_run(tmp_path, data, config)
-    qdq = build_qdq_model(run.prepared, run.base_calibrated)
-    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
-    specs = input_specs(run.prepared.model)
-    profiles = profile_nodes(models, (1, 4), specs=specs, sample=run.sample, threads=1, budget_s=0.0)
-    assert node_profile.MIN_RUNS == 2
-    assert [[p[b].runs for b in (1, 4)] for p in profiles if isinstance(p, dict)] == [[2, 2], [2, 2]]
-
-
-def test_a_node_time_is_its_lower_median_so_a_preempted_run_does_not_count() -> None:
-    """Two timed runs (after the untimed first), the node's kernel 10 µs in one and 30 µs in the other (a run
-    other processes preempted): the node reads 10 µs, the runs their own spans. Of three runs, the middle."""
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-
-    def events(kernels: Sequence[float]) -> list[dict]:
-        spans = [{"name": "model_run", "ts": 1000 * i, "dur": 100 + k} for i, k in enumerate([50.0, *kernels])]
-        nodes = [
-            {"cat": "Node", "name": "relu_kernel_time", "ts": 1000 * i + 1, "dur": k, "args": {"op_name": "Relu"}}
-            for i, k in enumerate([50.0, *kernels])
-        ]
-        return spans + nodes
-
-    two = node_profile._parse(events([10.0, 30.0]), graph, (1,), (2,))[1]
-    assert [n.us for n in two.nodes] == [10.0] and two.run_times_us == (110.0, 130.0) and two.timed_us == 240.0
-    three = node_profile._parse(events([30.0, 10.0, 20.0]), graph, (1,), (3,))[1]
-    assert [n.us for n in three.nodes] == [20.0]
 
 
 def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(tmp_path, data) -> None:
     """conv2 takes 10 µs float and 40 µs as its integer kernel (plus 2 µs per conversion): its region goes float
     and its Q/DQ go; conv1's region, 10 + 10 µs float against 5 µs quantized and 2 µs per conversion, stays."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     profiler = FakeProfiler(quantized={"conv2": 40.0})
     outcome = place(run, config, profiler=profiler, timer=FakeTimer(slow=("conv2",)))
     report = outcome.report
@@ -325,7 +158,7 @@ def test_a_region_whose_conversions_cost_more_than_its_kernel_saves_goes_float(t
     assert first[("conv2",)]["estimate"]["batch_1"] == {"float_us": 10.0, "quantized_us": 44.0}  # + s's Q, DQ
     assert report["kept"] == "placed" and report["float_nodes"] == ["conv2"]
     exported = onnx.load(str(outcome.exported.model_path))
-    assert not _reads_dequantized(exported, "conv2") and _reads_dequantized(exported, "conv1")
+    assert not reads_dequantized(exported, "conv2") and reads_dequantized(exported, "conv1")
     assert "conv2" in outcome.config.exclude_node_patterns
     # round 2 profiled the placed model (conv1's region again: quantized) and stopped; one profile a round
     assert report["rounds"] == 2 and report["stopped"] == "no region changed the model" and profiler.calls == 2
@@ -339,12 +172,12 @@ def test_a_placed_model_slower_than_all_quantized_in_whole_runs_is_timed_against
     yet the profiles do not settle it: the three are timed together, and the placed model, not clearly faster
     than all quantized there, gives way to it."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
 
     def run_us(model: onnx.ModelProto, _batch: int) -> float:
         if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
             return 1000.0
-        return 500.0 if _reads_dequantized(model, "conv2") else 800.0
+        return 500.0 if reads_dequantized(model, "conv2") else 800.0
 
     timer = FakeTimer()
     profiler = FakeProfiler(quantized={"conv2": 40.0}, run_us=run_us)
@@ -357,7 +190,7 @@ def test_every_region_estimated_slower_leaves_fp32_untimed_twice(tmp_path, data)
     """Both regions estimated slower quantized go float in round 1; nothing quantized is left to profile, and
     the placed model, FP32's twin, is not timed beside FP32: FP32 is kept by the final comparison."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     profiler = FakeProfiler({"conv1": 100.0, "conv2": 40.0})
     report = place(run, config, profiler=profiler, timer=FakeTimer(slow=("conv1", "conv2"))).report
     assert [row["kept"] for row in report["regions"]] == ["float", "float"] and profiler.calls == 1
@@ -372,7 +205,7 @@ def test_a_gain_beyond_the_spread_against_a_loss_within_it_is_timed_before_fp32_
     Read without the trade, the profile would keep FP32; the whole runs decide instead (the timer: even
     medians), and keep the quantized model."""
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_batch_sizes=(1, 32))
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
 
     def run_us(model: onnx.ModelProto, batch: int) -> float:
         if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
@@ -388,7 +221,7 @@ def test_a_gain_beyond_the_spread_against_a_loss_within_it_is_timed_before_fp32_
 
 def test_every_region_estimated_faster_quantized_stays(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     timer = FakeTimer()
     report = place(run, config, profiler=FakeProfiler(), timer=timer).report
     assert report["rounds"] == 1 and report["stopped"] == "no region changed the model"
@@ -406,7 +239,7 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     decide: refused, they show no quantized model no slower than FP32, which is kept. A budget of 0 s times
     nothing after the first profile; ample budget times every pair and the final comparison."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.12 / config.cpu_timing_share)
+    run = placement_run(tmp_path, data, config, calibration_seconds=0.12 / config.cpu_timing_share)
     timer = FakeTimer(slow=("conv2",))
     report = place(run, config, profiler=FakeProfiler(refuse=True), timer=timer).report
     first = [row for row in report["regions"] if row["round"] == 1]
@@ -432,7 +265,7 @@ def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(
     says why, and the first profile keeps the quantized model (even medians). A timing share of 2 (a budget of
     4 s) lets the same profiles send conv2 float."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=2.0 / config.cpu_timing_share)
+    run = placement_run(tmp_path, data, config, calibration_seconds=2.0 / config.cpu_timing_share)
     profiler, timer = FakeProfiler({"conv2": 40.0}, run_us=lambda _model, _batch: 100_000.0), FakeTimer()
     report = place(run, config, profiler=profiler, timer=timer).report
     conv2 = next(row for row in report["regions"] if row["nodes"] == ["conv2"])
@@ -451,7 +284,7 @@ def test_regions_estimated_to_save_under_the_minimum_gain_stay_quantized(tmp_pat
     the softmax between the regions takes 1 ms: 0.5 % of FP32's time is not worth a round. Without the softmax's
     millisecond the same 5 µs are 10 % of it, and conv2 goes float."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     profiler = FakeProfiler({"conv2": 11.0}, {"softmax": 1000.0})
     report = place(run, config, profiler=profiler, timer=FakeTimer()).report
     conv2 = next(row for row in report["regions"] if row["nodes"] == ["conv2"])
@@ -470,12 +303,12 @@ def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, d
     profiles instead: the placed model did not gain on all quantized, which is no slower than FP32 in its
     round, and is kept."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.04 / config.cpu_timing_share)
+    run = placement_run(tmp_path, data, config, calibration_seconds=0.04 / config.cpu_timing_share)
 
     def run_us(model: onnx.ModelProto, _batch: int) -> float:
         if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
             return 1000.0
-        return 500.0 if _reads_dequantized(model, "conv2") else 800.0
+        return 500.0 if reads_dequantized(model, "conv2") else 800.0
 
     timer = FakeTimer()
     report = place(run, config, profiler=FakeProfiler({"conv2": 40.0}, run_us=run_us), timer=timer).report
@@ -492,7 +325,7 @@ def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_pat
     agrees; when the timing finds the medians even, the quantized model stays. Profile runs with even medians
     keep it without a timing."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     slower = FakeProfiler(run_ratio=1.3)
     timer = FakeTimer(slow=("conv1", "conv2"), penalty=0.3, joint=True, spread=True)
     report = place(run, config, profiler=slower, timer=timer).report
@@ -521,14 +354,14 @@ def test_no_slower_than_fp32_is_judged_by_median_unless_a_gain_beyond_the_spread
 def test_the_round_limit_bounds_the_search(tmp_path, data, monkeypatch) -> None:
     monkeypatch.setattr(placement, "MAX_ROUNDS", 1)
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     report = place(run, config, profiler=FakeProfiler({"conv2": 40.0}), timer=FakeTimer(slow=("conv2",))).report
     assert report["rounds"] == 1 and report["stopped"] == "round limit (1)"
 
 
 def test_a_region_onnx_runtime_refuses_quantized_stays_float_with_the_reason(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency")
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     report = place(run, config, profiler=FakeProfiler(refuse=True), timer=FakeTimer(refused=("conv1",))).report
     row = next(row for row in report["regions"] if row["nodes"] == ["conv1", "relu1"])
     assert row["kept"] == "float" and "refuses" in row["reason"] and "injected" in row["reason"]
@@ -536,7 +369,7 @@ def test_a_region_onnx_runtime_refuses_quantized_stays_float_with_the_reason(tmp
 
 def test_a_cached_rerun_measures_nothing(tmp_path, data) -> None:
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
-    run = _placement_run(tmp_path, data, config)
+    run = placement_run(tmp_path, data, config)
     # profile runs that leave the choice to the final comparison: both kinds of measurement are cached
     profilers = FakeProfiler({"conv2": 40.0}, run_ratio=1.3), FakeProfiler({"conv2": 40.0}, run_ratio=1.3)
     timers = FakeTimer(slow=("conv2",)), FakeTimer(slow=("conv2",))
@@ -552,7 +385,7 @@ def test_a_cached_rerun_stops_where_the_budget_stopped_the_first_run(tmp_path, d
     """Regions without an estimate and a budget for one fake pair (estimated 40 ms, its runs 36 ms): the first run
     times one region, and the rerun, from the cache, the same one."""
     config = QuantizeConfig(**FAST, cpu_objective="latency", cpu_timing_cache=str(tmp_path / "cache"))
-    run = _placement_run(tmp_path, data, config, calibration_seconds=0.06 / config.cpu_timing_share)
+    run = placement_run(tmp_path, data, config, calibration_seconds=0.06 / config.cpu_timing_share)
     first, second = FakeTimer(), FakeTimer()
     report = place(run, config, profiler=FakeProfiler(refuse=True), timer=first).report
     timed = [bool(row["timings"]) for row in report["regions"]]
@@ -610,15 +443,3 @@ def test_latency_needs_the_onnxruntime_platform() -> None:
     with pytest.raises(ValueError, match="cpu_threads"):
         QuantizeConfig(platform="onnxruntime", cpu_threads=0)
     assert QuantizeConfig().cpu_objective == "accuracy"  # a library call places nothing unless asked
-
-
-def test_the_timing_cache_drops_the_oldest_entries_past_its_byte_cap(tmp_path, monkeypatch) -> None:
-    """Node profiles are ~100x a timing's size: the cache is bounded by its JSON bytes as well as its entries."""
-    profile = _profile([ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0)], (5.0, 5.0, 5.0))
-    size = len(json.dumps([{"1": profile.to_dict()}]))
-    monkeypatch.setattr(latency_cache, "MAX_BYTES", 2 * size + 1)  # two entries fit, not three
-    cache = TimingCache(tmp_path)
-    for key in ("a", "b", "c"):
-        cache.put_profiles(key, [{1: profile}])
-    assert cache.get_profiles("a") is None
-    assert cache.get_profiles("b") == cache.get_profiles("c") == [{1: profile}]

@@ -1,0 +1,143 @@
+"""The node profiler (quantcore.evaluate.node_profile) on real ONNX Runtime profiles: how they are traced back
+to the placement's regions (structure only), when short runs are timed again unprofiled, how many rounds a
+spent budget leaves, a node's time from its runs, and the cache the profiles are kept in."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from quantcore import QuantizeConfig
+from quantcore.analysis.region_costs import attribute, region_costs
+from quantcore.analysis.regions import quantized_regions
+from quantcore.evaluate import latency_cache, node_profile
+from quantcore.evaluate.latency_cache import TimingCache
+from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode, profile_nodes
+from quantcore.export.qdq import build_qdq_model
+from quantcore.runtime.batching import input_specs
+from tests.quantcore.placement_cases import FAST, calibration_data, placement_run
+
+
+@pytest.fixture
+def data() -> np.ndarray:
+    return calibration_data()
+
+
+def test_real_profiles_are_traced_back_to_their_regions(tmp_path, data) -> None:
+    """ONNX Runtime's own names: the QDQ model's conv1 runs fused as ``conv1_token_<n>`` (QLinearConv), the FP32
+    model's conv2 as an NCHWc Conv named after relu2's output (``out_nchwc``); both are found, and every region
+    gets an estimate at each batch size. Structure only: which way the estimate points is the machine's."""
+    config = QuantizeConfig(**FAST)
+    run = placement_run(tmp_path, data, config)
+    graph = run.prepared.model.graph
+    regions = quantized_regions(graph, run.base_calibrated)
+    qdq = build_qdq_model(run.prepared, run.base_calibrated)
+    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
+    fp32, quantized = profile_nodes(models, (1, 4), specs=input_specs(run.prepared.model), sample=run.sample, threads=1)
+    assert isinstance(fp32, dict) and isinstance(quantized, dict) and set(fp32) == set(quantized) == {1, 4}
+    owners = dict(zip((n.name for n in quantized[1].nodes), attribute(quantized[1], qdq.graph, regions), strict=True))
+    fused = [n for n in quantized[1].nodes if n.op_type == "QLinearConv"]
+    assert [n.name.split("_token_")[0] for n in fused] == ["conv1"] and owners[fused[0].name] == 0
+    assert owners["input_QuantizeLinear"] == 0  # the region's boundary conversion
+    fp32_owners = attribute(fp32[1], graph, regions)
+    convs = {n.name: owner for n, owner in zip(fp32[1].nodes, fp32_owners, strict=True) if n.op_type == "Conv"}
+    assert convs == {"r1_nchwc": 0, "out_nchwc": 1}
+    costs = region_costs(fp32, graph, quantized, qdq.graph, regions)
+    assert all(cost.cost is not None and set(cost.float_us) == {1, 4} for cost in costs)
+
+
+class _CountingSession:
+    """A real session that counts the runs made after its profiling ended."""
+
+    def __init__(self, session) -> None:
+        self.session, self.ended, self.after = session, False, 0
+
+    def run(self, *args, **kwargs):
+        self.after += self.ended
+        return self.session.run(*args, **kwargs)
+
+    def end_profiling(self):
+        self.ended = True
+        return self.session.end_profiling()
+
+
+@pytest.mark.parametrize("node_us", [0.0, 1e6])
+def test_short_profiled_runs_are_timed_again_unprofiled(tmp_path, data, monkeypatch, node_us) -> None:
+    """The profiler's cost per node can be most of a short run, so where it could reach MIN_GAIN of the run the
+    whole-run durations come from unprofiled runs in the same sessions, after profiling ended. A cost of 0 µs
+    per node never asks for them; one of a second always does: one untimed run, then as many timed runs as the
+    profile reports, per model and batch size. Which way the times point is the machine's, not checked."""
+    monkeypatch.setattr(node_profile, "PROFILER_NODE_US", node_us)
+    sessions: list[_CountingSession] = []
+    real = node_profile.latency_session
+
+    def counting(*args, **kwargs):
+        sessions.append(_CountingSession(real(*args, **kwargs)))
+        return sessions[-1]
+
+    monkeypatch.setattr(node_profile, "latency_session", counting)
+    config = QuantizeConfig(**FAST)
+    run = placement_run(tmp_path, data, config)
+    qdq = build_qdq_model(run.prepared, run.base_calibrated)
+    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
+    profiles = profile_nodes(models, (1, 4), specs=input_specs(run.prepared.model), sample=run.sample, threads=1)
+    assert all(isinstance(p, dict) and set(p) == {1, 4} for p in profiles)
+    for session, profile in zip(sessions, profiles, strict=True):
+        expected = sum(1 + profile[b].runs for b in (1, 4)) if node_us else 0
+        assert session.after == expected and all(profile[b].runs >= node_profile.MIN_RUNS for b in (1, 4))
+        for b in (1, 4):  # the budget counts the profiled runs the unprofiled ones replaced, too
+            replaced = profile[b].timed_us > sum(profile[b].run_times_us)
+            assert replaced if node_us else profile[b].timed_us == pytest.approx(sum(profile[b].run_times_us))
+
+
+def test_a_spent_budget_stops_each_batch_size_after_two_rounds(tmp_path, data) -> None:
+    """With its seconds spent the profile makes ``MIN_RUNS`` rounds, two: a third would cost the first profile
+    of a large model half a calibration's samples."""
+    config = QuantizeConfig(**FAST)
+    run = placement_run(tmp_path, data, config)
+    qdq = build_qdq_model(run.prepared, run.base_calibrated)
+    models = [run.prepared.model.SerializeToString(), qdq.SerializeToString()]
+    specs = input_specs(run.prepared.model)
+    profiles = profile_nodes(models, (1, 4), specs=specs, sample=run.sample, threads=1, budget_s=0.0)
+    assert node_profile.MIN_RUNS == 2
+    assert [[p[b].runs for b in (1, 4)] for p in profiles if isinstance(p, dict)] == [[2, 2], [2, 2]]
+
+
+def test_a_node_time_is_its_lower_median_so_a_preempted_run_does_not_count() -> None:
+    """Two timed runs (after the untimed first), the node's kernel 10 µs in one and 30 µs in the other (a run
+    other processes preempted): the node reads 10 µs, the runs their own spans. Of three runs, the middle."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+
+    def events(kernels: Sequence[float]) -> list[dict]:
+        spans = [{"name": "model_run", "ts": 1000 * i, "dur": 100 + k} for i, k in enumerate([50.0, *kernels])]
+        nodes = [
+            {"cat": "Node", "name": "relu_kernel_time", "ts": 1000 * i + 1, "dur": k, "args": {"op_name": "Relu"}}
+            for i, k in enumerate([50.0, *kernels])
+        ]
+        return spans + nodes
+
+    two = node_profile._parse(events([10.0, 30.0]), graph, (1,), (2,))[1]
+    assert [n.us for n in two.nodes] == [10.0] and two.run_times_us == (110.0, 130.0) and two.timed_us == 240.0
+    three = node_profile._parse(events([30.0, 10.0, 20.0]), graph, (1,), (3,))[1]
+    assert [n.us for n in three.nodes] == [20.0]
+
+
+def test_the_timing_cache_drops_the_oldest_entries_past_its_byte_cap(tmp_path, monkeypatch) -> None:
+    """Node profiles are ~100x a timing's size: the cache is bounded by its JSON bytes as well as its entries."""
+    profile = NodeProfile((ProfiledNode("conv1_token_7", "QLinearConv", ("x",), ("y",), 5.0),), (5.0, 5.0, 5.0), 15.0)
+    size = len(json.dumps([{"1": profile.to_dict()}]))
+    monkeypatch.setattr(latency_cache, "MAX_BYTES", 2 * size + 1)  # two entries fit, not three
+    cache = TimingCache(tmp_path)
+    for key in ("a", "b", "c"):
+        cache.put_profiles(key, [{1: profile}])
+    assert cache.get_profiles("a") is None
+    assert cache.get_profiles("b") == cache.get_profiles("c") == [{1: profile}]
