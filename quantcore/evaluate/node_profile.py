@@ -27,8 +27,8 @@ calibration of 128. The unprofiled runs, at the batch sizes that need them, foll
 untimed, then ``MIN_RUNS``, and on to ``UNPROFILED_RUNS`` until the batch size's seconds have passed): being
 short, they cost little, and where the whole-run times are read as a verdict (a placed model no slower than
 FP32) five runs of a 50 µs model are no evidence. ``NodeProfile.timed_us`` counts them with the profiled
-runs they replace. With intra-op threads each kernel's time is its wall clock, so the
-nodes' times add up to nearly the run's; what is left is the executor's own overhead.
+runs they replace. With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to
+nearly the run's; what is left is the executor's own overhead.
 """
 
 from __future__ import annotations
