@@ -11,8 +11,8 @@ Cost: the place stage's seconds against the calibrate stage's of the same job (t
 timing runs at most 1.5x; the stage's rest builds, calibrates and exports variants), the measurements' wall
 seconds (profiles and whole-model timings, their sessions and profiler files included) and whether the final
 choice read the profiles' runs or a final comparison, the seconds of their timed runs alone (what the
-placement's budget counts), and the place stage's seconds when the job runs again with the profiles and timings cached
-(its measurements: none). Accuracy: the main output's cosine to FP32 on the held-out data, deployed
+placement's budget counts), and the place stage's seconds when the job runs again with the profiles and
+timings cached (its measurements: none). Accuracy: the main output's cosine to FP32 on the held-out data, deployed
 (integer kernels), of the preset and of the placed model.
 
     .venv/bin/python -m bench.cpu_placement [--reruns 3] [--threads N] [--models digits resnet ocr-cls ...]

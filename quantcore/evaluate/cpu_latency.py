@@ -182,9 +182,9 @@ def latency_session(
     """The session every CPU latency measurement runs in (this stage's and ``quantcore.analysis.placement``'s):
     errors-only logging, ``level`` (full optimization: the integer kernels as deployed), ``threads``
     intra-op threads (None: ONNX Runtime's default), intra-op spinning off (see module), the CPU EP,
-    ``disabled_optimizers`` skipped. With
-    ``profile_to`` (a directory), ONNX Runtime's profiler writes there (``profile_*.json``, on
-    ``end_profiling``) and the optimized graph the profile's node names refer to (``optimized.onnx``)."""
+    ``disabled_optimizers`` skipped. With ``profile_to`` (a directory), ONNX Runtime's profiler writes there
+    (``profile_*.json``, on ``end_profiling``) and the optimized graph the profile's node names refer to
+    (``optimized.onnx``)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
