@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from jobs.preprocessing import PreprocessingSpec
+from jobs.recipe_deploy import DeploySpec
 from jobs.recipe_methods import (
     MixedPrecisionSpec,
     QatSpec,
@@ -148,51 +149,6 @@ class NodeOverrideSpec(_Spec):
         return self
 
 
-class DeploySpec(_Spec):
-    cpu_latency: bool = Field(
-        True,
-        title="CPU latency",
-        description="Measure FP32 vs quantized latency on ONNX Runtime's CPU EP at batch 1 and 32.",
-    )
-    tensorrt_engine: bool = Field(
-        True,
-        title="TensorRT engine",
-        description="Build a TensorRT engine from the QDQ model (tensorrt platforms only). On a worker without "
-        "CUDA and TensorRT the stage ends 'skipped' with the reason in the report.",
-    )
-    cpu_objective: Literal["latency", "accuracy", "size"] | None = Field(
-        None,
-        title="CPU objective",
-        description="Platform onnxruntime: latency = quantized regions that run slower than float on the worker's "
-        "CPU (timed at batch_sizes with cpu_threads) are kept float, so the model is never slower than FP32; "
-        "accuracy = every region the rules quantize stays quantized, no timing; size = the same, for the smallest "
-        "model. Left out: latency on platform onnxruntime, accuracy elsewhere (latency needs onnxruntime).",
-    )
-    cpu_threads: int | None = Field(
-        None,
-        ge=1,
-        le=256,
-        title="CPU threads",
-        description="ONNX Runtime intra-op threads for the placement and the CPU latency measurements; null: all "
-        "the worker's cores.",
-    )
-    batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
-        default_factory=lambda: [1, 32],
-        min_length=1,
-        max_length=8,
-        description="Batch sizes the placement and the CPU latency are measured at.",
-    )
-    timing_share: float = Field(
-        1.0,
-        ge=0.1,
-        le=100.0,
-        title="Placement timing budget",
-        description="The placement's timing runs, as a multiple of the job's calibration time. A model "
-        "whose first profile takes the whole budget keeps FP32 or the fully quantized model rather than a placement "
-        "it could not check; a larger share buys more rounds.",
-    )
-
-
 class AnalysisSpec(_Spec):
     enabled: bool = Field(
         True,
@@ -245,6 +201,7 @@ class TargetSpec(_Spec):
 # The candidates strategy auto may try, cheapest first (quantcore.config.AUTO_CANDIDATES; a test pins the two).
 AutoCandidate = Literal[
     "as_given",
+    "full_weights",
     "minmax",
     "mse",
     "kl",
@@ -293,8 +250,9 @@ class AutoSpec(_Spec):
         None,
         min_length=1,
         description="Candidates to try, cheapest first whatever the order given (null: all that apply to the "
-        "platform): as_given, the activation observers minmax, mse, kl (floating on tensorrt-fp8), "
-        "equalization, bias_correction, smoothquant, mixed_precision, adaround.",
+        "platform): as_given, full_weights (onnxruntime platforms, on a worker CPU without VNNI), the activation "
+        "observers minmax, mse, kl (floating on tensorrt-fp8), equalization, bias_correction, smoothquant, "
+        "mixed_precision, adaround.",
     )
 
 

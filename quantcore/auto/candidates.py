@@ -10,6 +10,10 @@ on their grids, no MatMul/Gemm to smooth) would only run the config as given aga
 skipped, with why, and spends no time on it.
 
     as_given         the config as given (percentile with its clip search, by default)
+    full_weights     full int8 weights where the config as given keeps 7-bit ones: on an x86 CPU without VNNI,
+                     ``reduce_range="auto"`` trades a bit of every weight for ONNX Runtime's fast u8s8 kernels,
+                     and ``off`` keeps the bit for its slower, exact u8u8 ones (``quantcore.runtime.cpu_features``).
+                     A base: where it is kept, the later candidates keep full weights too
     minmax, mse, kl  that activation observer (integer platforms that calibrate activations)
     floating         the FP8 scale search observer (tensorrt-fp8)
     equalization     cross-layer equalization before calibration
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from quantcore.annotate.annotation import annotate
+from quantcore.annotate.platforms import PLATFORMS
 from quantcore.calibrate.bias_correction import nothing_to_correct
 from quantcore.calibrate.calibration import calibrate_weights
 from quantcore.config import MixedPrecisionConfig, QuantizeConfig, ReconstructionConfig
@@ -34,6 +39,7 @@ from quantcore.config.choices import MIXED_PRECISION_METRICS
 from quantcore.graph.channel_scaling import find_groups
 from quantcore.prepare.equalization import find_pairs
 from quantcore.prepare.preparation import PreparedModel
+from quantcore.runtime.cpu_features import weight_range
 
 # AdaRound steps per layer in the search: a tenth of ReconstructionConfig's default, so that the candidate
 # fits a CPU budget of minutes on small models; the budget's deadline stops it where it does not.
@@ -54,12 +60,15 @@ class Candidate:
     """One variation: ``name`` (a key of ``AUTO_CANDIDATES``), ``change`` (what it changes, in words, for
     the report), ``vary`` (config -> config; may raise ValueError where the variation is invalid) and
     ``unchanged`` ((prepared model, the candidate's config) -> why the method would change nothing in it,
-    None where it would or only the calibration data can tell; None: no such check)."""
+    None where it would or only the calibration data can tell; None: no such check). ``base``: a change of
+    how the model is deployed, which every method composes with; where the search keeps it, the candidates
+    after it vary its config rather than the config as given."""
 
     name: str
     change: str
     vary: Callable[[QuantizeConfig], QuantizeConfig]
     unchanged: Callable[[PreparedModel, QuantizeConfig], str | None] | None = None
+    base: bool = False
 
     def applied(self, config: QuantizeConfig) -> QuantizeConfig | None:
         """The variation of ``config`` (strategy ``fixed``: a candidate is one fixed run), or None where it
@@ -81,6 +90,16 @@ def _observer(name: str) -> Candidate:
     return Candidate(name, f"activation observer {name}", vary)
 
 
+def _full_weights(config: QuantizeConfig) -> QuantizeConfig:
+    """``reduce_range="off"`` where the config as given chose 7-bit weights by itself (``auto`` on a CPU whose
+    u8s8 kernels saturate); a 7-bit grid the user asked for (``on``) is theirs to keep."""
+    if not (PLATFORMS[config.platform].reduced_range_remedy and config.reduce_range == "auto"):
+        raise ValueError(f"reduce_range {config.reduce_range!r} on platform {config.platform} is not chosen by the CPU")
+    if not weight_range("auto").reduced:
+        raise ValueError("this CPU's integer kernels take full int8 weights already")
+    return replace(config, reduce_range="off")
+
+
 def _mixed_precision(config: QuantizeConfig) -> QuantizeConfig:
     """Mixed precision aiming at the search's objective where calibration samples can measure it (cosine,
     SQNR); a top-1 objective, which needs labels, aims at ``MixedPrecisionConfig``'s default instead."""
@@ -92,6 +111,12 @@ def _mixed_precision(config: QuantizeConfig) -> QuantizeConfig:
 
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("as_given", "nothing: the config as given", lambda config: config),
+    Candidate(
+        "full_weights",
+        "full int8 weights on ONNX Runtime's exact u8u8 kernels, not 7-bit ones",
+        _full_weights,
+        base=True,
+    ),
     _observer("minmax"),
     _observer("mse"),
     _observer("kl"),

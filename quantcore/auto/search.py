@@ -32,6 +32,10 @@ data. A candidate whose run raises anything (a ``QuantcoreError``, an ONNX Runti
 on a model it does not suit) is recorded with the error and skipped; cancellation, or whatever the caller's
 own check raises (a worker's time limit), is not an error of the candidate and ends the search.
 
+A base candidate (``Candidate.base``: full int8 weights where the CPU chose 7-bit ones) changes how the model
+is deployed, which every method composes with: where it is kept over the candidates before it, the
+candidates after it vary its config, not the config as given, and say so in their ``change``.
+
 A candidate whose method would change nothing in the prepared model (``Candidate.unchanged``: equalization
 without a layer pair, bias correction where the weights are already on their grids, say) is recorded as
 skipped, with why, without a run: its run would be the config as given again, at a candidate's cost.
@@ -371,7 +375,11 @@ def run_candidates(
     # the first run that produced a model (its analysis by the probe: ``quantcore.auto.budget``)
     factor, analysis = search.final.first_factor, None
     prepared = _Prepared(search)
+    base: Tried | None = None  # the base candidate kept, whose config the later ones vary (``Candidate.base``)
     for index, (candidate, config) in enumerate(candidates):
+        if base is not None:
+            config = candidate.applied(base.config) or config
+            candidate = replace(candidate, change=f"{candidate.change}, with {base.name}")
         unchanged = prepared.unchanged(candidate, config) if index > 0 else None
         if unchanged is not None:
             shown = f"candidate {index + 1}/{len(candidates)} {candidate.name}: {unchanged}"
@@ -397,6 +405,8 @@ def run_candidates(
         should_cancel = Deadline(search.monitor, deadline, reserve, final, analysis, probe=probe)
         tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel, analysis))
         last = tried[-1]
+        if candidate.base and choose_among(list(tried), config.auto.objective.higher_is_better, math.inf) is last:
+            base = last
         if analysis is None and last.error is None:
             if last.probe_stopped is not None:  # no final run will run the analysis: none held back for it
                 search = replace(search, final=search.final.without_analysis())

@@ -40,6 +40,7 @@ STRATEGIES = ("fixed", "auto")
 # which sit above config (they build configs); a test pins the two together.
 AUTO_CANDIDATES = (
     "as_given",
+    "full_weights",
     "minmax",
     "mse",
     "kl",

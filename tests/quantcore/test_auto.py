@@ -24,6 +24,7 @@ from quantcore.auto.candidates import CANDIDATES
 from quantcore.auto.search import Search
 from quantcore.config import AUTO_CANDIDATES, AccuracyTarget
 from quantcore.errors import UnsupportedModelError
+from quantcore.runtime import cpu_features
 from tests.quantcore.auto_cases import NO_ANALYSIS, TimeLimit, auto_config, rows
 from tests.quantcore.models import conv_relu_gemm, planted_outlier, save
 
@@ -524,3 +525,56 @@ def test_bias_correction_is_skipped_where_the_weights_are_already_on_their_grids
         "the Conv/Gemm weights are already on their quantization grids, no mean shift to correct"
     )
     assert bias_correction.unchanged(prepare(conv_relu_gemm()), config) is None
+
+
+def test_full_weights_is_a_candidate_only_where_the_cpu_chose_7_bit_weights(monkeypatch) -> None:
+    # the CPU is the one fact here that cannot be chosen: its flags stand in for an x86 CPU with or without VNNI
+    full_weights = next(c for c in CANDIDATES if c.name == "full_weights")
+    ort = QuantizeConfig(platform="onnxruntime", strategy="auto")
+    monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert full_weights.applied(ort) == replace(ort, strategy="fixed", reduce_range="off")
+    assert full_weights.applied(replace(ort, platform="onnxruntime-dynamic")).reduce_range == "off"
+    assert full_weights.applied(replace(ort, reduce_range="on")) is None  # the user's own 7-bit grid
+    assert full_weights.applied(replace(ort, reduce_range="off")) is None  # full already
+    assert full_weights.applied(QuantizeConfig(platform="tensorrt", strategy="auto")) is None  # no u8s8 kernels
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+    assert full_weights.applied(ort) is None  # VNNI: auto keeps full int8 weights itself
+
+
+def test_the_search_keeps_full_weights_where_7_bit_ones_cost_accuracy_and_builds_on_them(tmp_path, monkeypatch) -> None:
+    """On a CPU without VNNI the config as given runs 7-bit weights. Each output channel of this Gemm holds one
+    weight 20 times its others' scale, so its grid step is about a third of a typical weight at 7 bits and
+    a sixth at 8, far coarser than the activation grid of its Gaussian input: the weights' error rules, one
+    bit halves it, and the full int8 candidate is better beyond the paired interval. Kept, it is the base
+    the next candidate varies."""
+    monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    ranges = {}
+    original = Search.run
+
+    def run(self, config, name, should_cancel, report):
+        ranges[name] = config.reduce_range
+        return original(self, config, name, should_cancel, report)
+
+    monkeypatch.setattr(Search, "run", run)
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(16, 64)).astype(np.float32)
+    weight[np.arange(16), rng.integers(0, 64, 16)] = 20.0
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "w"], ["output"], transB=1)],
+        "heavy_tailed_gemm",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 16])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    data = rng.normal(size=(56, 64)).astype(np.float32)
+    config = replace(auto_config("full_weights", "minmax"), platform="onnxruntime", percentile_candidates=())
+    result = quantize_auto(path, {"input": data[:40]}, {"input": data[40:]}, config, tmp_path / "out")
+    assert ranges == {"as_given": "auto", "full_weights": "off", "minmax": "off"}
+    as_given, full, minmax = result.report["auto"]["candidates"]
+    assert result.report["auto"]["chosen"] in ("full_weights", "minmax"), (as_given["value"], full["value"])
+    assert as_given["difference"]["high"] < 0  # behind the chosen one beyond the interval
+    assert minmax["change"] == "activation observer minmax, with full_weights"
+    assert result.report["config"]["reduce_range"] == "off"
