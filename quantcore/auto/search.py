@@ -377,9 +377,9 @@ def run_candidates(
     prepared = _Prepared(search)
     base: Tried | None = None  # the base candidate kept, whose config the later ones vary (``Candidate.base``)
     for index, (candidate, config) in enumerate(candidates):
-        if base is not None:
-            config = candidate.applied(base.config) or config
-            candidate = replace(candidate, change=f"{candidate.change}, with {base.name}")
+        varied = None if base is None else candidate.applied(base.config)
+        if varied is not None:
+            config, candidate = varied, replace(candidate, change=f"{candidate.change}, with {base.name}")
         unchanged = prepared.unchanged(candidate, config) if index > 0 else None
         if unchanged is not None:
             shown = f"candidate {index + 1}/{len(candidates)} {candidate.name}: {unchanged}"
