@@ -30,7 +30,9 @@ stored as uint8 on a CPU without VNNI), ``quantcore-ort-dynamic`` (platform ``on
 the MatMuls' activations quantized at run time), ``quantcore-mse`` / ``quantcore-kl`` (the default recipe
 with the ``mse`` or ``kl`` activation observer instead of the percentile and its search; run only when
 ``--methods`` names them), ``quantcore-auto`` / ``quantcore-ort-auto`` (``strategy="auto"`` on either
-preset: ``quantcore.quantize_auto`` searches candidate recipes for ``--auto-budget`` seconds, default the
+preset) and ``quantcore-ort-auto-latency`` (``quantcore-ort-auto`` deployed as the service deploys it on
+``onnxruntime``, ``cpu_objective="latency"``: of the candidates that meet the objective the faster, then the
+latency placement): ``quantcore.quantize_auto`` searches candidate recipes for ``--auto-budget`` seconds, default the
 engine's ``AutoOptions().budget_seconds``, scoring them on a split of the calibration samples, then
 quantizes with the one it chose; also run only when ``--methods`` names them; the table adds the candidate
 chosen, how many produced a model, whether the objective was met on the selection split, and the search's
@@ -127,12 +129,13 @@ QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides
     "quantcore-ort-dynamic": {"platform": "onnxruntime-dynamic"},
     "quantcore-auto": {"strategy": "auto"},
     "quantcore-ort-auto": {"platform": "onnxruntime", "strategy": "auto"},
+    "quantcore-ort-auto-latency": {"platform": "onnxruntime", "strategy": "auto", "cpu_objective": "latency"},
     "quantcore-mse": {"observer": "mse"},
     "quantcore-kl": {"observer": "kl"},
 }
 # strategy auto (``quantcore.quantize_auto``): a search of up to --auto-budget seconds per model, then the
 # final run with the config it chose
-AUTO_METHODS = ("quantcore-auto", "quantcore-ort-auto")
+AUTO_METHODS = ("quantcore-auto", "quantcore-ort-auto", "quantcore-ort-auto-latency")
 # run only when --methods names them: the default recipe's other activation observers, and the auto searches
 OPT_IN_METHODS = ("quantcore-mse", "quantcore-kl", *AUTO_METHODS)
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
@@ -176,16 +179,19 @@ def quantize_nodes(graph) -> int:
 def auto_outcome(report: dict) -> dict:
     """What the table shows of an auto job (its report; the ``auto`` section: ``jobs.report_schema.AutoSearch``):
     the search's seconds, the whole job's (the search's and every stage of the final run, the analysis
-    included: what ``auto.budget_seconds`` bounds) and the budget, the candidate chosen ("+ fallback" where the
+    included: what ``auto.budget_seconds`` bounds) and the budget, the candidate chosen ("faster than" the most
+    accurate one where the deployment favours latency and it meets the objective too; "+ fallback" where the
     accuracy-target fallback kept layers float on top of it), how many candidates produced a model, and
     whether the objective was met on the selection split."""
     search = report["auto"]
-    fallback = search.get("fallback") or {}
+    fallback, speed = search.get("fallback") or {}, search.get("speed")
     return {
         "search_seconds": search["seconds"],
         "job_seconds": search["seconds"] + sum(report["stage_seconds"].values()),
         "auto_budget": search["budget_seconds"],
-        "auto_chosen": search["chosen"] + (" + fallback" if fallback.get("float_layers") else ""),
+        "auto_chosen": search["chosen"]
+        + (f" (faster than {speed['most_accurate']})" if speed and speed["most_accurate"] != search["chosen"] else "")
+        + (" + fallback" if fallback.get("float_layers") else ""),
         "auto_tried": sum(c["error"] is None for c in search["candidates"]),
         "auto_met": search["met"],
     }

@@ -9,6 +9,16 @@ from pydantic import Field
 
 from jobs.report_config import MixedPrecisionObjective, Section, TargetConfig
 
+
+class PlacementTiming(Section):
+    """One model's interleaved CPU timings at one batch size (``quantcore.evaluate.paired_latency``)."""
+
+    p25_ms: float
+    p50_ms: float = Field(description="The median of the interleaved runs.")
+    p75_ms: float = Field(description="p25 to p75 is the spread a decision must exceed.")
+    runs: int
+
+
 # ---- target ----
 
 
@@ -69,14 +79,18 @@ class AutoCandidateResult(Section):
         description="Why the candidate produced no model: its run failed or was stopped by the budget, or it was "
         'skipped, its method finding nothing to change in the model ("skipped: ..."); null: it did.'
     )
-    pareto: bool = Field(description="On the accuracy/size Pareto front of the candidates that produced a model.")
+    pareto: bool = Field(
+        description="On the accuracy/latency/size Pareto front of the candidates that produced a model (latency "
+        "where measured)."
+    )
     final_seconds: float | None = Field(
         None, description="Its final run's estimated seconds (all calibration samples, the evaluation data)."
     )
     difference: AutoDifference | None = Field(
         None,
-        description="Its score minus the chosen one's (positive: better) with the paired 95 % bootstrap interval "
-        "on the selection split; null for the chosen one, those that produced no model and undefined scores.",
+        description="Its score minus the most accurate one's (the one chosen, unless speed chose a faster one; "
+        "positive: better) with the paired 95 % bootstrap interval on the selection split; null for that one, "
+        "those that produced no model and undefined scores.",
     )
 
 
@@ -91,6 +105,29 @@ class AutoFallback(Section):
     error: str | None
 
 
+class AutoSpeedCompared(Section):
+    name: str = Field(description="The candidate timed.")
+    stands_for: list[str] = Field(
+        description="The other candidates that meet the objective and deploy the same graph (the same speed)."
+    )
+    timings: dict[str, PlacementTiming] = Field(
+        default_factory=dict, description="Per batch size (batch_1, ...); empty where not timed."
+    )
+    error: str | None = Field(None, description="Why ONNX Runtime could not time it; null.")
+
+
+class AutoSpeed(Section):
+    """With deploy.cpu_objective latency, where the most accurate candidate meets the objective: the others
+    that meet it (across the bootstrap interval) timed against it, one per deployed graph."""
+
+    most_accurate: str = Field(description="The candidate the accuracy comparison kept, timed against the others.")
+    compared: list[AutoSpeedCompared]
+    batch_sizes: list[int] | None = None
+    threads: int | None = None
+    seconds: float | None = Field(None, description="Of the timing runs; null: not timed.")
+    verdict: str = Field(description="Which was kept and why, or why nothing was timed.")
+
+
 class AutoSearch(Section):
     """The search of strategy auto: every candidate tried on the selection split, the one chosen and why."""
 
@@ -100,9 +137,13 @@ class AutoSearch(Section):
     budget_seconds: float
     candidates: list[AutoCandidateResult]
     stopped: str | None = Field(description="Why the search stopped before its last candidate (the budget); null.")
-    chosen: str
+    chosen: str = Field(description="The candidate the final run ran (the most accurate, or a faster one: speed).")
     final_seconds: float | None = Field(
         None, description="The final run's estimated seconds, held back from the budget during the search."
+    )
+    speed: AutoSpeed | None = Field(
+        None,
+        description="Null unless the deployment favours latency and the most accurate candidate met the objective.",
     )
     fallback: AutoFallback | None = Field(description="Null when a candidate met the objective (or no time was left).")
     met: bool = Field(description="Whether the objective was met on the selection split.")
@@ -111,13 +152,6 @@ class AutoSearch(Section):
 
 
 # ---- placement (quantcore.analysis.placement) ----
-
-
-class PlacementTiming(Section):
-    p25_ms: float
-    p50_ms: float = Field(description="The median of the interleaved runs.")
-    p75_ms: float = Field(description="p25 to p75 is the spread a decision must exceed.")
-    runs: int
 
 
 class PlacementPair(Section):

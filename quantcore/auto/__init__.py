@@ -10,10 +10,13 @@ accuracy-target method, is ``quantcore.auto.search``'s docstring; how a later ca
 one, ``quantcore.auto.scoring``'s. The final run calibrates on every calibration sample and evaluates on the
 user's evaluation data: what depends on the amount of data, the calibrated ranges and the clip search, is
 derived again on all of it, so that a candidate chosen as given gives the fixed recipe's model on the same
-data (its clip chosen on the candidates' fewer samples could differ). Its layer-wise analysis is held to
-what the budget left it (left out where the first candidate's analysis probe was stopped by the budget), and
+data (its clip chosen on the candidates' fewer samples could differ). The final run's layer-wise analysis is
+held to what the budget left it (left out where the first candidate's analysis probe was stopped by the budget), and
 where even the final run without the analysis would not fit, it keeps the clip the chosen candidate's run
-kept instead of searching again (``quantcore.auto.budget``); the reason says so. The files and the report
+kept instead of searching again (``quantcore.auto.budget``); the reason says so. Where the deployment
+favours latency (``cpu_objective="latency"``) and the most accurate candidate meets the objective, a
+candidate that meets it too and whose deployed model is clearly faster runs instead
+(``quantcore.auto.speed``). The files and the report
 are those of the chosen model, its ``config`` the one run (strategy ``fixed``: running it again gives the
 same files) and its ``auto`` section every candidate tried (``search_report``).
 
@@ -48,6 +51,7 @@ from quantcore.auto.search import (
     run_candidates,
 )
 from quantcore.auto.selection import SELECTION_FRACTION, fp32_predictions, split_selection
+from quantcore.auto.speed import SpeedChoice, faster_meeting
 from quantcore.config import QuantizeConfig
 from quantcore.errors import UnsupportedModelError
 from quantcore.pipeline import QuantizeResult, quantize
@@ -101,7 +105,9 @@ def quantize_auto(
             errors = "; ".join(f"{t.name}: {t.error}" for t in tried)
             raise UnsupportedModelError(f"strategy auto: no candidate produced a model ({errors})")
         best = best or tried[0]  # the config as given, stopped by the budget before it was scored
-        chosen, fallen_back = best.config, None
+        faster = faster_meeting(search, tried, best, config, deadline - time.perf_counter())
+        kept = faster.kept
+        chosen, fallen_back = kept.config, None
         if best.error is None and not best.met and _fallback_fits(tried[0], best, deadline):
             chosen, fallen_back = fallback(search, best, deadline)
     left = deadline - time.perf_counter()
@@ -115,10 +121,10 @@ def quantize_auto(
         chosen,
         left,
         final,
-        best.final_seconds,
-        best.analysis_seconds,
-        best.clip_seconds,
-        best.kept_clip,
+        kept.final_seconds,
+        kept.analysis_seconds,
+        kept.clip_seconds,
+        kept.kept_clip,
         sum(split_sizes),
     )
     section = search_report(
@@ -129,6 +135,7 @@ def quantize_auto(
         stopped,
         split_sizes=split_sizes,
         final_notes=(*notes, *fitted),
+        speed=faster,
     )
     section["seconds"] = round(time.perf_counter() - started, 3)
     monitor.report(STAGE, 1.0, section["reason"])
@@ -210,14 +217,18 @@ def search_report(
     *,
     split_sizes: tuple[int, int],
     final_notes: tuple[str, ...] = (),
+    speed: SpeedChoice | None = None,
 ) -> dict[str, Any]:
-    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``); ``final_notes``: what the
-    final run leaves out for the budget (``quantcore.auto.budget``: the analysis, the clip search again),
-    added to the reason."""
+    """The report's ``auto`` section (its fields: ``jobs.report_schema.AutoSearch``) for ``best``, the most
+    accurate candidate; ``final_notes``: what the final run leaves out for the budget
+    (``quantcore.auto.budget``: the analysis, the clip search again), added to the reason; ``speed``: the
+    timing of the candidates that meet the objective (``quantcore.auto.speed``), its verdict added too."""
     objective = config.auto.objective
     front = pareto_front(tried, objective.higher_is_better)
     reason, met = _reason(objective.statement(), objective.metric, tried, best, fallen_back)
-    reason = "; ".join((reason, *final_notes))
+    speed = speed or SpeedChoice(best, None)
+    speed_verdict = () if speed.entry is None else (f"the deployment favours latency: {speed.entry['verdict']}",)
+    reason = "; ".join((reason, *speed_verdict, *final_notes))
     return {
         "objective": {**objective.to_dict(), "statement": objective.statement()},
         "measured_on": "the selection split, the exported model as deployed on ONNX Runtime (exact Q/DQ where the "
@@ -230,8 +241,9 @@ def search_report(
         "budget_seconds": config.auto.budget_seconds,
         "candidates": [t.to_dict(t.name in front) for t in tried],
         "stopped": stopped,
-        "chosen": best.name,
-        "final_seconds": None if best.final_seconds is None else round(best.final_seconds, 3),
+        "chosen": speed.kept.name,
+        "final_seconds": None if speed.kept.final_seconds is None else round(speed.kept.final_seconds, 3),
+        "speed": speed.entry,
         "fallback": fallen_back,
         "met": met,
         "reason": reason,

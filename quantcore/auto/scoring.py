@@ -97,7 +97,7 @@ def difference(a: SampleSums, b: SampleSums, higher_is_better: bool) -> Differen
     """a against b on the same samples (see module). An undefined score is the worst (-inf in the better
     direction); two undefined ones, or two infinite SQNRs, differ by 0."""
     n = a.samples or b.samples
-    draws = np.random.default_rng(SEED).integers(0, n, size=(DRAWS, n))
+    draws = _draws(n)
     every = np.arange(n)
     sign = 1.0 if higher_is_better else -1.0
 
@@ -111,6 +111,21 @@ def difference(a: SampleSums, b: SampleSums, higher_is_better: bool) -> Differen
     spread = np.where(np.isnan(spread), 0.0, spread)
     low, high = np.percentile(spread, [(100 - LEVEL) / 2, (100 + LEVEL) / 2], method="nearest")
     return Difference(0.0 if math.isnan(value) else value, float(low), float(high))
+
+
+def worse_end(sums: SampleSums, higher_is_better: bool) -> float:
+    """The score at the worse end of its 95 % interval over resamples of the samples (``difference``'s draws):
+    what another draw of the same kind of samples could read. NaN where the score is undefined."""
+    scores = sums.scores(_draws(sums.samples))
+    if np.isnan(scores).any():
+        return math.nan
+    worse = (100 - LEVEL) / 2 if higher_is_better else (100 + LEVEL) / 2
+    return float(np.percentile(scores, worse, method="nearest"))
+
+
+def _draws(n: int) -> np.ndarray:
+    """(DRAWS, n) sample indices drawn with replacement, seeded: the same for every candidate."""
+    return np.random.default_rng(SEED).integers(0, n, size=(DRAWS, n))
 
 
 def choose(sums: Sequence[SampleSums], met: Sequence[bool], higher_is_better: bool) -> int:

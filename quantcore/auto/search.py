@@ -192,6 +192,7 @@ class Tried:
     probe_seconds: float = 0.0  # of ``seconds``, those its run spent on the analysis probe (the first's)
     probe_stopped: str | None = None  # why its probe was stopped (the final run then runs no analysis); None: not
     difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
+    model_path: str | None = None  # its QDQ model, in the search's directory; None: no model
 
     @property
     def run_seconds(self) -> float:
@@ -320,7 +321,14 @@ def try_candidate(
         if error is should_cancel.raised:
             raise
         return tried(None, None, None, error_line(error))
-    outcome = tried(measure(objective, evaluation), evaluation["model"]["qdq_bytes"], latency, None, sums=sums)
+    outcome = tried(
+        measure(objective, evaluation),
+        evaluation["model"]["qdq_bytes"],
+        latency,
+        None,
+        sums=sums,
+        model_path=str(result["model_path"]),
+    )
     stage_seconds = result["stage_seconds"]
     if should_cancel.probe_stopped is not None:
         final, analysis = final.without_analysis(), 0.0
@@ -450,16 +458,22 @@ class _Prepared:
 
 
 def pareto_front(tried: list[Tried], higher_is_better: bool) -> set[str]:
-    """Names of the candidates no other beats on both accuracy (the objective's metric) and size (a
-    candidate with an undefined metric is on the front only if it is the smallest)."""
+    """Names of the candidates no other beats on accuracy (the objective's metric), CPU latency and size
+    together: as good on each, better on one (a candidate with an undefined metric is on the front only if
+    it is the smallest or the fastest; latency counts where both were measured)."""
     done = [t for t in tried if t.error is None]
 
-    def score(t: Tried) -> float:
-        return -np.inf if t.value is None else t.value if higher_is_better else -t.value
+    def costs(t: Tried, o: Tried) -> list[tuple[float, float]]:
+        """(t's, o's) on each axis, lower is better."""
+        score = [-np.inf if x.value is None else -x.value if higher_is_better else x.value for x in (t, o)]
+        axes = [tuple(score), (t.qdq_bytes, o.qdq_bytes)]
+        if t.latency_p50_ms is not None and o.latency_p50_ms is not None:
+            axes.append((t.latency_p50_ms, o.latency_p50_ms))
+        return axes
 
     def dominated(t: Tried) -> bool:
         return any(
-            score(o) >= score(t) and o.qdq_bytes <= t.qdq_bytes and (score(o) > score(t) or o.qdq_bytes < t.qdq_bytes)
+            all(theirs <= mine for mine, theirs in costs(t, o)) and any(theirs < mine for mine, theirs in costs(t, o))
             for o in done
             if o is not t
         )

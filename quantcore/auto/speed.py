@@ -1,0 +1,173 @@
+"""Under ``cpu_objective="latency"``: of the candidates that meet the objective, the one whose deployed model
+is clearly faster than the most accurate one.
+
+The search keeps the most accurate candidate (``quantcore.auto.scoring.choose``). A user whose objective is
+a threshold and whose deployment favours latency (``cpu_objective="latency"``, the service's default on the
+``onnxruntime`` platform) has said that accuracy beyond the threshold is worth less than speed. Some
+candidates trade one for the other: full int8 weights on a CPU without VNNI (``full_weights``) can be a
+few dB more accurate and take the integer kernels' gain away; float islands of mixed precision cost their
+conversions. So where the kept candidate meets the objective, the others that meet it are timed against it,
+and one clearly faster is kept instead.
+
+Which are timed: candidates that produced a model, whose final run fits the time left, and whose score meets
+the objective at the worse end of its bootstrap interval on the selection split (``scoring.worse_end``), not
+only at its point: one just over the threshold would fall under it on other samples. Deployed models that
+share a timing signature (``paired_latency.signature``: observers, the clip search, equalization and bias
+correction change values, not the graph) run at the same speed, so one model per signature is timed: the
+kept one's own, and elsewhere the most accurate of its signature (``choose``).
+
+How: ``paired_latency.interleaved_times`` at the config's ``cpu_batch_sizes`` (the model's own batch where
+it fixes one) and ``cpu_threads``, on the selection samples, as the placement times whole models. The
+models are timed before the final run's placement, which only returns regions slower than float to float:
+a model clearly faster before it does not become the slower after it. A timed model replaces the one kept
+so far when ``compare`` calls it ``faster`` (clearly faster at one batch size, clearly slower at none), in
+the candidates' order; a model ONNX Runtime refuses to time is not kept.
+
+Cost: per batch size, ``WARMUP`` plus ``MIN_RUNS`` rounds of every timed model, or ``budget_s`` if longer;
+estimated from the candidates' batch-1 latencies as if time grew with the batch. The timing is skipped, and
+the report says why, where that estimate and the largest final run among the timed do not fit the time left,
+or where a candidate's latency was not measured (``cpu_latency`` off).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from quantcore.auto.scoring import choose, worse_end
+from quantcore.auto.search import STAGE, Search, Tried
+from quantcore.config import QuantizeConfig
+from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
+from quantcore.evaluate.paired_latency import MIN_RUNS, WARMUP, Timer, Timing, compare, interleaved_times, signature
+from quantcore.wording import counted
+
+BUDGET_S = 0.5  # seconds of rounds per batch size at least: the placement's whole-model timings' (``RUN_S``)
+
+
+@dataclass(frozen=True)
+class SpeedChoice:
+    """The candidate kept and the report's ``speed`` entry (None: the config's deployment does not favour
+    latency, or the kept candidate does not meet the objective)."""
+
+    kept: Tried
+    entry: dict[str, Any] | None
+
+
+def faster_meeting(
+    search: Search,
+    tried: list[Tried],
+    kept: Tried,
+    config: QuantizeConfig,
+    seconds_left: float,
+    timer: Timer | None = None,
+) -> SpeedChoice:
+    """``kept``, or a candidate of ``tried`` clearly faster that meets the objective, as the module says.
+    ``timer``: measures the models (a test passes deterministic times; default ``interleaved_times``)."""
+    objective = config.auto.objective
+    if config.cpu_objective != "latency" or kept.error is not None or not kept.met:
+        return SpeedChoice(kept, None)
+    meeting = [
+        t
+        for t in tried
+        if t is kept
+        or (
+            t.error is None
+            and t.final_seconds <= seconds_left
+            and objective.met(worse_end(t.sums, objective.higher_is_better))
+        )
+    ]
+    groups: dict[str, list[Tried]] = {}
+    for t in meeting:
+        groups.setdefault(signature(onnx.load(str(t.model_path), load_external_data=False)), []).append(t)
+    timed = [_standing(group, kept, objective.higher_is_better) for group in groups.values()]
+    entry: dict[str, Any] = {
+        "most_accurate": kept.name,
+        "compared": [
+            {"name": t.name, "stands_for": [o.name for o in group if o is not t]}
+            for t, group in zip(timed, groups.values(), strict=True)
+        ],
+    }
+    if len(timed) == 1:
+        return SpeedChoice(kept, {**entry, "verdict": _alone(meeting)})
+    specs = search.specs
+    fixed = fixed_batch(specs)
+    batch_sizes = (fixed,) if fixed is not None else tuple(config.cpu_batch_sizes)
+    threads = resolved_threads(config.cpu_threads)
+    entry |= {"batch_sizes": list(batch_sizes), "threads": threads}
+    if any(t.latency_p50_ms is None for t in timed):
+        return SpeedChoice(kept, {**entry, "verdict": "not timed: the candidates' latency was not measured"})
+    estimate = sum(
+        max(BUDGET_S, (WARMUP + MIN_RUNS) * batch * sum(t.latency_p50_ms for t in timed) / 1000.0)
+        for batch in batch_sizes
+    )
+    reserve = max(t.final_seconds for t in timed)
+    if estimate + reserve > seconds_left:
+        return SpeedChoice(
+            kept,
+            {
+                **entry,
+                "verdict": f"not timed: {estimate:.1f} s of timing runs and the final run after them "
+                f"({reserve:.1f} s) do not fit the {seconds_left:.1f} s left",
+            },
+        )
+    timer = timer or _interleaved(search, threads)
+    search.monitor.report(STAGE, 1.0, f"timing {counted(len(timed), 'candidate')} that meet the objective")
+    started = time.perf_counter()
+    raw = timer([onnx.load(str(t.model_path)).SerializeToString() for t in timed], batch_sizes)
+    timings: list[dict[int, Timing] | str] = []
+    for i in range(len(timed)):
+        refused = next((times[i] for times in raw.values() if isinstance(times[i], str)), None)
+        timings.append(refused if refused is not None else {b: Timing.of(raw[b][i]) for b in batch_sizes})
+    fastest = next(i for i, t in enumerate(timed) if t is kept)
+    for i, timing in enumerate(timings):
+        if i != fastest and not isinstance(timing, str) and compare(timing, timings[fastest]) == "faster":
+            fastest = i
+    entry["compared"] = [{**row, **_timing_row(timing)} for row, timing in zip(entry["compared"], timings, strict=True)]
+    chosen = timed[fastest]
+    entry |= {"seconds": round(time.perf_counter() - started, 3), "verdict": _verdict(kept, chosen, timings, timed)}
+    return SpeedChoice(chosen, entry)
+
+
+def _standing(group: list[Tried], kept: Tried, higher_is_better: bool) -> Tried:
+    """The candidate timed for ``group`` (one deployed graph): ``kept`` where it is one of them, else the most
+    accurate."""
+    if any(t is kept for t in group):
+        return kept
+    return group[choose([t.sums for t in group], [True] * len(group), higher_is_better)]
+
+
+def _interleaved(search: Search, threads: int) -> Timer:
+    def timer(models: Sequence[bytes], batch_sizes: Sequence[int]) -> dict[int, list[list[float] | str]]:
+        return interleaved_times(
+            models, batch_sizes, specs=search.specs, sample=search.split.selection, threads=threads, budget_s=BUDGET_S
+        )
+
+    return timer
+
+
+def _timing_row(timing: dict[int, Timing] | str) -> dict[str, Any]:
+    if isinstance(timing, str):
+        return {"timings": {}, "error": timing}
+    return {"timings": {f"batch_{b}": t.to_dict() for b, t in timing.items()}, "error": None}
+
+
+def _alone(meeting: list[Tried]) -> str:
+    if len(meeting) == 1:
+        return "not timed: no other candidate meets the objective across its interval"
+    return "not timed: every candidate that meets the objective deploys the same graph, so runs at the same speed"
+
+
+def _verdict(kept: Tried, chosen: Tried, timings: list[dict[int, Timing] | str], timed: list[Tried]) -> str:
+    if chosen is kept:
+        return f"{kept.name} kept: none of the others that meet the objective is clearly faster"
+    mine, theirs = (next(timing for t, timing in zip(timed, timings, strict=True) if t is c) for c in (chosen, kept))
+    assert not isinstance(mine, str) and not isinstance(theirs, str)  # a refused model is never chosen
+    shown = ", ".join(f"{theirs[b].p50_ms:.3g} → {mine[b].p50_ms:.3g} ms at batch {b}" for b in mine)
+    return (
+        f"{chosen.name} kept over the more accurate {kept.name}: it meets the objective too and its deployed model is "
+        f"clearly faster (p50 {shown})"
+    )
