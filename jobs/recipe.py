@@ -243,8 +243,9 @@ class AutoSpec(_Spec):
     objective: ObjectiveSpec = Field(
         default_factory=ObjectiveSpec,
         description="What a candidate must reach on the selection split (the last 25 % of the calibration "
-        "samples, which the candidates do not calibrate on). When none does, the best keeps its most harmful "
-        "layers in float until it does.",
+        "samples, which the candidates do not calibrate on). The most accurate is kept; with deploy.cpu_objective "
+        "latency, one that meets the objective too and is clearly faster on the worker's CPU is kept instead. "
+        "When none meets it, the best keeps its most harmful layers in float until it does.",
     )
     candidates: list[AutoCandidate] | None = Field(
         None,

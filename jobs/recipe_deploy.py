@@ -27,7 +27,8 @@ class DeploySpec(Spec):
         None,
         title="CPU objective",
         description="Platform onnxruntime: latency = quantized regions that run slower than float on the worker's "
-        "CPU (timed at batch_sizes with cpu_threads) are kept float, so the model is never slower than FP32; "
+        "CPU (timed at batch_sizes with cpu_threads) are kept float, so the model is never slower than FP32, and "
+        "strategy auto keeps a clearly faster candidate that meets its objective over a more accurate one; "
         "accuracy = every region the rules quantize stays quantized, no timing; size = the same, for the smallest "
         "model. Left out: latency on platform onnxruntime, accuracy elsewhere (latency needs onnxruntime).",
     )

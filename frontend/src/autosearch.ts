@@ -1,5 +1,6 @@
 // The report's `auto` section (strategy auto): every candidate the search tried on the selection
-// split, the Pareto front of accuracy against size, the one chosen and why, and the fallback.
+// split, the Pareto front of accuracy, latency and size, the one chosen and why, the timing of those
+// that meet the objective where the deployment favours latency, and the fallback.
 
 import type { Schemas } from "./api/client";
 import { scatter, type ScatterPoint } from "./charts";
@@ -8,6 +9,7 @@ import { bytes, h, label, num, scroll, table } from "./dom";
 type AutoSearch = Schemas["AutoSearch"];
 type Candidate = Schemas["AutoCandidateResult"];
 type Fallback = Schemas["AutoFallback"];
+type Speed = Schemas["AutoSpeed"];
 
 /** Digits a metric is shown with: cosines differ in the 5th-7th decimal, SQNR and top-1 drop do not. */
 const digits = (metric: string): number => (metric === "cosine" ? 7 : 3);
@@ -45,6 +47,7 @@ export function autoSearchView(auto: AutoSearch): { el: HTMLElement; destroy: ()
         id: "auto-candidates",
       }),
     ),
+    auto.speed ? speedView(auto.speed) : null,
     auto.fallback ? fallbackView(auto.fallback, metric) : null,
     plot?.el ?? null,
   );
@@ -54,8 +57,38 @@ export function autoSearchView(auto: AutoSearch): { el: HTMLElement; destroy: ()
 function marks(candidate: Candidate, chosen: string): HTMLElement[] {
   return [
     candidate.name === chosen ? h("span", { class: "badge mark-chosen" }, "chosen") : null,
-    candidate.pareto ? h("span", { class: "badge mark-pareto", title: "On the accuracy/size Pareto front: no other candidate is both more accurate and smaller" }, "Pareto") : null,
+    candidate.pareto ? h("span", { class: "badge mark-pareto", title: "On the accuracy/latency/size Pareto front: no other candidate is as good on all three and better on one" }, "Pareto") : null,
   ].filter((mark): mark is HTMLElement => mark !== null);
+}
+
+/** The candidates that meet the objective, one per deployed graph, timed against the most accurate. */
+function speedView(speed: Speed): HTMLElement {
+  const batches = speed.batch_sizes ?? [];
+  const timed = speed.compared.some((c) => Object.keys(c.timings ?? {}).length > 0);
+  const rows = speed.compared.map((c) => [
+    h("code", {}, c.name),
+    c.stands_for.length ? c.stands_for.join(", ") : "—",
+    ...batches.map((b) => {
+      const t = c.timings?.[`batch_${b}`];
+      return t ? `${num(t.p50_ms, 3)} (${num(t.p25_ms, 3)}–${num(t.p75_ms, 3)})` : (c.error ?? "—");
+    }),
+  ]);
+  return h(
+    "div",
+    { class: "notice info", id: "auto-speed" },
+    h("strong", {}, "The deployment favours latency: "),
+    speed.verdict,
+    timed
+      ? scroll(
+          "Candidates timed",
+          table(null, ["Timed", "Same graph as", ...batches.map((b) => `p50 ms at batch ${b} (p25–p75)`)], rows, {
+            class: "data compact fit",
+            id: "auto-speed-table",
+          }),
+        )
+      : null,
+    timed ? h("p", { class: "hint" }, `Interleaved runs with ${speed.threads} threads, ${num(speed.seconds, 2)} s; each candidate stands for those deploying the same graph.`) : null,
+  );
 }
 
 function fallbackView(fallback: Fallback, metric: string): HTMLElement {

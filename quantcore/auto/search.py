@@ -34,7 +34,9 @@ own check raises (a worker's time limit), is not an error of the candidate and e
 
 A base candidate (``Candidate.base``: full int8 weights where the CPU chose 7-bit ones) changes how the model
 is deployed, which every method composes with: where it is kept over the candidates before it, the
-candidates after it vary its config, not the config as given, and say so in their ``change``.
+candidates after it vary its config, not the config as given, and say so in their ``change``. Where the
+deployment favours latency, it is the base only if its deployed model is not clearly slower than the config
+as given's (``_slower_base``); its ``change`` says why not.
 
 A candidate whose method would change nothing in the prepared model (``Candidate.unchanged``: equalization
 without a layer pair, bias correction where the weights are already on their grids, say) is recorded as
@@ -65,9 +67,11 @@ from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import Candidate
 from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
 from quantcore.auto.selection import SelectionSplit
+from quantcore.auto.timing import time_models
 from quantcore.config import QuantizeConfig
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
+from quantcore.evaluate.paired_latency import compare
 from quantcore.pipeline import STAGES, quantize
 from quantcore.pipeline.quantization import prepare_on_data
 from quantcore.prepare.preparation import PreparedModel
@@ -193,6 +197,7 @@ class Tried:
     probe_stopped: str | None = None  # why its probe was stopped (the final run then runs no analysis); None: not
     difference: dict[str, float] | None = None  # its score minus the chosen one's, 95 % interval (``choose_among``)
     model_path: str | None = None  # its QDQ model, in the search's directory; None: no model
+    sample_seconds: float | None = None  # its deployed model's seconds per sample, at most (``quantcore.auto.timing``)
 
     @property
     def run_seconds(self) -> float:
@@ -321,6 +326,8 @@ def try_candidate(
         if error is should_cancel.raised:
             raise
         return tried(None, None, None, error_line(error))
+    stage_seconds = result["stage_seconds"]
+    per_sample = stage_seconds.get("evaluate", 0.0) / max(sums.samples, 1) if latency is None else latency / 1000.0
     outcome = tried(
         measure(objective, evaluation),
         evaluation["model"]["qdq_bytes"],
@@ -328,8 +335,8 @@ def try_candidate(
         None,
         sums=sums,
         model_path=str(result["model_path"]),
+        sample_seconds=per_sample,
     )
-    stage_seconds = result["stage_seconds"]
     if should_cancel.probe_stopped is not None:
         final, analysis = final.without_analysis(), 0.0
         outcome = replace(
@@ -414,7 +421,11 @@ def run_candidates(
         tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel, analysis))
         last = tried[-1]
         if candidate.base and choose_among(list(tried), config.auto.objective.higher_is_better, math.inf) is last:
-            base = last
+            slower = _slower_base(search, tried[0], last, config, deadline)
+            if slower is None:
+                base = last
+            else:
+                tried[-1] = last = replace(last, change=f"{last.change}; {slower}")
         if analysis is None and last.error is None:
             if last.probe_stopped is not None:  # no final run will run the analysis: none held back for it
                 search = replace(search, final=search.final.without_analysis())
@@ -427,6 +438,31 @@ def run_candidates(
                 f"not tried: {untried}"
             )
     return tried, None
+
+
+def _slower_base(search: Search, first: Tried, base: Tried, config: QuantizeConfig, deadline: float) -> str | None:
+    """Why the ``base`` candidate, more accurate than the ``first`` (the config as given), is not the base of the
+    later ones, or None: it is. Where the deployment favours latency (``cpu_objective="latency"``), its deployed
+    model is timed against the first's (``quantcore.auto.timing``, in the time left but the final run's), and
+    one clearly slower is not the base: full int8 weights take the integer kernels' gain on a CPU without VNNI,
+    and every method built on them would share that cost, so the later candidates vary the config as given and
+    the choice among those that meet the objective weighs speed (``quantcore.auto.speed``). Not timed (it
+    does not fit, no latency objective, the first produced no model): the base, as for accuracy."""
+    if config.cpu_objective != "latency" or first.error is not None:
+        return None
+    left = deadline - time.perf_counter() - base.final_seconds
+    models, per_sample = (first.model_path, base.model_path), (first.sample_seconds, base.sample_seconds)
+    timed = time_models(models, per_sample, search.specs, config, left, search.split.selection)
+    if isinstance(timed, str) or any(isinstance(t, str) for t in timed.timings):
+        return None
+    theirs, mine = timed.timings
+    if compare(mine, theirs) != "slower":
+        return None
+    shown = ", ".join(f"{theirs[b].p50_ms:.3g} → {mine[b].p50_ms:.3g} ms at batch {b}" for b in timed.batch_sizes)
+    return (
+        f"not the base of the later candidates: with the deployment favouring latency, its deployed model is "
+        f"clearly slower than {first.name}'s (p50 {shown})"
+    )
 
 
 class _Prepared:

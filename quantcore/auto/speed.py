@@ -6,33 +6,22 @@ a threshold and whose deployment favours latency (``cpu_objective="latency"``, t
 ``onnxruntime`` platform) has said that accuracy beyond the threshold is worth less than speed. Some
 candidates trade one for the other: full int8 weights on a CPU without VNNI (``full_weights``) can be a
 few dB more accurate and take the integer kernels' gain away; float islands of mixed precision cost their
-conversions. So where the kept candidate meets the objective, the others that meet it are timed against it,
-and one clearly faster is kept instead.
+conversions. So where the kept candidate meets the objective, the others that meet it are timed against it
+(``quantcore.auto.timing``), and one clearly faster is kept instead.
 
 Which are timed: candidates that produced a model, whose final run fits the time left, and whose score meets
 the objective at the worse end of its bootstrap interval on the selection split (``scoring.worse_end``), not
 only at its point: one just over the threshold would fall under it on other samples. Deployed models that
 share a timing signature (``paired_latency.signature``: observers, the clip search, equalization and bias
 correction change values, not the graph) run at the same speed, so one model per signature is timed: the
-kept one's own, and elsewhere the most accurate of its signature (``choose``).
-
-How: ``paired_latency.interleaved_times`` at the config's ``cpu_batch_sizes`` (the model's own batch where
-it fixes one) and ``cpu_threads``, on the selection samples, as the placement times whole models. The
-models are timed before the final run's placement, which only returns regions slower than float to float:
-a model clearly faster before it does not become the slower after it. A timed model replaces the one kept
-so far when ``compare`` calls it ``faster`` (clearly faster at one batch size, clearly slower at none), in
-the candidates' order; a model ONNX Runtime refuses to time is not kept.
-
-Cost: per batch size, ``WARMUP`` plus ``MIN_RUNS`` rounds of every timed model, or ``budget_s`` if longer;
-estimated from the candidates' batch-1 latencies as if time grew with the batch. The timing is skipped, and
-the report says why, where that estimate and the largest final run among the timed do not fit the time left,
-or where a candidate's latency was not measured (``cpu_latency`` off).
+kept one's own, and elsewhere the most accurate of its signature (``choose``). A timed model replaces the one
+kept so far when ``compare`` calls it ``faster`` (clearly faster at one batch size, clearly slower at none),
+in the candidates' order; a model ONNX Runtime refuses to time is not kept. Nothing is timed, and the report
+says why, where the timing and the largest final run among the timed do not fit the time left.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +29,10 @@ import onnx
 
 from quantcore.auto.scoring import choose, worse_end
 from quantcore.auto.search import STAGE, Search, Tried
+from quantcore.auto.timing import time_models
 from quantcore.config import QuantizeConfig
-from quantcore.evaluate.cpu_latency import fixed_batch, resolved_threads
-from quantcore.evaluate.paired_latency import MIN_RUNS, WARMUP, Timer, Timing, compare, interleaved_times, signature
+from quantcore.evaluate.paired_latency import Timing, compare, signature
 from quantcore.wording import counted
-
-BUDGET_S = 0.5  # seconds of rounds per batch size at least: the placement's whole-model timings' (``RUN_S``)
 
 
 @dataclass(frozen=True)
@@ -63,10 +50,8 @@ def faster_meeting(
     kept: Tried,
     config: QuantizeConfig,
     seconds_left: float,
-    timer: Timer | None = None,
 ) -> SpeedChoice:
-    """``kept``, or a candidate of ``tried`` clearly faster that meets the objective, as the module says.
-    ``timer``: measures the models (a test passes deterministic times; default ``interleaved_times``)."""
+    """``kept``, or a candidate of ``tried`` clearly faster that meets the objective, as the module says."""
     objective = config.auto.objective
     if config.cpu_objective != "latency" or kept.error is not None or not kept.met:
         return SpeedChoice(kept, None)
@@ -93,42 +78,23 @@ def faster_meeting(
     }
     if len(timed) == 1:
         return SpeedChoice(kept, {**entry, "verdict": _alone(meeting)})
-    specs = search.specs
-    fixed = fixed_batch(specs)
-    batch_sizes = (fixed,) if fixed is not None else tuple(config.cpu_batch_sizes)
-    threads = resolved_threads(config.cpu_threads)
-    entry |= {"batch_sizes": list(batch_sizes), "threads": threads}
-    if any(t.latency_p50_ms is None for t in timed):
-        return SpeedChoice(kept, {**entry, "verdict": "not timed: the candidates' latency was not measured"})
-    estimate = sum(
-        max(BUDGET_S, (WARMUP + MIN_RUNS) * batch * sum(t.latency_p50_ms for t in timed) / 1000.0)
-        for batch in batch_sizes
-    )
     reserve = max(t.final_seconds for t in timed)
-    if estimate + reserve > seconds_left:
-        return SpeedChoice(
-            kept,
-            {
-                **entry,
-                "verdict": f"not timed: {estimate:.1f} s of timing runs and the final run after them "
-                f"({reserve:.1f} s) do not fit the {seconds_left:.1f} s left",
-            },
-        )
-    timer = timer or _interleaved(search, threads)
-    search.monitor.report(STAGE, 1.0, f"timing {counted(len(timed), 'candidate')} that meet the objective")
-    started = time.perf_counter()
-    raw = timer([onnx.load(str(t.model_path)).SerializeToString() for t in timed], batch_sizes)
-    timings: list[dict[int, Timing] | str] = []
-    for i in range(len(timed)):
-        refused = next((times[i] for times in raw.values() if isinstance(times[i], str)), None)
-        timings.append(refused if refused is not None else {b: Timing.of(raw[b][i]) for b in batch_sizes})
+    sample_seconds = [t.sample_seconds for t in timed]
+    models = [t.model_path for t in timed]
+    shown = f"comparing the speed of {counted(len(timed), 'candidate')} that meet the objective"
+    search.monitor.report(STAGE, 1.0, shown)
+    measured = time_models(models, sample_seconds, search.specs, config, seconds_left - reserve, search.split.selection)
+    if isinstance(measured, str):
+        return SpeedChoice(kept, {**entry, "verdict": f"not timed: {measured}, the final run held back"})
+    entry |= {"batch_sizes": list(measured.batch_sizes), "threads": measured.threads}
+    timings = measured.timings
     fastest = next(i for i, t in enumerate(timed) if t is kept)
     for i, timing in enumerate(timings):
         if i != fastest and not isinstance(timing, str) and compare(timing, timings[fastest]) == "faster":
             fastest = i
-    entry["compared"] = [{**row, **_timing_row(timing)} for row, timing in zip(entry["compared"], timings, strict=True)]
+    entry["compared"] = [{**row, **measured.shown(i)} for i, row in enumerate(entry["compared"])]
     chosen = timed[fastest]
-    entry |= {"seconds": round(time.perf_counter() - started, 3), "verdict": _verdict(kept, chosen, timings, timed)}
+    entry |= {"seconds": round(measured.seconds, 3), "verdict": _verdict(kept, chosen, timings, timed)}
     return SpeedChoice(chosen, entry)
 
 
@@ -138,21 +104,6 @@ def _standing(group: list[Tried], kept: Tried, higher_is_better: bool) -> Tried:
     if any(t is kept for t in group):
         return kept
     return group[choose([t.sums for t in group], [True] * len(group), higher_is_better)]
-
-
-def _interleaved(search: Search, threads: int) -> Timer:
-    def timer(models: Sequence[bytes], batch_sizes: Sequence[int]) -> dict[int, list[list[float] | str]]:
-        return interleaved_times(
-            models, batch_sizes, specs=search.specs, sample=search.split.selection, threads=threads, budget_s=BUDGET_S
-        )
-
-    return timer
-
-
-def _timing_row(timing: dict[int, Timing] | str) -> dict[str, Any]:
-    if isinstance(timing, str):
-        return {"timings": {}, "error": timing}
-    return {"timings": {f"batch_{b}": t.to_dict() for b, t in timing.items()}, "error": None}
 
 
 def _alone(meeting: list[Tried]) -> str:

@@ -101,3 +101,36 @@ def test_an_unmet_objective_and_its_fallback_are_shown(page, service: Service, a
     expect(page.locator("#auto-fallback")).to_contain_text("Kept in float: conv")
     expect(page.locator("#auto-fallback")).to_contain_text(fallback["verdict"])
     audit(page, "auto-job-fallback")
+
+
+def test_the_timing_of_candidates_that_meet_the_objective_is_shown(page, service: Service, auto_report):
+    """The speed entry as quantcore.auto.speed writes it where a faster candidate that meets the objective
+    replaced the most accurate, on the real report's search (whose candidates share one graph)."""
+    first, second = (c["name"] for c in auto_report["auto"]["candidates"][:2])
+    timing = {"p25_ms": 0.8, "p50_ms": 0.9, "p75_ms": 1.0, "runs": 40}
+    slower = {"p25_ms": 1.5, "p50_ms": 1.6, "p75_ms": 1.7, "runs": 40}
+    speed = {
+        "most_accurate": second,
+        "compared": [
+            {"name": first, "stands_for": [], "timings": {"batch_1": timing}, "error": None},
+            {"name": second, "stands_for": ["mse"], "timings": {"batch_1": slower}, "error": None},
+        ],
+        "batch_sizes": [1],
+        "threads": 2,
+        "seconds": 0.6,
+        "verdict": f"{first} kept over the more accurate {second}: it meets the objective too and its deployed model "
+        "is clearly faster (p50 1.6 → 0.9 ms at batch 1)",
+    }
+    auto = {**auto_report["auto"], "chosen": first, "speed": speed}
+    Report.model_validate({**auto_report, "auto": auto})
+    serve_job(page, JOB, {**auto_report, "auto": auto})
+    sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
+    expect(page.locator("#auto-speed")).to_contain_text(speed["verdict"])
+    rows = page.locator("#auto-speed-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0).locator("td")).to_have_text([first, "—", "0.9 (0.8\u20131)"])
+    expect(rows.nth(1).locator("td")).to_have_text([second, "mse", "1.6 (1.5\u20131.7)"])
+    expect(page.locator("#auto-speed-table thead")).to_contain_text("p50 ms at batch 1")
+    expect(page.locator("#auto-candidates tbody tr").nth(0).locator(".mark-chosen")).to_have_count(1)
+    assert overflow(page, "#auto-speed-table") == {"element": 0, "page": 0}
+    audit(page, "auto-job-speed")
