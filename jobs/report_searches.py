@@ -124,6 +124,8 @@ class AutoSpeed(Section):
     compared: list[AutoSpeedCompared]
     batch_sizes: list[int] | None = None
     threads: int | None = None
+    left_out: str | None = Field(None, description="Why the larger batch sizes were not timed; null: none was.")
+    reused: bool = Field(False, description="The timings of the base candidate's comparison, the same two graphs.")
     seconds: float | None = Field(None, description="Of the timing runs; null: not timed.")
     verdict: str = Field(description="Which was kept and why, or why nothing was timed.")
 

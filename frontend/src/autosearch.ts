@@ -87,7 +87,15 @@ function speedView(speed: Speed): HTMLElement {
           }),
         )
       : null,
-    timed ? h("p", { class: "hint" }, `Interleaved runs with ${speed.threads} threads, ${num(speed.seconds, 2)} s; each candidate stands for those deploying the same graph.`) : null,
+    timed
+      ? h(
+          "p",
+          { class: "hint" },
+          (speed.reused ? `The timings of the base candidate's comparison, reused: interleaved runs with ${speed.threads} threads` : `Interleaved runs with ${speed.threads} threads, ${num(speed.seconds, 2)} s`) +
+            `; each candidate stands for those deploying the same graph.` +
+            (speed.left_out ? ` Not timed: ${speed.left_out}.` : ""),
+        )
+      : null,
   );
 }
 

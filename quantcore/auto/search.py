@@ -36,7 +36,7 @@ A base candidate (``Candidate.base``: full int8 weights where the CPU chose 7-bi
 is deployed, which every method composes with: where it is kept over the candidates before it, the
 candidates after it vary its config, not the config as given, and say so in their ``change``. Where the
 deployment favours latency, it is the base only if its deployed model is not clearly slower than the config
-as given's (``_slower_base``); its ``change`` says why not.
+as given's (``_as_base``); its ``change`` says which, and why.
 
 A candidate whose method would change nothing in the prepared model (``Candidate.unchanged``: equalization
 without a layer pair, bias correction where the weights are already on their grids, say) is recorded as
@@ -56,7 +56,7 @@ import glob
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import Candidate
 from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
 from quantcore.auto.selection import SelectionSplit
-from quantcore.auto.timing import time_models
+from quantcore.auto.timing import Memo, time_models
 from quantcore.config import QuantizeConfig
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
@@ -233,6 +233,7 @@ class Search:
     work_dir: Path
     monitor: Monitor
     final: FinalRun
+    timed: Memo = field(default_factory=dict)  # candidates' models timed together (``quantcore.auto.timing``)
 
     def run(
         self, config: QuantizeConfig, name: str, should_cancel: Callable[[], bool], report: Callable[[str, float], None]
@@ -421,11 +422,9 @@ def run_candidates(
         tried.append(try_candidate(search, index, len(candidates), candidate, config, should_cancel, analysis))
         last = tried[-1]
         if candidate.base and choose_among(list(tried), config.auto.objective.higher_is_better, math.inf) is last:
-            slower = _slower_base(search, tried[0], last, config, deadline)
-            if slower is None:
-                base = last
-            else:
-                tried[-1] = last = replace(last, change=f"{last.change}; {slower}")
+            is_base, said = _as_base(search, tried[0], last, config, deadline)
+            base = last if is_base else base
+            tried[-1] = last = replace(last, change=last.change + said)
         if analysis is None and last.error is None:
             if last.probe_stopped is not None:  # no final run will run the analysis: none held back for it
                 search = replace(search, final=search.final.without_analysis())
@@ -440,27 +439,29 @@ def run_candidates(
     return tried, None
 
 
-def _slower_base(search: Search, first: Tried, base: Tried, config: QuantizeConfig, deadline: float) -> str | None:
-    """Why the ``base`` candidate, more accurate than the ``first`` (the config as given), is not the base of the
-    later ones, or None: it is. Where the deployment favours latency (``cpu_objective="latency"``), its deployed
-    model is timed against the first's (``quantcore.auto.timing``, in the time left but the final run's), and
-    one clearly slower is not the base: full int8 weights take the integer kernels' gain on a CPU without VNNI,
-    and every method built on them would share that cost, so the later candidates vary the config as given and
-    the choice among those that meet the objective weighs speed (``quantcore.auto.speed``). Not timed (it
-    does not fit, no latency objective, the first produced no model): the base, as for accuracy."""
+def _as_base(search: Search, first: Tried, base: Tried, config: QuantizeConfig, deadline: float) -> tuple[bool, str]:
+    """Whether the ``base`` candidate, more accurate than the ``first`` (the config as given), is the base of the
+    later ones, and what its ``change`` adds to say so ("": nothing). Where the deployment favours latency
+    (``cpu_objective="latency"``), its deployed model is timed against the first's (``quantcore.auto.timing``,
+    in the time left but the final run's), and one clearly slower is not the base: full int8 weights take the
+    integer kernels' gain on a CPU without VNNI, and every method built on them would share that cost, so the
+    later candidates vary the config as given and the choice among those that meet the objective weighs speed
+    (``quantcore.auto.speed``). Untimed (no latency objective, the first produced no model, the timing did not
+    fit or ONNX Runtime refused a model): the base, as where accuracy alone decides."""
     if config.cpu_objective != "latency" or first.error is not None:
-        return None
+        return True, ""
     left = deadline - time.perf_counter() - base.final_seconds
     models, per_sample = (first.model_path, base.model_path), (first.sample_seconds, base.sample_seconds)
-    timed = time_models(models, per_sample, search.specs, config, left, search.split.selection)
-    if isinstance(timed, str) or any(isinstance(t, str) for t in timed.timings):
-        return None
+    timed = time_models(models, per_sample, search.specs, config, left, search.split.selection, search.timed)
+    untimed = timed if isinstance(timed, str) else next((t for t in timed.timings if isinstance(t, str)), None)
+    if untimed is not None:
+        return True, f"; the base of the later candidates untimed ({untimed})"
     theirs, mine = timed.timings
-    if compare(mine, theirs) != "slower":
-        return None
     shown = ", ".join(f"{theirs[b].p50_ms:.3g} → {mine[b].p50_ms:.3g} ms at batch {b}" for b in timed.batch_sizes)
-    return (
-        f"not the base of the later candidates: with the deployment favouring latency, its deployed model is "
+    if compare(mine, theirs) != "slower":
+        return True, f"; the base of the later candidates: not clearly slower than {first.name} (p50 {shown})"
+    return False, (
+        f"; not the base of the later candidates: with the deployment favouring latency, its deployed model is "
         f"clearly slower than {first.name}'s (p50 {shown})"
     )
 

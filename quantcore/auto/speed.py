@@ -16,8 +16,9 @@ share a timing signature (``paired_latency.signature``: observers, the clip sear
 correction change values, not the graph) run at the same speed, so one model per signature is timed: the
 kept one's own, and elsewhere the most accurate of its signature (``choose``). A timed model replaces the one
 kept so far when ``compare`` calls it ``faster`` (clearly faster at one batch size, clearly slower at none),
-in the candidates' order; a model ONNX Runtime refuses to time is not kept. Nothing is timed, and the report
-says why, where the timing and the largest final run among the timed do not fit the time left.
+in the candidates' order; a model ONNX Runtime refuses to time is not kept. The timing's batch sizes are
+held to the time left but the largest final run among the timed, and the report says which were left out
+(or that none fitted, and nothing was compared).
 """
 
 from __future__ import annotations
@@ -83,10 +84,16 @@ def faster_meeting(
     models = [t.model_path for t in timed]
     shown = f"comparing the speed of {counted(len(timed), 'candidate')} that meet the objective"
     search.monitor.report(STAGE, 1.0, shown)
-    measured = time_models(models, sample_seconds, search.specs, config, seconds_left - reserve, search.split.selection)
+    left = seconds_left - reserve
+    measured = time_models(models, sample_seconds, search.specs, config, left, search.split.selection, search.timed)
     if isinstance(measured, str):
         return SpeedChoice(kept, {**entry, "verdict": f"not timed: {measured}, the final run held back"})
-    entry |= {"batch_sizes": list(measured.batch_sizes), "threads": measured.threads}
+    entry |= {
+        "batch_sizes": list(measured.batch_sizes),
+        "threads": measured.threads,
+        "left_out": measured.left_out,
+        "reused": measured.reused,
+    }
     timings = measured.timings
     fastest = next(i for i, t in enumerate(timed) if t is kept)
     for i, timing in enumerate(timings):
@@ -94,7 +101,10 @@ def faster_meeting(
             fastest = i
     entry["compared"] = [{**row, **measured.shown(i)} for i, row in enumerate(entry["compared"])]
     chosen = timed[fastest]
-    entry |= {"seconds": round(measured.seconds, 3), "verdict": _verdict(kept, chosen, timings, timed)}
+    verdict = _verdict(kept, chosen, timings, timed)
+    if measured.left_out is not None:
+        verdict += f" ({measured.left_out}, the final run held back)"
+    entry |= {"seconds": round(measured.seconds, 3), "verdict": verdict}
     return SpeedChoice(chosen, entry)
 
 

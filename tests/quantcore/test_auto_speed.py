@@ -93,16 +93,17 @@ def test_a_clearly_faster_candidate_that_meets_the_objective_replaces_the_most_a
     kept, fast = tried("full_weights", [0.999] * 16, a), tried("as_given", [0.995] * 16, b)
     timer = FakeTimer([6.0, 6.1, 6.2, 5.9], [10.0, 10.2, 10.4, 9.9]).install(monkeypatch)  # the candidates' order
     choice = faster_meeting(search, [fast, kept], kept, LATENCY, 600.0)
-    assert choice.kept is fast and timer.calls == 1
+    assert choice.kept is fast and timer.calls == 2  # batch 1, then batch 32
     entry = choice.entry
     assert [row["name"] for row in entry["compared"]] == ["as_given", "full_weights"]
     assert entry["batch_sizes"] == [1, 32]
     assert entry["compared"][0]["timings"]["batch_32"]["p50_ms"] == pytest.approx(6.05)
     assert entry["verdict"].startswith("as_given kept over the more accurate full_weights")
-    # within the spread, or slower: the most accurate stays
+    assert faster_meeting(search, [fast, kept], kept, LATENCY, 600.0).entry["reused"] and timer.calls == 2
+    # within the spread, or slower: the most accurate stays (a new search: nothing timed yet)
     for times in ([9.8, 10.1, 10.5, 10.0], [14.0, 15.0, 14.5, 14.2]):
         FakeTimer(times, [10.0, 10.2, 10.4, 9.9]).install(monkeypatch)
-        choice = faster_meeting(search, [fast, kept], kept, LATENCY, 600.0)
+        choice = faster_meeting(replace(search, timed={}), [fast, kept], kept, LATENCY, 600.0)
         assert choice.kept is kept and "none of the others" in choice.entry["verdict"]
 
 
@@ -131,7 +132,7 @@ def test_one_model_per_graph_is_timed_the_most_accurate_standing_for_the_rest(se
         ("full_weights", ["minmax"]),
     ]
     alone = faster_meeting(search, [kept, same], kept, LATENCY, 600.0)
-    assert alone.kept is kept and timer.calls == 1 and "deploys the same graph" in alone.entry["verdict"]
+    assert alone.kept is kept and timer.calls == 2 and "deploys the same graph" in alone.entry["verdict"]
 
 
 def test_a_model_onnx_runtime_refuses_to_time_is_not_kept(search, tmp_path, monkeypatch):
@@ -147,18 +148,27 @@ def test_a_model_onnx_runtime_refuses_to_time_is_not_kept(search, tmp_path, monk
     }
 
 
-def test_nothing_is_timed_where_it_does_not_fit_or_cannot_matter(search, tmp_path, monkeypatch):
+def test_batch_sizes_are_timed_only_where_they_fit(search, tmp_path, monkeypatch):
+    a, b = graphs(tmp_path)
+    other, kept = (tried(n, [c] * 16, m, latency=1000.0) for n, c, m in (("as_given", 0.995, b), ("full", 0.999, a)))
+    # 9 rounds of 2 models at 1 s a sample: 18 s at batch 1, more than the 9 s left once the final run is held back
+    timer = FakeTimer([500.0] * 4, [1000.0] * 4).install(monkeypatch)
+    choice = faster_meeting(search, [other, kept], kept, LATENCY, 10.0)
+    assert choice.kept is kept and timer.calls == 0
+    assert choice.entry["verdict"] == (
+        "not timed: 18.0 s of timing runs at batch 1 do not fit the 9.0 s left, the final run held back"
+    )
+    # batch 1 fits; timed at 0.5 and 1 s, batch 32 would take 9 x 32 x 1.5 s
+    choice = faster_meeting(search, [other, kept], kept, LATENCY, 300.0)
+    assert timer.calls == 1 and choice.entry["batch_sizes"] == [1] and choice.kept is other  # clearly faster at 1
+    assert choice.entry["left_out"].startswith("432.0 s of timing runs at batch 32 do not fit the 2")
+    assert choice.entry["verdict"].endswith(", the final run held back)")
+
+
+def test_nothing_is_timed_where_it_cannot_matter(search, tmp_path, monkeypatch):
     a, b = graphs(tmp_path)
     kept, other = tried("full_weights", [0.999] * 16, a), tried("as_given", [0.995] * 16, b)
     timer = FakeTimer([1.0] * 4, [0.5] * 4).install(monkeypatch)
-    # 9 rounds of 2 models at 1 s a sample: 18 s at batch 1 and 576 s at batch 32, more than the 299 s left
-    # once the larger final run (1 s) is held back
-    slow = [tried(t.name, [t.value] * 16, t.model_path, latency=1000.0) for t in (other, kept)]
-    choice = faster_meeting(search, slow, slow[1], LATENCY, 300.0)
-    assert choice.kept is slow[1]
-    assert choice.entry["verdict"] == (
-        "not timed: 594.0 s of timing runs do not fit the 299.0 s left for them, the final run held back"
-    )
     # no latency objective, or the kept one does not meet the objective: no speed entry at all
     accuracy = replace(LATENCY, cpu_objective="accuracy")
     assert faster_meeting(search, [other, kept], kept, accuracy, 600.0).entry is None
@@ -218,7 +228,8 @@ def test_full_weights_clearly_slower_are_not_the_base_of_the_later_candidates(tm
     Report.model_validate(report)
     as_given, full, minmax = report["auto"]["candidates"]
     assert as_given["met"] and as_given["difference"]["high"] < 0  # met, and behind full_weights beyond noise
-    assert timer.calls == 2  # the base's timing, then the choice among those that meet the objective
+    assert timer.calls == 2  # the base's timing at batch 1 and 8, reused by the choice among those that meet it
+    assert report["auto"]["speed"]["reused"]
     if full_slower:
         assert ranges == {"as_given": "auto", "full_weights": "off", "minmax": "auto"}
         assert "not the base of the later candidates" in full["change"]
@@ -234,6 +245,10 @@ def test_full_weights_clearly_slower_are_not_the_base_of_the_later_candidates(tm
         assert minmax["change"] == "activation observer minmax, with full_weights"
         assert report["auto"]["chosen"] in ("full_weights", "minmax") and report["config"]["reduce_range"] == "off"
         assert "none of the others" in report["auto"]["speed"]["verdict"]
+        assert (
+            "; the base of the later candidates: not clearly slower than as_given (p50 1.05 → 1.05 ms"
+            in (full["change"])
+        )
 
 
 def test_the_search_times_real_candidates_and_keeps_the_one_the_timings_favour(tmp_path, monkeypatch) -> None:
