@@ -38,6 +38,10 @@ candidates after it vary its config, not the config as given, and say so in thei
 deployment favours latency, it is the base only if its deployed model is not clearly slower than the config
 as given's (``_as_base``); its ``change`` says which, and why.
 
+A candidate whose run the parity check re-exported on another weight grid (``quantcore.evaluate.parity.remedy``:
+full int8 weights whose deployed model disagreed with exact Q/DQ, re-exported with 7-bit ones) is recorded with
+that as its error, unscored: its model is the config as given's grid, not the one it names.
+
 A candidate whose method would change nothing in the prepared model (``Candidate.unchanged``: equalization
 without a layer pair, bias correction where the weights are already on their grids, say) is recorded as
 skipped, with why, without a run: its run would be the config as given again, at a candidate's cost.
@@ -80,6 +84,7 @@ from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import error_line
 
 STAGE = "auto"
+REMEDIED = "not run as asked: its deployed model disagreed with exact Q/DQ, and the parity check re-exported it"
 BUDGET_SPENT = "stopped: the time left, the final run held back, could not hold the rest of this candidate"
 # Each candidate's latency: the deployed model at batch 1 only, briefly (a ranking, not a benchmark).
 CANDIDATE_LATENCY = LatencySettings(warmup=2, runs=20, budget_s=0.5, batch_sizes=(1,))
@@ -297,6 +302,9 @@ def try_candidate(
     try:
         quiet = _quiet(config) if analysis is not None else final.probe(_quiet(config))
         result = search.run(quiet, candidate.name, should_cancel, report)
+        if result["config"]["reduce_range"] != config.reduce_range:
+            # the parity check's remedy re-exported it on the weight grid the config as given runs
+            return tried(None, None, None, f"{REMEDIED}: {result['parity']['remedy']}")
         evaluation = result["evaluation"]
         sums = sample_sums(
             search.model_path,

@@ -20,10 +20,13 @@ meaning) adds error of its own and fails both. 0.5 points of top-1 is the issue'
 
 Known causes and remedies:
 
-- ``remedy``: on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit intermediate
-  (``quantcore.runtime.cpu_features``); the onnxruntime platforms then re-export with 7-bit weights
-  (``reduce_range="on"``). On a CPU whose kernels do not saturate that would cost accuracy and fix
-  nothing, so it is not tried there. On other platforms (tensorrt: int8 activations and weights,
+- ``remedy``: on x86 CPUs without VNNI the u8s8 kernels saturate their 16-bit intermediate with
+  full-range int8 weights (``quantcore.runtime.cpu_features``), so full-range weights go to the u8u8
+  kernels as uint8, and 7-bit ones (``reduce_range`` ``auto`` there) stay on the u8s8 kernels. Where the
+  full-range model disagrees, the onnxruntime platforms re-export with 7-bit weights
+  (``reduce_range="on"``); a model already on 7-bit weights would be re-exported the same, and on a CPU
+  whose kernels do not saturate 7-bit weights would cost accuracy and fix nothing, so neither is tried.
+  On other platforms (tensorrt: int8 activations and weights,
   whose integer kernels saturate the same way there) ``isolate_optimizer`` finds
   ``QDQSelectorActionTransformer``, the rewrite that puts the integer kernels in, and the report
   names the cause.
@@ -60,7 +63,7 @@ import onnxruntime as ort
 from quantcore.annotate.platforms import PLATFORMS
 from quantcore.config import QuantizeConfig
 from quantcore.errors import QuantcoreError
-from quantcore.runtime.cpu_features import this_cpu_saturates_u8s8
+from quantcore.runtime.cpu_features import this_cpu_saturates_u8s8, weight_range
 from quantcore.runtime.session import open_session
 from quantcore.wording import counted
 
@@ -161,10 +164,12 @@ def _as_accurate(evaluation: dict[str, Any]) -> bool:
 def remedy(config: QuantizeConfig) -> tuple[QuantizeConfig, str] | None:
     """A config that removes the known cause of disagreement on ``config``'s platform, with the reason;
     None when there is nothing left to try."""
-    if PLATFORMS[config.platform].reduced_range_remedy and config.reduce_range != "on" and this_cpu_saturates_u8s8():
+    platform = PLATFORMS[config.platform]
+    if platform.reduced_range_remedy and this_cpu_saturates_u8s8() and not weight_range(config.reduce_range).reduced:
         return replace(config, reduce_range="on"), (
-            "re-exported with 7-bit weights [-64, 63] (reduce_range=on): u8s8 integer kernels without VNNI "
-            "saturate their 16-bit intermediate with full-range int8 weights"
+            "re-exported with 7-bit weights [-64, 63] (reduce_range=on): the full-range weights, stored as uint8 "
+            "for the u8u8 kernels of a CPU without VNNI, deployed beyond tolerance from exact Q/DQ, and 7-bit "
+            "weights run on its u8s8 kernels, the ones the rest of its tests hold to"
         )
     return None
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from samples.digits import TRAIN_SAMPLES
-from tests.quantcore.auto_cases import progress, recorded_runs, small  # noqa: F401 (fixtures of the auto tests)
+from tests.quantcore.auto_cases import heavy_tailed, progress, recorded_runs, small  # noqa: F401 (fixtures of the auto tests)
 
 
 @dataclass(frozen=True)

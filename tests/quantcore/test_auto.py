@@ -21,7 +21,7 @@ from quantcore.auto import scoring
 from quantcore.auto import search as search_module
 from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import CANDIDATES
-from quantcore.auto.search import Search
+from quantcore.auto.search import REMEDIED, Search
 from quantcore.config import AUTO_CANDIDATES, AccuracyTarget
 from quantcore.errors import UnsupportedModelError
 from quantcore.runtime import cpu_features
@@ -542,39 +542,43 @@ def test_full_weights_is_a_candidate_only_where_the_cpu_chose_7_bit_weights(monk
     assert full_weights.applied(ort) is None  # VNNI: auto keeps full int8 weights itself
 
 
-def test_the_search_keeps_full_weights_where_7_bit_ones_cost_accuracy_and_builds_on_them(tmp_path, monkeypatch) -> None:
-    """On a CPU without VNNI the config as given runs 7-bit weights. Each output channel of this Gemm holds one
-    weight 20 times its others' scale, so its grid step is about a third of a typical weight at 7 bits and
-    a sixth at 8, far coarser than the activation grid of its Gaussian input: the weights' error rules, one
-    bit halves it, and the full int8 candidate is better beyond the paired interval. Kept, it is the base
-    the next candidate varies."""
-    monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
-    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    ranges = {}
-    original = Search.run
-
-    def run(self, config, name, should_cancel, report):
-        ranges[name] = config.reduce_range
-        return original(self, config, name, should_cancel, report)
-
-    monkeypatch.setattr(Search, "run", run)
-    rng = np.random.default_rng(0)
-    weight = rng.normal(size=(16, 64)).astype(np.float32)
-    weight[np.arange(16), rng.integers(0, 64, 16)] = 20.0
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["input", "w"], ["output"], transB=1)],
-        "heavy_tailed_gemm",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 16])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    data = rng.normal(size=(56, 64)).astype(np.float32)
+def test_the_search_keeps_full_weights_where_7_bit_ones_cost_accuracy_and_builds_on_them(
+    heavy_tailed, tmp_path
+) -> None:
+    """On a CPU without VNNI the config as given runs 7-bit weights; on this Gemm the full int8 candidate is
+    better beyond the paired interval (``heavy_tailed``). Kept, it is the base the next candidate varies."""
+    path, calibration, evaluation, ranges = heavy_tailed
     config = replace(auto_config("full_weights", "minmax"), platform="onnxruntime", percentile_candidates=())
-    result = quantize_auto(path, {"input": data[:40]}, {"input": data[40:]}, config, tmp_path / "out")
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
     assert ranges == {"as_given": "auto", "full_weights": "off", "minmax": "off"}
     as_given, full, minmax = result.report["auto"]["candidates"]
     assert result.report["auto"]["chosen"] in ("full_weights", "minmax"), (as_given["value"], full["value"])
     assert as_given["difference"]["high"] < 0  # behind the chosen one beyond the interval
     assert minmax["change"] == "activation observer minmax, with full_weights"
     assert result.report["config"]["reduce_range"] == "off"
+
+
+def test_a_full_weights_run_the_parity_check_re_exported_on_7_bit_weights_is_not_scored(
+    heavy_tailed, tmp_path, monkeypatch
+):
+    """Where the deployed full-range model disagrees with exact Q/DQ, the parity check re-exports it with
+    7-bit weights (``quantcore.evaluate.parity.remedy``; stood in for here: whether 16 selection samples
+    trip its tolerance is the data's call): the candidate's model is then the config as given's grid, so it
+    is not scored as full weights, nor kept as the base."""
+    path, calibration, evaluation, ranges = heavy_tailed
+    run = Search.run  # the fixture's recorder
+
+    def remedied(self, config, name, should_cancel, report):
+        result = run(self, config, name, should_cancel, report)
+        if config.reduce_range == "off":
+            result["config"] = {**result["config"], "reduce_range": "on"}
+            result["parity"] = {**result["parity"], "remedy": "re-exported with 7-bit weights [-64, 63]"}
+        return result
+
+    monkeypatch.setattr(Search, "run", remedied)
+    config = replace(auto_config("full_weights", "minmax"), platform="onnxruntime", percentile_candidates=())
+    result = quantize_auto(path, calibration, evaluation, config, tmp_path / "out")
+    _, full, minmax = result.report["auto"]["candidates"]
+    assert full["error"] == f"{REMEDIED}: re-exported with 7-bit weights [-64, 63]" and full["value"] is None
+    assert ranges == {"as_given": "auto", "full_weights": "off", "minmax": "auto"}  # not the base
+    assert minmax["change"] == "activation observer minmax" and result.report["auto"]["chosen"] != "full_weights"

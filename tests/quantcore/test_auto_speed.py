@@ -10,19 +10,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from jobs.report_schema import Report
 from quantcore import QuantizeConfig, quantize_auto
 from quantcore.auto import timing
 from quantcore.auto.budget import FinalRun
 from quantcore.auto.scoring import SampleSums
-from quantcore.auto.search import Search, Tried
+from quantcore.auto.search import Search, Tried, pareto_front
 from quantcore.auto.selection import SelectionSplit
 from quantcore.auto.speed import faster_meeting
 from quantcore.evaluate.paired_latency import Timing, compare
 from quantcore.progress import Monitor
-from quantcore.runtime import cpu_features
 from quantcore.runtime.batching import input_specs
 from tests.quantcore.auto_cases import auto_config
 from tests.quantcore.models import conv_relu_gemm, save
@@ -177,54 +175,28 @@ def test_nothing_is_timed_where_it_cannot_matter(search, tmp_path, monkeypatch):
     assert timer.calls == 0
 
 
-def heavy_tailed(tmp_path, monkeypatch) -> tuple[str, dict, dict, QuantizeConfig, dict[str, str]]:
-    """On a CPU without VNNI (the flags stand in for one: the CPU is what a test cannot choose), full int8
-    weights are deployed as uint8, a graph of its own. The Gemm of
-    test_the_search_keeps_full_weights_where_7_bit_ones_cost_accuracy_and_builds_on_them makes them the more
-    accurate beyond the interval, the config as given meeting cosine 0.99 too. Returns the model, its
-    calibration and evaluation data, the config (candidates full_weights and minmax, the deployment favouring
-    latency), and the reduce_range each candidate's run will have run with (filled as they run)."""
-    monkeypatch.setattr(cpu_features, "is_x86", lambda: True)
-    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    ranges: dict[str, str] = {}
-    original = Search.run
-
-    def run(self, config, name, should_cancel, report):
-        ranges[name] = config.reduce_range
-        return original(self, config, name, should_cancel, report)
-
-    monkeypatch.setattr(Search, "run", run)
-    rng = np.random.default_rng(0)
-    weight = rng.normal(size=(16, 64)).astype(np.float32)
-    weight[np.arange(16), rng.integers(0, 64, 16)] = 20.0
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["input", "w"], ["output"], transB=1)],
-        "heavy_tailed_gemm",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 16])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    data = rng.normal(size=(56, 64)).astype(np.float32)
-    config = replace(
+def latency_config() -> QuantizeConfig:
+    """Candidates full_weights and minmax on the ``heavy_tailed`` Gemm, the deployment favouring latency."""
+    return replace(
         auto_config("full_weights", "minmax"),
         platform="onnxruntime",
         percentile_candidates=(),
         cpu_objective="latency",
         cpu_batch_sizes=(1, 8),
     )
-    return path, {"input": data[:40]}, {"input": data[40:]}, config, ranges
 
 
 @pytest.mark.parametrize("full_slower", [True, False])
-def test_full_weights_clearly_slower_are_not_the_base_of_the_later_candidates(tmp_path, monkeypatch, full_slower):
+def test_full_weights_clearly_slower_are_not_the_base_of_the_later_candidates(
+    heavy_tailed, tmp_path, monkeypatch, full_slower
+):
     """Timed clearly slower than the config as given, full int8 weights stay a candidate of their own: the
     later candidates vary the config as given (7-bit weights), and the faster graph that meets the objective
     is kept. Not slower, they are the base, as where the deployment does not favour latency."""
-    path, calibration, evaluation, config, ranges = heavy_tailed(tmp_path, monkeypatch)
+    path, calibration, evaluation, ranges = heavy_tailed
     full_times = [2.0, 2.1, 2.2, 1.9] if full_slower else [1.0, 1.1, 1.2, 0.9]
     timer = FakeTimer([1.0, 1.1, 1.2, 0.9], full_times).install(monkeypatch)  # as given first: the tried order
-    report = quantize_auto(path, calibration, evaluation, config, tmp_path / "out").report
+    report = quantize_auto(path, calibration, evaluation, latency_config(), tmp_path / "out").report
     Report.model_validate(report)
     as_given, full, minmax = report["auto"]["candidates"]
     assert as_given["met"] and as_given["difference"]["high"] < 0  # met, and behind full_weights beyond noise
@@ -251,10 +223,10 @@ def test_full_weights_clearly_slower_are_not_the_base_of_the_later_candidates(tm
         )
 
 
-def test_the_search_times_real_candidates_and_keeps_the_one_the_timings_favour(tmp_path, monkeypatch) -> None:
+def test_the_search_times_real_candidates_and_keeps_the_one_the_timings_favour(heavy_tailed, tmp_path) -> None:
     """The same search, timed on this CPU: whichever way the timings go, the base and the choice follow them."""
-    path, calibration, evaluation, config, ranges = heavy_tailed(tmp_path, monkeypatch)
-    report = quantize_auto(path, calibration, evaluation, config, tmp_path / "out").report
+    path, calibration, evaluation, ranges = heavy_tailed
+    report = quantize_auto(path, calibration, evaluation, latency_config(), tmp_path / "out").report
     Report.model_validate(report)
     auto = report["auto"]
     assert all(c["met"] for c in auto["candidates"])
@@ -273,3 +245,16 @@ def test_the_search_times_real_candidates_and_keeps_the_one_the_timings_favour(t
     assert auto["chosen"] == (other if faster else speed["most_accurate"]), speed["verdict"]
     assert report["config"]["reduce_range"] == ranges[auto["chosen"]]
     assert speed["verdict"] in auto["reason"]
+
+
+def test_the_pareto_front_counts_latency_where_measured(tmp_path):
+    a = graphs(tmp_path)[0]
+    accurate, fast, slower = (
+        tried("a", [0.999] * 16, a, 2.0),
+        tried("b", [0.995] * 16, a, 1.0),
+        tried("c", [0.995] * 16, a, 1.5),
+    )
+    assert pareto_front([accurate, fast, slower], higher_is_better=True) == {"a", "b"}  # c: b is as good and faster
+    # b unmeasured: against a, as accurate at most and as small, it is dominated; c is faster than a
+    unmeasured = replace(fast, latency_p50_ms=None)
+    assert pareto_front([accurate, unmeasured, slower], higher_is_better=True) == {"a", "c"}
