@@ -71,7 +71,7 @@ from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import Candidate
 from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
 from quantcore.auto.selection import SelectionSplit
-from quantcore.auto.timing import Memo, time_models
+from quantcore.auto.timing import Memo, p50_change, time_models
 from quantcore.config import QuantizeConfig
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
@@ -465,7 +465,7 @@ def _as_base(search: Search, first: Tried, base: Tried, config: QuantizeConfig, 
     if untimed is not None:
         return True, f"; the base of the later candidates untimed ({untimed})"
     theirs, mine = timed.timings
-    shown = ", ".join(f"{theirs[b].p50_ms:.3g} → {mine[b].p50_ms:.3g} ms at batch {b}" for b in timed.batch_sizes)
+    shown = p50_change(theirs, mine)
     if compare(mine, theirs) != "slower":
         return True, f"; the base of the later candidates: not clearly slower than {first.name} (p50 {shown})"
     return False, (

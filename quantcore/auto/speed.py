@@ -30,7 +30,7 @@ import onnx
 
 from quantcore.auto.scoring import choose, worse_end
 from quantcore.auto.search import STAGE, Search, Tried
-from quantcore.auto.timing import time_models
+from quantcore.auto.timing import p50_change, time_models
 from quantcore.config import QuantizeConfig
 from quantcore.evaluate.paired_latency import Timing, compare, signature
 from quantcore.wording import counted
@@ -127,7 +127,7 @@ def _verdict(kept: Tried, chosen: Tried, timings: list[dict[int, Timing] | str],
         return f"{kept.name} kept: none of the others that meet the objective is clearly faster"
     mine, theirs = (next(timing for t, timing in zip(timed, timings, strict=True) if t is c) for c in (chosen, kept))
     assert not isinstance(mine, str) and not isinstance(theirs, str)  # a refused model is never chosen
-    shown = ", ".join(f"{theirs[b].p50_ms:.3g} → {mine[b].p50_ms:.3g} ms at batch {b}" for b in mine)
+    shown = p50_change(theirs, mine)
     return (
         f"{chosen.name} kept over the more accurate {kept.name}: it meets the objective too and its deployed model is "
         f"clearly faster (p50 {shown})"

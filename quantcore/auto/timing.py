@@ -63,6 +63,11 @@ class Timed:
 Memo = dict[frozenset[str], tuple[list[str], Timed]]  # signatures timed together -> (their order, the timing)
 
 
+def p50_change(before: dict[int, Timing], after: dict[int, Timing]) -> str:
+    """Median times from ``before`` to ``after`` at each batch size ``after`` was timed at, in words."""
+    return ", ".join(f"{before[b].p50_ms:.3g} → {after[b].p50_ms:.3g} ms at batch {b}" for b in after)
+
+
 def default_timer(specs: Sequence[InputSpec], sample: dict, threads: int) -> Timer:
     """``interleaved_times`` on ``sample`` (a test replaces it: the CPU's timings cannot be made to differ)."""
 
@@ -83,7 +88,8 @@ def time_models(
 ) -> Timed | str:
     """``models`` timed as the module says, on ``sample``, within ``seconds_left``, or why none of their batch
     sizes fitted."""
-    signatures = [signature(onnx.load(str(m), load_external_data=False)) for m in models]
+    protos = [onnx.load(str(m)) for m in models]
+    signatures = [signature(proto) for proto in protos]
     earlier = memo.get(frozenset(signatures))
     if earlier is not None and len(set(signatures)) == len(signatures):
         order, timed = earlier
@@ -92,7 +98,7 @@ def time_models(
     batches = (fixed,) if fixed is not None else tuple(sorted(config.cpu_batch_sizes))
     threads = resolved_threads(config.cpu_threads)
     timer = default_timer(specs, sample, threads)
-    serialized = [onnx.load(str(m)).SerializeToString() for m in models]
+    serialized = [proto.SerializeToString() for proto in protos]
     per_sample = list(sample_seconds)
     raw: dict[int, list[list[float] | str]] = {}
     left_out = None
