@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, or_, select, update
@@ -255,8 +255,9 @@ def set_progress(
     )
     if event_recorded(session=session, job_id=job_id, attempt=attempt, sequence=sequence):
         return  # a retry of a unit that committed: the stage end was observed then
+    now = utcnow()
     if kind == "stage":  # a new stage starts: the previous one of this attempt has ended
-        record_stage_end(session=session, job_id=job_id)
+        record_stage_end(session=session, job_id=job_id, ended_at=now)
     add_event(
         session=session,
         job_id=job_id,
@@ -266,6 +267,7 @@ def set_progress(
         message=message,
         attempt=attempt,
         sequence=sequence,
+        created_at=now,
     )
 
 
@@ -291,14 +293,16 @@ def finish_job(
         extra=extra,
     )
     if done:
+        now = utcnow()
         if status == JobStatus.succeeded:  # the last stage completed too
-            record_stage_end(session=session, job_id=job_id)
+            record_stage_end(session=session, job_id=job_id, ended_at=now)
         add_event(
             session=session,
             job_id=job_id,
             kind="status",
             message=error or status.value,
             data={"status": status.value, "error": error},
+            created_at=now,
         )
     return done
 
@@ -417,8 +421,9 @@ def add_event(
     data: dict[str, Any] | None = None,
     attempt: int | None = None,
     sequence: int | None = None,
+    created_at: datetime | None = None,
 ) -> None:
-    """Append an event. With `attempt` and `sequence` (a worker's n-th event of its attempt) adding the
+    """Append an event (at `created_at`, default now). With `attempt` and `sequence` (a worker's n-th event of its attempt) adding the
     same event again does nothing (INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite), so a
     unit of work retried by `jobs.db.in_transaction` after a COMMIT that did land adds no duplicate."""
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
@@ -433,7 +438,7 @@ def add_event(
             data=data,
             attempt=attempt,
             sequence=sequence,
-            created_at=utcnow(),
+            created_at=created_at or utcnow(),
         )
         .on_conflict_do_nothing(index_elements=["job_id", "attempt", "sequence"])
     )

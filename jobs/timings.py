@@ -11,7 +11,8 @@ One atomic statement per stage run (no read-modify-write race between workers), 
 (stages x buckets) rows whatever the number of jobs (a scrape reads ~100 rows), and counts that
 survive restarts of any process, as counters should.
 
-A stage's duration is the time from its `stage` event to the next boundary of the same attempt.
+A stage's duration is the time from its `stage` event to the next boundary of the same attempt,
+both read from the events' own timestamps.
 The claim of a new attempt writes a `status` event, so a stage interrupted by a crash is never
 measured across the gap.
 """
@@ -28,7 +29,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from jobs.models import JobEvent, StageDurationBucket, utcnow
+from jobs.models import JobEvent, StageDurationBucket
 
 # Upper bounds in seconds: quantization stages run from under a second (annotate) to hours
 # (reconstruction, engine builds on large models).
@@ -53,8 +54,11 @@ def observe(*, session: Session, stage: str, seconds: float) -> None:
     session.execute(add)
 
 
-def record_stage_end(*, session: Session, job_id: uuid.UUID) -> None:
-    """If the job's latest boundary event is a `stage` event, that stage has just ended: observe it."""
+def record_stage_end(*, session: Session, job_id: uuid.UUID, ended_at: datetime) -> None:
+    """If the job's latest boundary event is a `stage` event, that stage ended at `ended_at`: observe it.
+
+    `ended_at` is the `created_at` of the boundary event that ends it, so the histogram and the job's
+    event stream give the same duration to the microsecond."""
     latest = session.execute(
         select(JobEvent.kind, JobEvent.stage, JobEvent.created_at)
         .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("stage", "status")))
@@ -66,7 +70,7 @@ def record_stage_end(*, session: Session, job_id: uuid.UUID) -> None:
     started: datetime = latest.created_at
     if started.tzinfo is None:  # SQLite hands back naive datetimes; they were written in UTC
         started = started.replace(tzinfo=UTC)
-    observe(session=session, stage=latest.stage, seconds=(utcnow() - started).total_seconds())
+    observe(session=session, stage=latest.stage, seconds=(ended_at - started).total_seconds())
 
 
 def histograms(*, session: Session) -> dict[str, list[tuple[float, int, float]]]:
