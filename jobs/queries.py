@@ -423,9 +423,10 @@ def add_event(
     sequence: int | None = None,
     created_at: datetime | None = None,
 ) -> None:
-    """Append an event (at `created_at`, default now). With `attempt` and `sequence` (a worker's n-th event of its attempt) adding the
-    same event again does nothing (INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite), so a
-    unit of work retried by `jobs.db.in_transaction` after a COMMIT that did land adds no duplicate."""
+    """Append an event (at `created_at`, default now). With `attempt` and `sequence` (a worker's n-th event
+    of its attempt) adding the same event again does nothing (INSERT ... ON CONFLICT DO NOTHING on
+    PostgreSQL and SQLite), so a unit of work retried by `jobs.db.in_transaction` after a COMMIT that did
+    land adds no duplicate."""
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     session.execute(
         insert(JobEvent)

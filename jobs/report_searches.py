@@ -207,10 +207,10 @@ class Placement(Section):
     kept: Literal["quantized", "placed", "fp32"] = Field(
         description="The model kept: quantized (every region), placed, or fp32 (every region float). The placed one "
         "(or, where it has no quantized region left, the quantized one) when the last profile's runs find it no "
-        "slower than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one. "
-        "Otherwise, from the final comparison: of the two quantized ones the placed one only where clearly faster, "
-        "and that one only where no slower than FP32 (as above, or clearly faster at one batch size), else the "
-        "other, else FP32."
+        "slower than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one, "
+        "on at least 7 runs of each at every batch size. Otherwise, from the final comparison: of the two quantized "
+        "ones the placed one only where clearly faster, and that one only where no slower than FP32 (as above, or "
+        "clearly faster at one batch size), else the other, else FP32."
     )
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
     final: dict[str, PlacementFinal] = Field(
@@ -220,7 +220,8 @@ class Placement(Section):
     final_source: Literal["profile", "timed", "profiles"] = Field(
         description="profile: the last profile's runs (FP32 and the model judged, interleaved) decided, nothing more "
         "was timed; timed: the final whole-model comparison did; profiles: the timing budget had no room for that "
-        "comparison, and its rule read each quantized model's profile runs against FP32's in the same round."
+        "comparison, and its rule read each quantized model's profile runs against FP32's in the same round (only "
+        "where they keep FP32, or number at least 7 of each at every batch size: else the comparison is timed)."
     )
     final_cached: bool
     measurements: int = Field(description="Node profiles and whole-model timings made (0 on a cached rerun).")
@@ -232,7 +233,12 @@ class Placement(Section):
     timing_budget_s: float = Field(
         description="Seconds of timed runs the measurements after the first profile may bring the total to: the "
         "calibration's seconds (a resumed job's: its checkpoint's) times config.cpu_timing_share. A measurement "
-        "whose minimum runs would exceed it is not made."
+        "whose minimum runs would exceed it is not made, but for the final comparison where past_budget says why."
+    )
+    past_budget: str | None = Field(
+        default=None,
+        description="Why the final comparison was timed past the budget: the profile runs that would have kept a "
+        "quantized model were too few (under 7 at a batch size) to promise it no slower than FP32.",
     )
     statement: str
 

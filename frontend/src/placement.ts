@@ -54,6 +54,7 @@ export function placementView(placement: Placement): HTMLElement {
           timed: " (a final comparison).",
         }[placement.final_source],
     ),
+    placement.past_budget ? h("p", { class: "notice", id: "placement-past-budget" }, `Timed past the budget: ${placement.past_budget}.`) : null,
     scroll(
       "Placement regions",
       table(null, ["Round", "Nodes", "Ops", ...batches.map((b) => `Batch ${b}: quantized → float`), "Cost", "Kept", "Why"], regions, {

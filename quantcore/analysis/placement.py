@@ -52,7 +52,11 @@ is, else FP32 (``no_slower``: as above, or clearly faster at one batch size, a g
 paying for a loss within it). Without the budget for that comparison, the same rule reads the profiles:
 each quantized model's runs against FP32's in its own round, the placed one preferred when ``_gained``.
 The objective promises a model never slower than FP32, so FP32 need not be clearly faster to win: under
-load the spread of a run can swallow a 2x gap between medians. Every profile and timing
+load the spread of a run can swallow a 2x gap between medians. For the same reason a quantized model is kept
+only on ``conclusive`` runs (``paired_latency.MIN_RUNS`` of it and of FP32 at every batch size): a profile runs
+a batch of 32 two to five times, and where that decides, the final comparison is timed instead, past the budget
+when it has no room for it (the report's ``past_budget`` says so). FP32 may be kept on fewer runs: it is never
+slower than itself. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, at most ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
 calibrated on the full calibration data (the first calibration's scales reused where exact: only the
@@ -91,6 +95,7 @@ from quantcore.evaluate.paired_latency import (
     Timer,
     Timing,
     compare,
+    conclusive,
     interleaved_times,
     no_slower,
     signature,
@@ -443,19 +448,24 @@ def _choose(
         judged is not None
         and bool(judged.timings)
         and (
-            no_slower(judged.timings, judged.fp32, trade=False)
+            (no_slower(judged.timings, judged.fp32, trade=False) and conclusive(judged.timings, judged.fp32))
             or (all_float and not no_slower(judged.timings, judged.fp32))
         )
     )
     if settled and label == "placed" and not _gained(judged, profiled[0]):
         settled = False  # the regions gone float did not pay off in the whole runs: time all three together
+    source, past_budget = "timed", None
     if settled:
         source, timings = "profile", {"fp32": judged.fp32, label: judged.timings}
         chosen = label if not every or no_slower(judged.timings, judged.fp32, trade=False) else "fp32"
     elif profiled and not search.affords(len(_labels(placed, all_float)), profile=False):
-        source, (chosen, timings) = "profiles", _from_profiles(profiled, placed, every)
-    else:
-        source, (timings, cached) = "timed", _timed(search, base, placed, all_float)
+        chosen, timings = _from_profiles(profiled, placed, every)
+        if chosen == "fp32" or conclusive(timings[chosen], timings["fp32"]):
+            source = "profiles"
+        else:  # the promise outranks the budget: see the module
+            past_budget = _too_few(timings[chosen], timings["fp32"], chosen)
+    if source == "timed":
+        timings, cached = _timed(search, base, placed, all_float)
         preferred = ["quantized", "placed"] if "placed" in timings else ["quantized"]
         if "placed" in timings and compare(timings["placed"], timings["quantized"]) == "faster":
             preferred.reverse()
@@ -496,9 +506,26 @@ def _choose(
         "measured_seconds": round(search.seconds, 3),
         "timed_seconds": round(search.spent, 3),
         "timing_budget_s": round(search.budget, 3),
+        "past_budget": past_budget,
         "statement": _statement(chosen, float_moves, len(kept.float_nodes), final),
     }
     return PlacementOutcome(kept.config, kept.annotation, kept.calibrated, exported, report)
+
+
+def _too_few(candidate: Mapping[int, Timing], fp32: Mapping[int, Timing], label: str) -> str:
+    """Why the final comparison was timed past the budget: the profile runs ``label``'s verdict would rest on."""
+    short = (
+        ", ".join(
+            f"{min(candidate[b].runs, fp32[b].runs)} at batch {b}"
+            for b in sorted(set(candidate) & set(fp32))
+            if min(candidate[b].runs, fp32[b].runs) < paired_latency.MIN_RUNS
+        )
+        or "none beside FP32's"
+    )
+    return (
+        f"the profiles' runs ({short}) are too few to promise the {label} model no slower than FP32; "
+        f"the final comparison was timed (at least {paired_latency.MIN_RUNS} runs a batch size) past the budget"
+    )
 
 
 def _labels(placed: _Variant, all_float: bool) -> tuple[str, ...]:

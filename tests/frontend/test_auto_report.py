@@ -134,3 +134,22 @@ def test_the_timing_of_candidates_that_meet_the_objective_is_shown(page, service
     expect(page.locator("#auto-candidates tbody tr").nth(0).locator(".mark-chosen")).to_have_count(1)
     assert overflow(page, "#auto-speed-table") == {"element": 0, "page": 0}
     audit(page, "auto-job-speed")
+
+
+def test_a_final_comparison_timed_past_the_budget_says_why(page, service: Service, auto_report):
+    """The placement's past_budget as quantcore.analysis.placement words it, on the real report's placement
+    (whose own final comparison fit in its budget: the notice is absent there)."""
+    serve_job(page, JOB, auto_report)
+    sign_in(page, service.url, service.new_key(), f"/jobs/{JOB_ID}")
+    expect(page.locator("#placement-statement")).to_be_visible()
+    expect(page.locator("#placement-past-budget")).to_have_count(0)
+    why = (
+        "the profiles' runs (2 at batch 32) are too few to promise the quantized model no slower than FP32; "
+        "the final comparison was timed (at least 7 runs a batch size) past the budget"
+    )
+    placement = {**auto_report["placement"], "final_source": "timed", "past_budget": why}
+    Report.model_validate({**auto_report, "placement": placement})
+    serve_job(page, JOB, {**auto_report, "placement": placement})
+    page.reload()
+    expect(page.locator("#placement-past-budget")).to_have_text(f"Timed past the budget: {why}.")
+    audit(page, "placement-past-budget")

@@ -30,6 +30,8 @@ def data() -> np.ndarray:
 
 # a noisy machine's runs as multiples of their median: quartiles at 0.8x and 1.4x
 SPREAD = (0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4, 1.6, 2.0)
+# a profile's runs, as many as a verdict of "no slower" needs (paired_latency.MIN_RUNS): quartiles 0.7, 0.8, 0.9
+PROFILE_SPREAD = (0.6, 0.7, 0.7, 0.8, 0.9, 0.9, 1.0)
 
 
 class FakeTimer:
@@ -74,8 +76,9 @@ class FakeProfiler:
     Relu after it fused in, each
     QuantizeLinear / DequantizeLinear of an activation 2 µs; in the FP32 model a Conv runs as ``<its output>_nchwc``
     and every node takes ``float_us[name]`` µs (default 10). ``refuse``: a model with Q/DQ is refused. Each of the
-    5 runs takes the sum of the nodes' times; or, with ``run_ratio``, 1 ms for FP32 and ``run_ratio`` ms for a
-    model with Q/DQ, times each of ``SPREAD``'s first five factors (quartiles at 0.7x and 0.9x the median)."""
+    7 runs takes the sum of the nodes' times; or, with ``run_ratio``, 1 ms for FP32 and ``run_ratio`` ms for a
+    model with Q/DQ, times each of ``PROFILE_SPREAD``'s factors. ``runs``: the first so many of those runs only
+    (a profile the budget cut short)."""
 
     def __init__(
         self,
@@ -85,9 +88,11 @@ class FakeProfiler:
         refuse=False,
         run_ratio: float | None = None,
         run_us=None,
+        runs: int = len(PROFILE_SPREAD),
     ) -> None:
         self.quantized, self.float_us, self.refuse, self.run_ratio = quantized or {}, float_us or {}, refuse, run_ratio
-        self.run_us = run_us  # (model, batch size) → each run's µs, in place of the nodes' sum, times ``SPREAD``'s
+        self.runs = runs
+        self.run_us = run_us  # (model, batch size) → each run's µs, in place of the nodes' sum, times the factors
         self.calls = 0
 
     def __call__(self, models, batch_sizes):
@@ -120,12 +125,13 @@ class FakeProfiler:
                 )
             else:
                 nodes.append(ProfiledNode(node.name, node.op_type, inputs, outputs, self.float_us.get(node.name, 10.0)))
+        factors = PROFILE_SPREAD[: self.runs]
         if self.run_us is not None:
-            return {b: _profile(nodes, [self.run_us(model, b) * factor for factor in SPREAD[:5]]) for b in batch_sizes}
+            return {b: _profile(nodes, [self.run_us(model, b) * factor for factor in factors]) for b in batch_sizes}
         if self.run_ratio is None:
-            runs = (sum(n.us for n in nodes),) * 5
+            runs = (sum(n.us for n in nodes),) * self.runs
         else:
-            runs = tuple(1000.0 * (self.run_ratio if has_qdq else 1.0) * factor for factor in SPREAD[:5])
+            runs = tuple(1000.0 * (self.run_ratio if has_qdq else 1.0) * factor for factor in factors)
         return dict.fromkeys(batch_sizes, _profile(nodes, runs))
 
 
@@ -235,7 +241,7 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     nodes), so a pair is estimated at 2 batch sizes x 200 runs x 2 x 50 µs = 40 ms and the final comparison of
     three models at 60 ms; a fake pair takes 2 batch sizes x 9 runs x both models' times (1 ms, 1.5 ms while
     conv2 is quantized): 54 ms for conv1's region, then 45 ms for conv2's. A budget of 120 ms lets both run
-    and round 2 profile (0.5 ms), not round 2's pair (100 + 40 ms) nor the final comparison, so the profiles
+    and round 2 profile (0.7 ms), not round 2's pair (100 + 40 ms) nor the final comparison, so the profiles
     decide: refused, they show no quantized model no slower than FP32, which is kept. A budget of 0 s times
     nothing after the first profile; ample budget times every pair and the final comparison."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
@@ -248,7 +254,7 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
     second = [row for row in report["regions"] if row["round"] == 2]
     assert [row["reason"] for row in second] == ["no estimate, and the timing budget (0.12 s) is spent"]
     assert timer.calls == 2 and report["final_source"] == "profiles" and report["kept"] == "fp32"
-    assert report["timed_seconds"] == pytest.approx(0.054 + 0.045 + 0.001, abs=1e-3)
+    assert report["timed_seconds"] == pytest.approx(0.054 + 0.045 + 0.0014, abs=1e-3)  # reported to the ms
     broke = replace(run, calibration_seconds=0.0)
     timer = FakeTimer(slow=("conv2",))
     spent = place(broke, config, profiler=FakeProfiler(refuse=True), timer=timer).report
@@ -260,8 +266,8 @@ def test_regions_without_an_estimate_are_timed_within_the_timing_budget(tmp_path
 
 def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(tmp_path, data) -> None:
     """conv2's region is estimated slower quantized, but every run takes 60-100 ms (medians 80 ms): the first
-    profile's runs take 1.6 s, and profiling the model without conv2 would take at least 2 batch sizes x 0.5 s
-    more, past a budget of 2 s. The estimate alone does not change the model: conv2 stays quantized, its row
+    profile's runs (7 of each model at each batch size) take 2.24 s, past a budget of 2 s already, so the model
+    without conv2 is not profiled. The estimate alone does not change the model: conv2 stays quantized, its row
     says why, and the first profile keeps the quantized model (even medians). A timing share of 2 (a budget of
     4 s) lets the same profiles send conv2 float."""
     config = QuantizeConfig(**FAST, cpu_objective="latency")
@@ -274,7 +280,7 @@ def test_a_round_the_budget_cannot_profile_leaves_the_model_of_the_round_before(
     )
     assert report["stopped"] == "timing budget (2 s of runs) spent" and report["rounds"] == 1
     assert report["kept"] == "quantized" and report["float_nodes"] == [] and report["final_source"] == "profile"
-    assert profiler.calls == 1 and timer.calls == 0 and report["timed_seconds"] == pytest.approx(1.6)
+    assert profiler.calls == 1 and timer.calls == 0 and report["timed_seconds"] == pytest.approx(2.24)
     ample = place(run, replace(config, cpu_timing_share=2.0), profiler=profiler).report
     assert ample["float_nodes"] == ["conv2"] and ample["timing_budget_s"] == pytest.approx(4.0)
 
@@ -298,7 +304,7 @@ def test_regions_estimated_to_save_under_the_minimum_gain_stay_quantized(tmp_pat
 
 def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, data, monkeypatch) -> None:
     """The scenario of the timed comparison above (all quantized at 0.5x FP32 in the first round's profile, placed
-    at 0.8x in the second's), with a budget of 40 ms: both profiles fit (12 ms, then 14.4 ms of runs), three
+    at 0.8x in the second's), with a budget of 40 ms: both profiles fit (16.8 ms, then 20.2 ms of runs), three
     models timed at 2 batch sizes x 7 runs x 1 ms at least (42 ms more) do not. The comparison's rule reads the
     profiles instead: the placed model did not gain on all quantized, which is no slower than FP32 in its
     round, and is kept."""
@@ -316,6 +322,35 @@ def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, d
     assert report["final_source"] == "profiles" and report["kept"] == "quantized"
     assert report["final"]["batch_1"]["quantized"]["p50_ms"] == pytest.approx(0.4)
     assert report["final"]["batch_1"]["speedup_p50"] == pytest.approx(2.0)
+
+
+def test_a_quantized_model_is_not_kept_on_too_few_profile_runs_however_small_the_budget(tmp_path, data) -> None:
+    """The scenario above with each profile cut short at two runs a batch size (a batch of 32 that takes tens of
+    ms, under a budget of 20 ms) and the first round's runs of all quantized at 0.5x FP32's time. Two runs cannot
+    promise it no slower than FP32: the final comparison is timed although the budget has no room for it (the
+    profiles' runs alone take 8.6 ms, three models x 2 batch sizes x 7 runs x 0.65 ms more do not fit), the
+    report says why, and the whole runs decide: FP32 is kept where they run both quantized models 1.5x slower,
+    and the quantized model where they run it as fast."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = placement_run(tmp_path, data, config, calibration_seconds=0.02 / config.cpu_timing_share)
+
+    def run_us(model: onnx.ModelProto, _batch: int) -> float:
+        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+            return 1000.0
+        return 500.0 if reads_dequantized(model, "conv2") else 800.0
+
+    profiler = FakeProfiler({"conv2": 40.0}, run_us=run_us, runs=2)
+    timer = FakeTimer(slow=("conv1",))  # conv1 is quantized in both: 1.5 ms against FP32's 1 ms
+    report = place(run, config, profiler=profiler, timer=timer).report
+    assert report["rounds"] == 2 and timer.calls == 1 and report["final_source"] == "timed"
+    assert report["kept"] == "fp32" and report["final"]["batch_1"]["quantized"]["p50_ms"] == pytest.approx(1.5)
+    assert report["past_budget"] == (
+        "the profiles' runs (2 at batch 1, 2 at batch 32) are too few to promise the quantized model no slower than "
+        "FP32; the final comparison was timed (at least 7 runs a batch size) past the budget"
+    )
+    assert report["timed_seconds"] > report["timing_budget_s"] == pytest.approx(0.02)
+    even = place(run, config, profiler=profiler, timer=FakeTimer()).report
+    assert even["kept"] == "quantized" and even["final_source"] == "timed" and even["past_budget"]
 
 
 def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_path, data) -> None:
