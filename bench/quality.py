@@ -21,8 +21,8 @@ kernels (what a user deploys), against the FP32 model on held-out samples:
   creation included on both sides (quantcore's ``calibrate`` stage; for ONNX Runtime methods the
   whole ``quantize_static``, which also writes the model), as wall time and as process CPU time (all
   threads): on a shared machine the wall ratio mostly measures the neighbours' load;
-- with ``--latency``: FP32 p50 / quantized p50 latency on the CPU EP at batch 1 and 32
-  (``quantcore.cpu_latency``), the speed the integer kernels buy.
+- with ``--latency``: FP32 p50 / quantized p50 latency on the CPU EP at batch 1 and 32, the two models
+  interleaved (``quantcore.cpu_latency``), the speed the integer kernels buy.
 
 Methods: ``quantcore`` (the default recipe: ``QuantizeConfig()``), ``quantcore-ort`` (platform
 ``onnxruntime``), ``quantcore-ort-full`` (the same with ``reduce_range="off"``: full int8 weights,

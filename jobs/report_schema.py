@@ -331,7 +331,10 @@ class CpuLatency(Section):
     warmup: int
     runs: int
     budget_s: float | None = Field(
-        None, description="Seconds of timed runs after which a measurement stops (runs is then a maximum)."
+        None,
+        description="Seconds of timed rounds per batch size after which the rounds stop (runs is then a maximum). "
+        "Each round runs FP32 and the quantized model once, the order rotated, so that load from other processes "
+        "falls on both alike.",
     )
     session_config: dict[str, str] = Field(
         default_factory=dict,

@@ -199,7 +199,7 @@ function latencyView(cpu: CpuLatency | null, perSample: Json | undefined): HTMLE
       ];
     });
     section.append(
-      h("p", { class: "hint" }, `${cpu.provider} (ONNX Runtime ${cpu.onnxruntime}) on ${cpu.device} · threads: ${cpu.threads ?? "default"} · warm-up runs: ${cpu.warmup} · timed runs: up to ${cpu.runs}.`),
+      h("p", { class: "hint" }, `${cpu.provider} (ONNX Runtime ${cpu.onnxruntime}) on ${cpu.device} · threads: ${cpu.threads ?? "default"} · warm-up runs: ${cpu.warmup} · timed runs: up to ${cpu.runs}, FP32 and quantized interleaved.`),
       scroll(
         "CPU latency",
         table(null, ["Batch", "FP32 p50 ms", "Quantized p50 ms", "Speed-up (p50)", "Quantized p90 ms", "Quantized p99 ms", "Samples/s FP32 → quantized"], rows, {

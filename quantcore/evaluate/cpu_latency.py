@@ -1,12 +1,16 @@
 """CPU deployment latency: ONNX Runtime (CPU EP, integer kernels as deployed) running the FP32 model
 and the quantized model at batch 1 and batch 32.
 
-Protocol per (model, batch): one session, up to ``warmup`` untimed runs, then up to ``runs`` timed runs
-of ``session.run`` on the same inputs (wall clock, ``time.perf_counter``). A time budget keeps large
-models from taking minutes: timing stops once ``budget_s`` seconds of timed runs and at least
-``MIN_RUNS`` runs are done, warming up once a fifth of it has passed (one run at least). A YOLOv8n
-(320x320, 0.4 s FP32 and 0.9 s quantized per batch of 32 on 2 cores) took 72 s at 50 runs; with 5 s
-per measurement the stage takes 17 s. The runs each measurement got are in its summary. Reported in ms:
+Protocol per batch size: one session per model, the two models run interleaved (``interleaved_runs``):
+up to ``warmup`` untimed rounds (one at least: it also finds a batch size a model cannot run), then up to
+``runs`` timed rounds in which each model runs once on the same inputs (wall clock, ``time.perf_counter``),
+the order rotated each round. Interleaved, load from other processes falls on both models alike: timed one
+after the other, ocr-cls's preset model once read 1.0x FP32's speed at batch 32 and, interleaved in the same
+minute and in every rerun, 0.70-0.73x (which blocks of 1 to 30 runs a model, alternated, also read). A time
+budget keeps large models from taking minutes: the rounds stop once ``budget_s`` seconds have passed and at
+least ``MIN_RUNS`` are done, the warm-up once a fifth of it has (one round at least): a YOLOv8n (320x320,
+0.4 s FP32 and 0.9 s quantized per batch of 32 on 2 cores) took 72 s at 50 runs each. The runs each model
+got are in its summary. Reported in ms:
 p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max; throughput =
 batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
 batch only; a dynamic batch axis gets each requested batch size.
@@ -53,8 +57,8 @@ MIN_RUNS = 5  # timed runs a measurement gets before its budget can stop it (its
 
 @dataclass(frozen=True)
 class LatencySettings:
-    """warmup / runs: at most this many untimed / timed runs per measurement (one model at one batch
-    size); budget_s: seconds of timed runs after which a measurement stops once it has ``MIN_RUNS``
+    """warmup / runs: at most this many untimed / timed rounds per batch size (each model runs once a
+    round); budget_s: seconds of timed rounds after which a batch size's rounds stop once there are ``MIN_RUNS``
     (None: always ``warmup`` and ``runs``); batch_sizes for dynamic-batch models; threads: ONNX Runtime
     intra-op threads (None: its default, one per physical core)."""
 
@@ -108,26 +112,47 @@ def summarize(times_ms: Sequence[float], batch: int) -> dict[str, Any]:
     }
 
 
-def time_calls(call: Callable[[], object], *, warmup: int, runs: int, budget_s: float | None = None) -> list[float]:
-    """Wall-clock ms of up to ``runs`` calls after up to ``warmup`` untimed ones. With ``budget_s``, the
-    warm-up ends once a call has run and ``budget_s / 5`` seconds have passed, and the timing once
-    ``MIN_RUNS`` calls (all of ``runs``, if fewer) are timed and their total reaches ``budget_s``."""
-    budget = float("inf") if budget_s is None else budget_s
+def interleaved_runs(
+    calls: Sequence[Callable[[], object]],
+    *,
+    warmup: int,
+    runs: int,
+    min_runs: int,
+    budget_s: float | None,
+    warmup_s: float | None = None,
+    enough: Callable[[list[list[float]]], bool] | None = None,
+) -> list[list[float] | str]:
+    """Each call's wall-clock ms over rounds in which every call runs once, the order rotated each round (none
+    always runs first, and load from other processes falls on all alike), after ``warmup`` untimed rounds
+    (fewer once ``warmup_s`` seconds have passed, one at least). The rounds stop at ``runs``; once ``min_runs``
+    are done and ``budget_s`` seconds have passed (None: never); or once ``enough`` says so of the times of
+    the calls still running. A call that raises one of ONNX Runtime's errors in the warm-up gets its message
+    in place of times and runs no more."""
+    results: list[list[float] | str] = [[] for _ in calls]
+    live = list(range(len(calls)))
     started = time.perf_counter()
     for _ in range(warmup):
-        call()
-        if time.perf_counter() - started >= budget / 5:
+        for i in list(live):
+            try:
+                calls[i]()
+            except RUNTIME_ERRORS as error:
+                results[i] = runtime_message(error)
+                live.remove(i)
+        if warmup_s is not None and time.perf_counter() - started >= warmup_s:
             break
-    times, total = [], 0.0
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        elapsed = time.perf_counter() - started
-        times.append(elapsed * 1000.0)
-        total += elapsed
-        if total >= budget and len(times) >= MIN_RUNS:
+    times = {i: results[i] for i in live}
+    started = time.perf_counter()
+    for done in range(1, runs + 1):
+        shift = done % max(len(live), 1)
+        for i in live[shift:] + live[:shift]:
+            begun = time.perf_counter()
+            calls[i]()
+            times[i].append((time.perf_counter() - begun) * 1000.0)  # type: ignore[union-attr]
+        if budget_s is not None and done >= min_runs and time.perf_counter() - started >= budget_s:
             break
-    return times
+        if enough is not None and enough([times[i] for i in live]):  # type: ignore[misc]
+            break
+    return results
 
 
 def fixed_batch(specs: Sequence[InputSpec]) -> int | None:
@@ -275,41 +300,35 @@ def cpu_latency(
         "fp32": latency_session(fp32_model.SerializeToString() if given else fp32_model, settings.threads),
         "quantized": _deployed_session(quantized_model_path, settings.threads, notes, disabled_optimizers),
     }
-    measurements = len(batches) * len(sessions)
     for i, batch in enumerate(batches):
+        monitor.check(STAGE)
         feeds = feeds_for(specs, batch, sample, seed=seed)
         key = f"batch_{batch}"
-        try:
-            for j, (label, session) in enumerate(sessions.items()):
-                monitor.check(STAGE)
-                times = time_calls(
-                    lambda s=session, f=feeds: s.run(None, f),
-                    warmup=settings.warmup,
-                    runs=settings.runs,
-                    budget_s=settings.budget_s,
-                )
-                result[label][key] = summary = summarize(times, batch)
-                done = i * len(sessions) + j + 1
-                monitor.report(
-                    STAGE,
-                    done / measurements,
-                    f"{label} at batch {batch}: p50 {summary['p50_ms']:.3g} ms, {len(times)} runs",
-                )
-        except RUNTIME_ERRORS as error:
-            if key in result["fp32"]:  # FP32 ran at this batch and the quantized model did not: a defect
-                raise
+        fp32, quantized = interleaved_runs(
+            [lambda s=session, f=feeds: s.run(None, f) for session in sessions.values()],
+            warmup=max(settings.warmup, 1),
+            runs=settings.runs,
+            min_runs=MIN_RUNS,
+            budget_s=settings.budget_s,
+            warmup_s=None if settings.budget_s is None else settings.budget_s / 5,
+        )
+        if isinstance(fp32, str):
             # the FP32 model itself does not run at this batch: its batch axis is time, convolved over
             # (madmom's onset CNN), say
             result["batch_sizes"].remove(batch)
-            notes.append(f"not measured at batch {batch}: the FP32 model does not run on it ({runtime_message(error)})")
+            notes.append(f"not measured at batch {batch}: the FP32 model does not run on it ({fp32})")
             continue
-        cut = [
-            f"{label} {result[label][key]['runs']}" for label in sessions if result[label][key]["runs"] < settings.runs
-        ]
-        if cut:
-            notes.append(
-                f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget ({', '.join(cut)} runs)"
-            )
+        if isinstance(quantized, str):  # FP32 runs at this batch and the quantized model does not: a defect
+            raise RuntimeError(f"the quantized model does not run at batch {batch}: {quantized}")
+        result["fp32"][key], result["quantized"][key] = summarize(fp32, batch), summarize(quantized, batch)
+        monitor.report(
+            STAGE,
+            (i + 1) / len(batches),
+            f"batch {batch}: p50 FP32 {result['fp32'][key]['p50_ms']:.3g} ms, quantized "
+            f"{result['quantized'][key]['p50_ms']:.3g} ms, {len(fp32)} runs each, interleaved",
+        )
+        if len(fp32) < settings.runs:
+            notes.append(f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget ({len(fp32)} runs)")
         quantized_p50 = result["quantized"][key]["p50_ms"]
         result["speedup_p50"][key] = result["fp32"][key]["p50_ms"] / quantized_p50 if quantized_p50 > 0 else None
         if result["speedup_p50"][key] is not None and result["speedup_p50"][key] < 1.0:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore.evaluate.cpu_latency import feeds_for, latency_session
+from quantcore.evaluate.cpu_latency import feeds_for, interleaved_runs, latency_session
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 
@@ -131,30 +130,22 @@ def interleaved_times(
             sessions.append(latency_session(model, threads))
         except Exception as error:  # ONNX Runtime raises its own exception types
             sessions.append(runtime_message(error) if isinstance(error, RUNTIME_ERRORS) else str(error)[:400])
+    live = [i for i, s in enumerate(sessions) if not isinstance(s, str)]
     result: dict[int, list[list[float] | str]] = {}
     for batch in batch_sizes:
         feeds = feeds_for(specs, batch, sample)
-        times: list[list[float] | str] = [s if isinstance(s, str) else [] for s in sessions]
-        live = [i for i, s in enumerate(sessions) if not isinstance(s, str)]
-        for i in list(live):
-            try:
-                for _ in range(WARMUP if batch == batch_sizes[0] else 1):
-                    sessions[i].run(None, feeds)
-            except RUNTIME_ERRORS as error:
-                times[i] = runtime_message(error)
-                live.remove(i)
-        started = time.perf_counter()
-        for round_index in range(RUNS):
-            shift = round_index % max(len(live), 1)
-            for i in live[shift:] + live[:shift]:  # rotated: no model always runs first
-                begun = time.perf_counter()
-                sessions[i].run(None, feeds)
-                times[i].append((time.perf_counter() - begun) * 1000.0)  # type: ignore[union-attr]
-            if round_index + 1 >= MIN_RUNS and time.perf_counter() - started >= budget_s:
-                break
-            if round_index + 1 >= SEPARATED_RUNS and separated([times[i] for i in live]):  # type: ignore[misc]
-                break
-        result[batch] = times
+        measured = interleaved_runs(
+            [lambda s=sessions[i], f=feeds: s.run(None, f) for i in live],
+            warmup=WARMUP if batch == batch_sizes[0] else 1,
+            runs=RUNS,
+            min_runs=MIN_RUNS,
+            budget_s=budget_s,
+            enough=lambda runs: bool(runs) and len(runs[0]) >= SEPARATED_RUNS and separated(runs),
+        )
+        row: list[list[float] | str] = [s if isinstance(s, str) else [] for s in sessions]
+        for i, times in zip(live, measured, strict=True):
+            row[i] = times
+        result[batch] = row
     return result
 
 

@@ -15,9 +15,9 @@ from quantcore.evaluate.cpu_latency import (
     LatencySettings,
     cpu_latency,
     feeds_for,
+    interleaved_runs,
     latency_session,
     summarize,
-    time_calls,
 )
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import InputSpec
@@ -84,19 +84,48 @@ def test_cpu_latency_fixed_batch_model_measured_at_its_batch(models) -> None:
     assert any("fixes batch 4" in note for note in result["notes"])
 
 
-def test_budget_stops_warmup_and_timing_of_slow_calls_but_not_fast_ones() -> None:
-    calls = []
+def test_interleaved_runs_rotate_their_order_and_stop_at_the_budget_but_not_before_the_minimum() -> None:
+    order: list[str] = []
 
-    def slow() -> None:  # 20 ms a call: the budget's fifth (10 ms) ends the warm-up after one call
-        calls.append(1)
+    def slow() -> None:  # 20 ms a call: the warm-up's 10 ms end it after one round
+        order.append("slow")
         time.sleep(0.02)
 
-    times = time_calls(slow, warmup=5, runs=50, budget_s=0.05)
-    assert len(times) == MIN_RUNS and len(calls) == 1 + MIN_RUNS  # 0.05 s is reached at 3 runs; MIN_RUNS still run
-    assert min(times) >= 20.0
-    calls.clear()
-    assert len(time_calls(slow, warmup=2, runs=3, budget_s=None)) == 3 and len(calls) == 5
-    assert len(time_calls(lambda: None, warmup=5, runs=50, budget_s=5.0)) == 50
+    def fast() -> None:
+        order.append("fast")
+
+    slow_times, fast_times = interleaved_runs(
+        [slow, fast], warmup=5, runs=50, min_runs=MIN_RUNS, budget_s=0.05, warmup_s=0.01
+    )
+    # 0.05 s is reached at 3 rounds; MIN_RUNS rounds still run, after one warm-up round
+    assert len(slow_times) == len(fast_times) == MIN_RUNS and len(order) == 2 * (1 + MIN_RUNS)
+    assert min(slow_times) >= 20.0 > max(fast_times)
+    firsts = order[2::2]  # the first call of each timed round: the order rotates
+    assert firsts == ["fast", "slow"] * (MIN_RUNS // 2) + ["fast"] * (MIN_RUNS % 2)
+    order.clear()
+    assert [len(t) for t in interleaved_runs([slow], warmup=2, runs=3, min_runs=5, budget_s=None)] == [3]
+    assert len(order) == 5  # no budget: every warm-up and timed round
+    assert [len(t) for t in interleaved_runs([fast, fast], warmup=5, runs=50, min_runs=5, budget_s=5.0)] == [50, 50]
+    enough = interleaved_runs(
+        [fast, fast], warmup=1, runs=50, min_runs=5, budget_s=None, enough=lambda t: len(t[0]) >= 3
+    )
+    assert [len(t) for t in enough] == [3, 3]
+
+
+def test_a_call_that_onnx_runtime_refuses_in_the_warm_up_gets_its_message_and_runs_no_more(models) -> None:
+    """A model whose batch axis is fixed at 4, fed a batch of 2: ONNX Runtime's own error, while the other model
+    is timed on."""
+    *_, directory = models
+    model = conv_bn_residual()
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_value = 4
+    fixed = latency_session(str(save(model, directory / "fixed-4.onnx")), 1)
+    dynamic = latency_session(str(save(conv_bn_residual(), directory / "dynamic.onnx")), 1)
+    feeds = {"input": np.zeros((2, 3, 8, 8), np.float32)}
+    refused, timed = interleaved_runs(
+        [lambda: fixed.run(None, feeds), lambda: dynamic.run(None, feeds)], warmup=1, runs=6, min_runs=5, budget_s=None
+    )
+    assert isinstance(refused, str) and "input" in refused and len(timed) == 6
 
 
 def test_latency_reports_runs_cut_by_the_budget(models) -> None:
@@ -109,7 +138,8 @@ def test_latency_reports_runs_cut_by_the_budget(models) -> None:
     assert result["budget_s"] == 0.01
     assert MIN_RUNS <= result["fp32"]["batch_32"]["runs"] < 10_000
     assert any("0.01 s budget" in note for note in result["notes"])
-    assert [(stage, fraction) for stage, fraction, _ in progress] == [("latency", 0.5), ("latency", 1.0)]
+    assert [(stage, fraction) for stage, fraction, _ in progress] == [("latency", 1.0)]
+    assert result["quantized"]["batch_32"]["runs"] == result["fp32"]["batch_32"]["runs"]  # interleaved rounds
     with pytest.raises(Canceled):
         cpu_latency(fp32, quantized, sample=data, settings=settings, monitor=Monitor(should_cancel=lambda: True))
 
