@@ -2,15 +2,19 @@
 and the quantized model at batch 1 and batch 32.
 
 Protocol per batch size: one session per model, the two models run interleaved (``interleaved_runs``):
-up to ``warmup`` untimed rounds (one at least: it also finds a batch size a model cannot run), then up to
-``runs`` timed rounds in which each model runs once on the same inputs (wall clock, ``time.perf_counter``),
-the order rotated each round. Interleaved, load from other processes falls on both models alike: timed one
-after the other, ocr-cls's preset model once read 1.0x FP32's speed at batch 32 and, interleaved in the same
-minute and in every rerun, 0.70-0.73x (which blocks of 1 to 30 runs a model, alternated, also read). A time
-budget keeps large models from taking minutes: the rounds stop once ``budget_s`` seconds have passed and at
-least ``MIN_RUNS`` are done, the warm-up once a fifth of it has (one round at least): a YOLOv8n (320x320,
-0.4 s FP32 and 0.9 s quantized per batch of 32 on 2 cores) took 72 s at 50 runs each. The runs each model
-got are in its summary. Reported in ms:
+up to ``warmup`` untimed rounds (one at least: it also finds a batch size a model cannot run), then timed
+rounds in which each model runs a block on the same inputs (wall clock, ``time.perf_counter``), the order
+rotated each round, until each has ``runs`` runs. Interleaved, load from other processes falls on both
+models alike: over three reruns of six third-party models at batch 1 and 32, one model's 50 runs after the
+other's read speed-ups spread by up to 1.92x between reruns (median 1.23x), interleaved ones by up to 1.27x
+(median 1.14x). A block is ``BLOCK_RUNS`` runs of one model in a row, fewer once it has lasted ``BLOCK_S``:
+a run right after the other model's is slower, its caches taken, and short runs lose the most (wakeword-embed's
+quantized model at batch 1: 0.85 ms alternated run by run, 0.69 ms in blocks of five, FP32's 1.30 and 1.22),
+while runs of 20 ms and more do not (ocr-cls at batch 32 read the same speed-up in blocks of 1 to 30), and
+alternate run by run. A time budget keeps large models from taking minutes: the rounds stop once
+``budget_s`` seconds have passed and each model has ``MIN_RUNS`` runs, the warm-up once a fifth of it has
+(one round at least): a YOLOv8n (320x320, 0.4 s FP32 and 0.9 s quantized per batch of 32 on 2 cores) took
+72 s at 50 runs each. The runs each model got are in its summary. Reported in ms:
 p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max; throughput =
 batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
 batch only; a dynamic batch axis gets each requested batch size.
@@ -53,12 +57,14 @@ from quantcore.runtime.session import RUNTIME_ERRORS, SPIN_OFF, runtime_message
 STAGE = "latency"
 PERCENTILES = (50, 90, 99)
 MIN_RUNS = 5  # timed runs a measurement gets before its budget can stop it (its median is then a real one)
+BLOCK_RUNS = 5  # runs of one model in a row, at most, in interleaved rounds (see module)
+BLOCK_S = 0.02  # a block ends once it has lasted this long: runs of 20 ms and more alternate one by one
 
 
 @dataclass(frozen=True)
 class LatencySettings:
-    """warmup / runs: at most this many untimed / timed rounds per batch size (each model runs once a
-    round); budget_s: seconds of timed rounds after which a batch size's rounds stop once there are ``MIN_RUNS``
+    """warmup / runs: at most this many untimed rounds / timed runs of each model per batch size;
+    budget_s: seconds of timed rounds after which a batch size's rounds stop once each model has ``MIN_RUNS``
     (None: always ``warmup`` and ``runs``); batch_sizes for dynamic-batch models; threads: ONNX Runtime
     intra-op threads (None: its default, one per physical core)."""
 
@@ -122,12 +128,13 @@ def interleaved_runs(
     warmup_s: float | None = None,
     enough: Callable[[list[list[float]]], bool] | None = None,
 ) -> list[list[float] | str]:
-    """Each call's wall-clock ms over rounds in which every call runs once, the order rotated each round (none
-    always runs first, and load from other processes falls on all alike), after ``warmup`` untimed rounds
-    (fewer once ``warmup_s`` seconds have passed, one at least). The rounds stop at ``runs``; once ``min_runs``
-    are done and ``budget_s`` seconds have passed (None: never); or once ``enough`` says so of the times of
-    the calls still running. A call that raises one of ONNX Runtime's errors in the warm-up gets its message
-    in place of times and runs no more."""
+    """Each call's wall-clock ms over rounds in which every call runs a block (``BLOCK_RUNS`` runs in a row,
+    fewer once the block has lasted ``BLOCK_S``; see module), the order rotated each round (none always runs
+    first, and load from other processes falls on all alike), after ``warmup`` untimed rounds of one run each
+    (fewer once ``warmup_s`` seconds have passed, one at least). A call stops at ``runs`` runs; the rounds stop
+    when every call has; once every call has ``min_runs`` and ``budget_s`` seconds have passed (None: never);
+    or once ``enough`` says so of the times of the calls still running. A call that raises one of ONNX Runtime's
+    errors in the warm-up gets its message in place of times and runs no more."""
     results: list[list[float] | str] = [[] for _ in calls]
     live = list(range(len(calls)))
     started = time.perf_counter()
@@ -140,17 +147,23 @@ def interleaved_runs(
                 live.remove(i)
         if warmup_s is not None and time.perf_counter() - started >= warmup_s:
             break
-    times = {i: results[i] for i in live}
+    times: list[list[float]] = [results[i] for i in live]  # type: ignore[misc]
     started = time.perf_counter()
-    for done in range(1, runs + 1):
-        shift = done % max(len(live), 1)
-        for i in live[shift:] + live[:shift]:
-            begun = time.perf_counter()
-            calls[i]()
-            times[i].append((time.perf_counter() - begun) * 1000.0)  # type: ignore[union-attr]
-        if budget_s is not None and done >= min_runs and time.perf_counter() - started >= budget_s:
+    for round_index in range(runs):
+        shift = round_index % max(len(live), 1)
+        for position in [*range(shift, len(live)), *range(shift)]:
+            block_started = time.perf_counter()
+            for _ in range(min(BLOCK_RUNS, runs - len(times[position]))):
+                begun = time.perf_counter()
+                calls[live[position]]()
+                ended = time.perf_counter()
+                times[position].append((ended - begun) * 1000.0)
+                if ended - block_started >= BLOCK_S:
+                    break
+        done = min((len(t) for t in times), default=runs)
+        if done >= runs or (budget_s is not None and done >= min_runs and time.perf_counter() - started >= budget_s):
             break
-        if enough is not None and enough([times[i] for i in live]):  # type: ignore[misc]
+        if enough is not None and enough(times):
             break
     return results
 
@@ -325,10 +338,13 @@ def cpu_latency(
             STAGE,
             (i + 1) / len(batches),
             f"batch {batch}: p50 FP32 {result['fp32'][key]['p50_ms']:.3g} ms, quantized "
-            f"{result['quantized'][key]['p50_ms']:.3g} ms, {len(fp32)} runs each, interleaved",
+            f"{result['quantized'][key]['p50_ms']:.3g} ms, {len(fp32)} and {len(quantized)} runs, interleaved",
         )
-        if len(fp32) < settings.runs:
-            notes.append(f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget ({len(fp32)} runs)")
+        if min(len(fp32), len(quantized)) < settings.runs:
+            notes.append(
+                f"batch {batch}: timed runs stopped at the {settings.budget_s:g} s budget "
+                f"(FP32 {len(fp32)}, quantized {len(quantized)} runs)"
+            )
         quantized_p50 = result["quantized"][key]["p50_ms"]
         result["speedup_p50"][key] = result["fp32"][key]["p50_ms"] / quantized_p50 if quantized_p50 > 0 else None
         if result["speedup_p50"][key] is not None and result["speedup_p50"][key] < 1.0:

@@ -23,8 +23,9 @@ size's first run (it only grows the arena; untimed, it would be a third of the p
 of 32 takes seconds) lengthen a kernel and never shorten it, so of two runs the shorter is the one to keep:
 two are the least. A third round would cost the most where the budget can least afford it: the first
 profile, always made, runs two models at batch 32, and its third round alone runs half as many samples as a
-calibration of 128. The unprofiled runs, at the batch sizes that need them, follow the same rounds (one
-untimed, then ``MIN_RUNS``, and on to ``UNPROFILED_RUNS`` until the batch size's seconds have passed): being
+calibration of 128. The unprofiled runs, at the batch sizes that need them, are interleaved as the
+latency stage's (``cpu_latency.interleaved_runs``: one untimed round, then blocks of runs in a row,
+``MIN_RUNS`` and on to ``UNPROFILED_RUNS`` of each model until the batch size's seconds have passed): being
 short, they cost little, and where the whole-run times are read as a verdict (a placed model no slower than
 FP32) five runs of a 50 µs model are no evidence. ``NodeProfile.timed_us`` counts them with the profiled
 runs they replace. With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantcore.evaluate.cpu_latency import feeds_for, latency_session
+from quantcore.evaluate.cpu_latency import feeds_for, interleaved_runs, latency_session
 from quantcore.evaluate.paired_latency import MIN_GAIN
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
@@ -159,40 +160,24 @@ def profile_nodes(
         read = [p for p in profiles if not isinstance(p, str)]
         for batch in batch_sizes:
             if any(len(p[batch].nodes) * PROFILER_NODE_US > MIN_GAIN * p[batch].run_us for p in read if batch in p):
-                clean = _unprofiled(sessions, feeds_for(specs, batch, sample), budget_s)
-                for i, times in clean.items():
+                feeds = feeds_for(specs, batch, sample)
+                clean = interleaved_runs(
+                    [lambda s=sessions[i], f=feeds: s.run(None, f) for i in live],
+                    warmup=1,
+                    runs=UNPROFILED_RUNS,
+                    min_runs=MIN_RUNS,
+                    budget_s=budget_s,
+                )
+                for i, ms in zip(live, clean, strict=True):
+                    if isinstance(ms, str):
+                        continue  # a session that fails now: its profile stands
+                    times = [t * 1000.0 for t in ms]
                     if not isinstance(profiles[i], str) and batch in profiles[i]:
                         profile = profiles[i][batch]
                         profiles[i][batch] = replace(
                             profile, run_times_us=tuple(times), timed_us=profile.timed_us + sum(times)
                         )
         return profiles
-
-
-def _unprofiled(sessions: Sequence[Any], feeds: Mapping[str, np.ndarray], budget_s: float | None) -> dict[int, list]:
-    """Per live session (by position), the µs of each of its unprofiled runs on ``feeds``: one untimed round, then
-    ``MIN_RUNS`` to ``UNPROFILED_RUNS`` rounds, interleaved and rotated, as the profiled ones (a session that fails
-    now is left out: its profile stands)."""
-    live = [i for i, s in enumerate(sessions) if not isinstance(s, str)]
-    times: dict[int, list] = {i: [] for i in live}
-    started = time.perf_counter()
-    for round_index in range(1 + UNPROFILED_RUNS):
-        shift = round_index % max(len(live), 1)
-        for i in live[shift:] + live[:shift]:
-            begun = time.perf_counter()
-            try:
-                sessions[i].run(None, feeds)
-            except RUNTIME_ERRORS:
-                live.remove(i)
-                times.pop(i)
-                continue
-            if round_index > 0:
-                times[i].append((time.perf_counter() - begun) * 1e6)
-        if round_index == 0:
-            started = time.perf_counter()
-        elif round_index >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s:
-            break
-    return times
 
 
 def _read(

@@ -140,7 +140,7 @@ def interleaved_times(
             runs=RUNS,
             min_runs=MIN_RUNS,
             budget_s=budget_s,
-            enough=lambda runs: bool(runs) and len(runs[0]) >= SEPARATED_RUNS and separated(runs),
+            enough=lambda runs: min(map(len, runs), default=0) >= SEPARATED_RUNS and separated(runs),
         )
         row: list[list[float] | str] = [s if isinstance(s, str) else [] for s in sessions]
         for i, times in zip(live, measured, strict=True):

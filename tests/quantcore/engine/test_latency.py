@@ -11,6 +11,7 @@ import pytest
 import quantcore
 from quantcore.errors import Canceled, InvalidDataError
 from quantcore.evaluate.cpu_latency import (
+    BLOCK_RUNS,
     MIN_RUNS,
     LatencySettings,
     cpu_latency,
@@ -84,10 +85,10 @@ def test_cpu_latency_fixed_batch_model_measured_at_its_batch(models) -> None:
     assert any("fixes batch 4" in note for note in result["notes"])
 
 
-def test_interleaved_runs_rotate_their_order_and_stop_at_the_budget_but_not_before_the_minimum() -> None:
+def test_interleaved_runs_rotate_blocks_and_stop_at_the_budget_but_not_before_the_minimum() -> None:
     order: list[str] = []
 
-    def slow() -> None:  # 20 ms a call: the warm-up's 10 ms end it after one round
+    def slow() -> None:  # 20 ms a call: the warm-up's 10 ms end it after one round, BLOCK_S a block after one run
         order.append("slow")
         time.sleep(0.02)
 
@@ -97,19 +98,17 @@ def test_interleaved_runs_rotate_their_order_and_stop_at_the_budget_but_not_befo
     slow_times, fast_times = interleaved_runs(
         [slow, fast], warmup=5, runs=50, min_runs=MIN_RUNS, budget_s=0.05, warmup_s=0.01
     )
-    # 0.05 s is reached at 3 rounds; MIN_RUNS rounds still run, after one warm-up round
-    assert len(slow_times) == len(fast_times) == MIN_RUNS and len(order) == 2 * (1 + MIN_RUNS)
+    # 0.05 s pass in the third round; the slow call's MIN_RUNS still run, a block of the fast one's each round
+    assert len(slow_times) == MIN_RUNS and len(fast_times) == MIN_RUNS * BLOCK_RUNS
     assert min(slow_times) >= 20.0 > max(fast_times)
-    firsts = order[2::2]  # the first call of each timed round: the order rotates
-    assert firsts == ["fast", "slow"] * (MIN_RUNS // 2) + ["fast"] * (MIN_RUNS % 2)
+    rounds = [["slow", *["fast"] * BLOCK_RUNS] if r % 2 == 0 else [*["fast"] * BLOCK_RUNS, "slow"] for r in range(5)]
+    assert order == ["slow", "fast", *(name for block in rounds for name in block)]  # the order rotates
     order.clear()
     assert [len(t) for t in interleaved_runs([slow], warmup=2, runs=3, min_runs=5, budget_s=None)] == [3]
-    assert len(order) == 5  # no budget: every warm-up and timed round
+    assert len(order) == 5  # no budget: every warm-up round and run
     assert [len(t) for t in interleaved_runs([fast, fast], warmup=5, runs=50, min_runs=5, budget_s=5.0)] == [50, 50]
-    enough = interleaved_runs(
-        [fast, fast], warmup=1, runs=50, min_runs=5, budget_s=None, enough=lambda t: len(t[0]) >= 3
-    )
-    assert [len(t) for t in enough] == [3, 3]
+    enough = interleaved_runs([fast, fast], warmup=1, runs=50, min_runs=5, budget_s=None, enough=lambda t: True)
+    assert [len(t) for t in enough] == [BLOCK_RUNS, BLOCK_RUNS]  # one round
 
 
 def test_a_call_that_onnx_runtime_refuses_in_the_warm_up_gets_its_message_and_runs_no_more(models) -> None:
