@@ -1,22 +1,23 @@
 """CPU deployment latency: ONNX Runtime (CPU EP, integer kernels as deployed) running the FP32 model
 and the quantized model at batch 1 and batch 32.
 
-Protocol per batch size: one session per model, the two models run interleaved (``interleaved_runs``):
-up to ``warmup`` untimed rounds (one at least: it also finds a batch size a model cannot run), then timed
-rounds in which each model runs a block on the same inputs (wall clock, ``time.perf_counter``), the order
-rotated each round, until each has ``runs`` runs. Interleaved, load from other processes falls on both
-models alike: over three reruns of six third-party models at batch 1 and 32, one model's 50 runs after the
-other's read speed-ups spread by up to 1.92x between reruns (median 1.23x), interleaved ones by up to 1.27x
-(median 1.14x). A block is ``BLOCK_RUNS`` runs of one model in a row, fewer once it has lasted ``BLOCK_S``:
-a run right after the other model's is slower, its caches taken, and short runs lose the most (wakeword-embed's
-quantized model at batch 1: 0.85 ms alternated run by run, 0.69 ms in blocks of five, FP32's 1.30 and 1.22),
-while runs of 20 ms and more do not (ocr-cls at batch 32 read the same speed-up in blocks of 1 to 30), and
-alternate run by run. A time budget keeps large models from taking minutes: the rounds stop once
-``budget_s`` seconds have passed and each model has ``MIN_RUNS`` runs, the warm-up once a fifth of it has
-(one round at least): a YOLOv8n (320x320, 0.4 s FP32 and 0.9 s quantized per batch of 32 on 2 cores) took
-72 s at 50 runs each. The runs each model got are in its summary. Reported in ms:
-p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max; throughput =
-batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
+Protocol per batch size: one session per model, the two models run interleaved (``interleaved_runs``): up to
+``warmup`` untimed rounds (one at least: it also finds a batch size a model cannot run), then timed rounds in
+which each model runs a block on the same inputs (wall clock, ``time.perf_counter``), the order rotated each
+round, until each has ``runs`` runs. Interleaved, load from other processes falls on both models alike. Six
+third-party models' preset files, at batch 1 and 32 (11 speed-ups), three reruns: timed one model's 50 runs
+after the other's, a speed-up's reruns spread by a median 1.24x and up to 2.51x (ocr-cls at batch 32 read
+1.43x, 1.18x and 0.57x); interleaved in blocks, alternated with those reruns, by a median 1.15x and up to
+1.70x (ocr-cls at batch 32: 0.75x, 0.75x, 0.65x). A block is ``BLOCK_RUNS`` runs of one model in a row, fewer
+once it has lasted ``BLOCK_S``: a run right after the other model's is slower, its caches taken, and short
+runs lose the most (wakeword-embed's quantized model at batch 1: 0.85-0.88 ms alternated run by run, 0.68-0.69
+ms in blocks of five; FP32's 1.28-1.33 and 1.21-1.22 ms), while runs of 20 ms and more do not (ocr-cls at
+batch 32 read 0.72-0.74x in blocks of 1 to 30 runs) and alternate run by run. A time budget keeps large models
+from taking minutes: the rounds stop once ``budget_s`` seconds have passed and each model has ``MIN_RUNS``
+runs, the warm-up once a fifth of it has (one round at least): a YOLOv8n (320x320, 0.4 s FP32 and 0.9 s
+quantized per batch of 32 on 2 cores) took 72 s at 50 runs each. The runs each model got are in its summary.
+Reported in ms: p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max;
+throughput = batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
 batch only; a dynamic batch axis gets each requested batch size.
 
 Inputs: rows of ``sample`` (samples on each input's batch axis, ``quantcore.runtime.batching``, repeated
