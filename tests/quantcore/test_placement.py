@@ -135,6 +135,13 @@ class FakeProfiler:
         return dict.fromkeys(batch_sizes, _profile(nodes, runs))
 
 
+def placed_slower_than_all_quantized(model: onnx.ModelProto, _batch: int) -> float:
+    """Run µs for ``FakeProfiler``: FP32 1000, all quantized 500, conv2 float (the placed model) 800."""
+    if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
+        return 1000.0
+    return 500.0 if reads_dequantized(model, "conv2") else 800.0
+
+
 def _profile(nodes: list[ProfiledNode], runs: Sequence[float]) -> NodeProfile:
     return NodeProfile(tuple(nodes), tuple(runs), sum(runs))
 
@@ -180,13 +187,8 @@ def test_a_placed_model_slower_than_all_quantized_in_whole_runs_is_timed_against
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = placement_run(tmp_path, data, config)
 
-    def run_us(model: onnx.ModelProto, _batch: int) -> float:
-        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
-            return 1000.0
-        return 500.0 if reads_dequantized(model, "conv2") else 800.0
-
     timer = FakeTimer()
-    profiler = FakeProfiler(quantized={"conv2": 40.0}, run_us=run_us)
+    profiler = FakeProfiler(quantized={"conv2": 40.0}, run_us=placed_slower_than_all_quantized)
     report = place(run, config, profiler=profiler, timer=timer).report
     assert [r["kept"] for r in report["regions"] if r["round"] == 1] == ["quantized", "float"]
     assert report["final_source"] == "timed" and timer.calls == 1 and report["kept"] == "quantized"
@@ -311,13 +313,10 @@ def test_without_budget_for_the_final_comparison_the_profiles_decide(tmp_path, d
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = placement_run(tmp_path, data, config, calibration_seconds=0.04 / config.cpu_timing_share)
 
-    def run_us(model: onnx.ModelProto, _batch: int) -> float:
-        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
-            return 1000.0
-        return 500.0 if reads_dequantized(model, "conv2") else 800.0
-
     timer = FakeTimer()
-    report = place(run, config, profiler=FakeProfiler({"conv2": 40.0}, run_us=run_us), timer=timer).report
+    report = place(
+        run, config, profiler=FakeProfiler({"conv2": 40.0}, run_us=placed_slower_than_all_quantized), timer=timer
+    ).report
     assert report["rounds"] == 2 and timer.calls == 0
     assert report["final_source"] == "profiles" and report["kept"] == "quantized"
     assert report["final"]["batch_1"]["quantized"]["p50_ms"] == pytest.approx(0.4)
@@ -334,12 +333,7 @@ def test_a_quantized_model_is_not_kept_on_too_few_profile_runs_however_small_the
     config = QuantizeConfig(**FAST, cpu_objective="latency")
     run = placement_run(tmp_path, data, config, calibration_seconds=0.02 / config.cpu_timing_share)
 
-    def run_us(model: onnx.ModelProto, _batch: int) -> float:
-        if not any(node.op_type == "QuantizeLinear" for node in model.graph.node):
-            return 1000.0
-        return 500.0 if reads_dequantized(model, "conv2") else 800.0
-
-    profiler = FakeProfiler({"conv2": 40.0}, run_us=run_us, runs=2)
+    profiler = FakeProfiler({"conv2": 40.0}, run_us=placed_slower_than_all_quantized, runs=2)
     timer = FakeTimer(slow=("conv1",))  # conv1 is quantized in both: 1.5 ms against FP32's 1 ms
     report = place(run, config, profiler=profiler, timer=timer).report
     assert report["rounds"] == 2 and timer.calls == 1 and report["final_source"] == "timed"
