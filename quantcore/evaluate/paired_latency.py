@@ -1,14 +1,15 @@
 """Comparing the CPU latency of a few variants of one model on a shared, noisy machine.
 
-Protocol per batch size: one session per model (``cpu_latency.latency_session``: the deployed integer
-kernels, the report's session options), ``WARMUP`` untimed runs each at the first batch size and one at
-each later one (it only grows the arena), then rounds in which every model runs once, the order rotated
-each round, so that load from other processes falls on all models alike. Rounds stop at ``RUNS``, once
-``budget_s`` seconds have passed and every model has ``MIN_RUNS`` runs, or after ``SEPARATED_RUNS`` rounds
-in which every two models' times lie far apart (``separated``): every run of one more than ``SEPARATION``
-times every run of the other. Models within a few percent of each other never stop early, so a close call
-(a quantized model 6 % faster at batch 1) gets its ``MIN_RUNS`` rounds however bursty the load, while a
-large model whose batch of 32 takes seconds, its quantized twin 1.7x faster, is not run seven times more
+Protocol per batch size: one session per model (``cpu_latency.latency_session``: the deployed integer kernels,
+the report's session options), ``WARMUP`` untimed runs each at the first batch size and one at each later one
+(it only grows the arena), then rounds in which every model runs a block (up to ``cpu_latency.BLOCK_RUNS``
+runs in a row, one where a run takes 20 ms or more: ``cpu_latency.interleaved_runs``), the order rotated each
+round, so that load from other processes falls on all models alike. Rounds stop once every model has ``RUNS``
+runs, once ``budget_s`` seconds have passed and every model has ``MIN_RUNS``, or once every model has
+``SEPARATED_RUNS`` and every two models' times lie far apart (``separated``): every run of one more than
+``SEPARATION`` times every run of the other. Models within a few percent of each other never stop early, so a
+close call (a quantized model 6 % faster at batch 1) gets its ``MIN_RUNS`` runs however bursty the load, while
+a large model whose batch of 32 takes seconds, its quantized twin 1.7x faster, is not run seven times more
 than its verdict needs (that would cost more than calibrating it).
 
 Each model's times are summarized by their quartiles (``Timing``: p25, p50, p75 in ms). Model a is
