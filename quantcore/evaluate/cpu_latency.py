@@ -8,14 +8,16 @@ round, until each has ``runs`` runs. Interleaved, load from other processes fall
 third-party models' preset files, at batch 1 and 32 (11 speed-ups), three reruns: timed one model's 50 runs
 after the other's, a speed-up's reruns spread by a median 1.24x and up to 2.51x (ocr-cls at batch 32 read
 1.43x, 1.18x and 0.57x); interleaved in blocks, alternated with those reruns, by a median 1.15x and up to
-1.70x (ocr-cls at batch 32: 0.75x, 0.75x, 0.65x). A block is ``BLOCK_RUNS`` runs of one model in a row, fewer
-once it has lasted ``BLOCK_S``: a run right after the other model's is slower, its caches taken, and short
-runs lose the most (wakeword-embed's quantized model at batch 1: 0.85-0.88 ms alternated run by run, 0.68-0.69
-ms in blocks of five; FP32's 1.28-1.33 and 1.21-1.22 ms), while runs of 20 ms and more do not (ocr-cls at
-batch 32 read 0.72-0.74x in blocks of 1 to 30 runs) and alternate run by run. A time budget keeps large models
-from taking minutes: the rounds stop once ``budget_s`` seconds have passed and each model has ``MIN_RUNS``
-runs, the warm-up once a fifth of it has (one round at least): a YOLOv8n (320x320, 0.4 s FP32 and 0.9 s
-quantized per batch of 32 on 2 cores) took 72 s at 50 runs each. The runs each model got are in its summary.
+1.70x (ocr-cls at batch 32: 0.75x, 0.75x, 0.65x); on six other models (the bench's unseen group) by a median
+1.17x and up to 1.30x, sequential 1.15x and 1.41x, and eeg-spindles read 2.2x at batch 1 interleaved, 1.75x
+sequential, in every rerun. A block is ``BLOCK_RUNS`` runs of one model in a row, fewer once it has lasted
+``BLOCK_S``: a run right after the other model's is slower, its caches taken, and short runs lose the most
+(wakeword-embed's quantized model at batch 1: 0.85-0.88 ms alternated run by run, 0.68-0.69 ms in blocks of
+five; FP32's 1.28-1.33 and 1.21-1.22 ms), while runs of 20 ms and more do not (ocr-cls at batch 32 read
+0.72-0.74x in blocks of 1 to 30 runs) and alternate run by run. A time budget keeps large models from taking
+minutes: the rounds stop once ``budget_s`` seconds have passed and each model has ``MIN_RUNS`` runs, the
+warm-up once a fifth of it has (one round at least): a YOLOv8n (320x320, 0.4 s FP32 and 0.9 s quantized per
+batch of 32 on 2 cores) took 72 s at 50 runs each. The runs each model got are in its summary.
 Reported in ms: p50/p90/p99 (numpy linear-interpolated percentiles, so p50 ≤ p90 ≤ p99), mean, min, max;
 throughput = batch · runs / Σ t (samples/s). Models whose every input fixes the batch dimension are measured at that
 batch only; a dynamic batch axis gets each requested batch size.
