@@ -46,7 +46,11 @@ def main() -> int:
         probe = stack.run("capabilities", [sys.executable, "-m", "worker.capabilities"], capture=True, check=False)
         capable = '"engine_capable": true' in probe.stdout
         print(f"engine:   {'TensorRT engines built on this GPU' if capable else 'no GPU with TensorRT here: skipped'}")
-        stack.start_worker("gpu", "gpu,engine" if capable else "gpu")
+        # kombu's filesystem broker creates a new exchange's table file before it locks it: two workers binding
+        # to one at once can read it empty and die (JSONDecodeError), so there the second starts once the first
+        # is ready. Redis has no such window.
+        one_by_one = env["BROKER_URL"].startswith("filesystem")
+        stack.start_worker("gpu", "gpu,engine" if capable else "gpu", wait=one_by_one)
         stack.start_worker("default", "default", beat=True)
         url = stack.start_api(args.port)
         print(f"API:      {url}  (OpenAPI docs at {url}/docs)")

@@ -195,9 +195,11 @@ class Stack:
         concurrency: int = 1,
         beat: bool = False,
         env: dict[str, str] | None = None,
+        wait: bool = False,
     ) -> subprocess.Popen:
         """A Celery worker node ``name@host`` consuming ``queues``; ``env`` adds to the stack's environment.
-        It lowers its own CPU priority by ``QUANT_WORKER_NICE`` (10 unless set) as it starts (`worker.app`)."""
+        It lowers its own CPU priority by ``QUANT_WORKER_NICE`` (10 unless set) as it starts (`worker.app`).
+        With ``wait``, returns once the worker logs that it is ready (its queues and mailbox bound)."""
         argv = [
             sys.executable,
             "-m",
@@ -221,7 +223,25 @@ class Stack:
         if beat:
             schedule = Path(self.env.get("QUANT_VAR_DIR", "var")) / f"beat-{name}.db"
             argv += ["-B", "-s", str(schedule)]
-        return self._spawn(name, argv, env)
+        log = self.log_dir / f"{name}.log"
+        start = log.stat().st_size if log.exists() else 0  # the log is appended to: earlier runs' lines stay
+        process = self._spawn(name, argv, env)
+        if wait:
+            self._wait_logged(name, log, start, b" ready.")
+        return process
+
+    def _wait_logged(self, name: str, log: Path, start: int, text: bytes, timeout: float = 180.0) -> None:
+        """Until ``log`` holds ``text`` past byte ``start``; StartError if process ``name`` exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with log.open("rb") as file:
+                file.seek(start)
+                if text in file.read():
+                    return
+            if self.processes[name].poll() is not None:
+                raise StartError(f"the {name} worker exited as it started (see {log})")
+            time.sleep(0.2)
+        raise TimeoutError(f"the {name} worker was not ready within {timeout} s; see {log}")
 
     def wait_ready(self, timeout: float = 60.0, workers: int = 1) -> None:
         """Until the API answers /health and all its `workers` listen (each listens once it serves).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,14 @@ def wait_for(condition, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {what} within {timeout} s")
         time.sleep(0.2)
+
+
+def logged_at(log: Path, text: bytes = b"") -> datetime:
+    """When the first line of ``log`` that holds ``text`` and starts with the service's timestamp was logged."""
+    for line in log.read_bytes().splitlines():
+        if text in line and re.match(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", line):
+            return datetime.strptime(line[:23].decode(), "%Y-%m-%d %H:%M:%S,%f")
+    raise AssertionError(f"no timestamped line holding {text!r} in {log}")
 
 
 @pytest.fixture
@@ -97,6 +107,8 @@ def test_a_stop_signal_stops_every_process_the_launcher_started(
         for worker in ("gpu", "default"):  # each with its pool process once it is ready
             log = logs / f"{worker}.log"
             wait_for(lambda log=log: log.exists() and b" ready." in log.read_bytes(), START_SECONDS, "worker")
+        # on the filesystem broker the second worker starts once the first is ready (kombu's exchange files)
+        assert logged_at(logs / "gpu.log", b" ready.") <= logged_at(logs / "default.log")
         commands = " | ".join(marked(run.mark).values())
         assert "api.serve" in commands and commands.count("celery") >= 4, commands  # 2 mains, 2 pools
         os.kill(process.pid, signum)
