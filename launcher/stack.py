@@ -223,11 +223,12 @@ class Stack:
         if beat:
             schedule = Path(self.env.get("QUANT_VAR_DIR", "var")) / f"beat-{name}.db"
             argv += ["-B", "-s", str(schedule)]
+        if not wait:
+            return self._spawn(name, argv, env)
         log = self.log_dir / f"{name}.log"
         start = log.stat().st_size if log.exists() else 0  # the log is appended to: earlier runs' lines stay
         process = self._spawn(name, argv, env)
-        if wait:
-            self._wait_logged(name, log, start, b" ready.")
+        self._wait_logged(name, log, start, b" ready.")
         return process
 
     def _wait_logged(self, name: str, log: Path, start: int, text: bytes, timeout: float = 180.0) -> None:

@@ -143,10 +143,8 @@ def interleaved_times(
             budget_s=budget_s,
             enough=lambda runs: min(map(len, runs), default=0) >= SEPARATED_RUNS and separated(runs),
         )
-        row: list[list[float] | str] = [s if isinstance(s, str) else [] for s in sessions]
-        for i, times in zip(live, measured, strict=True):
-            row[i] = times
-        result[batch] = row
+        timed = iter(measured)  # in the order of ``live``
+        result[batch] = [s if isinstance(s, str) else next(timed) for s in sessions]
     return result
 
 
