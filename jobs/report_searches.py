@@ -13,9 +13,15 @@ from jobs.report_config import MixedPrecisionObjective, Section, TargetConfig
 class PlacementTiming(Section):
     """One model's interleaved CPU timings at one batch size (``quantcore.evaluate.paired_latency``)."""
 
+    min_ms: float | None = Field(None, description="The fastest run (null in reports written before it was kept).")
     p25_ms: float
     p50_ms: float = Field(description="The median of the interleaved runs.")
     p75_ms: float = Field(description="p25 to p75 is the spread a decision must exceed.")
+    high_ms: float | None = Field(
+        None,
+        description="The slowest run, or of 4 runs or more the slowest but one: load lengthens runs, one is let off "
+        "(null in reports written before it was kept).",
+    )
     runs: int
 
 
@@ -208,9 +214,10 @@ class Placement(Section):
         description="The model kept: quantized (every region), placed, or fp32 (every region float). The placed one "
         "(or, where it has no quantized region left, the quantized one) when the last profile's runs find it no "
         "slower than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one, "
-        "on at least 7 runs of each at every batch size. Otherwise, from the final comparison: of the two quantized "
-        "ones the placed one only where clearly faster, and that one only where no slower than FP32 (as above, or "
-        "clearly faster at one batch size), else the other, else FP32."
+        "on at least 7 runs of each at every batch size, or 4 lying 10 % apart, each one's slowest let off. "
+        "Otherwise, from the final "
+        "comparison: of the two quantized ones the placed one only where clearly faster, and that one only where no "
+        "slower than FP32 (as above, or clearly faster at one batch size), else the other, else FP32."
     )
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
     final: dict[str, PlacementFinal] = Field(
@@ -221,7 +228,8 @@ class Placement(Section):
         description="profile: the last profile's runs (FP32 and the model judged, interleaved) decided, nothing more "
         "was timed; timed: the final whole-model comparison did; profiles: the timing budget had no room for that "
         "comparison, and its rule read each quantized model's profile runs against FP32's in the same round (only "
-        "where they keep FP32, or number at least 7 of each at every batch size: else the comparison is timed)."
+        "where they keep FP32, or number at least 7 of each at every batch size, or 4 lying 10 % apart, each one's "
+        "slowest let off: else the comparison is timed)."
     )
     final_cached: bool
     measurements: int = Field(description="Node profiles and whole-model timings made (0 on a cached rerun).")
@@ -238,7 +246,8 @@ class Placement(Section):
     past_budget: str | None = Field(
         default=None,
         description="Why the final comparison was timed past the budget: the profile runs that would have kept a "
-        "quantized model were too few (under 7 at a batch size) to promise it no slower than FP32.",
+        "quantized model were too few (under 7 at a batch size, and not 4 lying 10 % apart) to promise it "
+        "no slower than FP32.",
     )
     statement: str
 

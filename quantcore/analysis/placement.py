@@ -53,9 +53,11 @@ paying for a loss within it). Without the budget for that comparison, the same r
 each quantized model's runs against FP32's in its own round, the placed one preferred when ``_gained``.
 The objective promises a model never slower than FP32, so FP32 need not be clearly faster to win: under
 load the spread of a run can swallow a 2x gap between medians. For the same reason a quantized model is kept
-only on ``conclusive`` runs (``paired_latency.MIN_RUNS`` of it and of FP32 at every batch size): a profile runs
-a batch of 32 two to five times, and where that decides, the final comparison is timed instead, past the budget
-when it has no room for it (the report's ``past_budget`` says so). FP32 may be kept on fewer runs: it is never
+only on ``conclusive`` runs (``paired_latency.MIN_RUNS`` of it and of FP32 at every batch size, or
+``SEPARATED_RUNS`` far apart): a profile runs a batch of 32 two to five times, four where the model it profiles
+has run far faster than FP32 (``paired_latency.within_reach``: a verdict two runs more could give, cheaper than a
+final comparison), and where fewer decide, the final comparison is timed instead, past the budget when it has
+no room for it (the report's ``past_budget`` says so). FP32 may be kept on fewer runs: it is never
 slower than itself. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, at most ``RUN_S``, and at least its
 minimum of runs. The kept configuration (the float nodes added, escaped, to ``exclude_node_patterns``) is
@@ -99,6 +101,7 @@ from quantcore.evaluate.paired_latency import (
     interleaved_times,
     no_slower,
     signature,
+    within_reach,
 )
 from quantcore.export.qdq import ExportResult, build_qdq_model, export
 from quantcore.prepare.preparation import PreparedModel
@@ -166,7 +169,7 @@ class _Search:
         self.run_s = min(RUN_S, RUN_SHARE * run.calibration_seconds)
         measuring = {"specs": specs, "sample": run.sample, "threads": self.threads, "budget_s": self.run_s}
         self.timer = timer or functools.partial(interleaved_times, **measuring)
-        self.profiler = profiler or functools.partial(profile_nodes, **measuring)
+        self.profiler = profiler or functools.partial(profile_nodes, **measuring, extend=within_reach)
         self.cache = None if config.cpu_timing_cache is None else TimingCache(config.cpu_timing_cache)
         self.measured = self.cached = 0
         self.seconds = 0.0  # wall clock of the measurements made (the report's cost)
@@ -523,8 +526,9 @@ def _too_few(candidate: Mapping[int, Timing], fp32: Mapping[int, Timing], label:
         or "none beside FP32's"
     )
     return (
-        f"the profiles' runs ({short}) are too few to promise the {label} model no slower than FP32; "
-        f"the final comparison was timed (at least {paired_latency.MIN_RUNS} runs a batch size) past the budget"
+        f"the profiles' runs ({short}) are too few to promise the {label} model no slower than FP32 "
+        f"({paired_latency.MIN_RUNS} a batch size, or {paired_latency.SEPARATED_RUNS} far apart); "
+        "the final comparison was timed past the budget"
     )
 
 

@@ -130,13 +130,15 @@ def interleaved_runs(
     budget_s: float | None,
     warmup_s: float | None = None,
     enough: Callable[[list[list[float]]], bool] | None = None,
+    extend: Callable[[list[list[float]]], bool] | None = None,
 ) -> list[list[float] | str]:
     """Each call's wall-clock ms over rounds in which every call runs a block (``BLOCK_RUNS`` runs in a row,
     fewer once the block has lasted ``BLOCK_S``; see module), the order rotated each round (none always runs
     first, and load from other processes falls on all alike), after ``warmup`` untimed rounds of one run each
     (fewer once ``warmup_s`` seconds have passed, one at least). A call stops at ``runs`` runs; the rounds stop
-    when every call has; once every call has ``min_runs`` and ``budget_s`` seconds have passed (None: never);
-    or once ``enough`` says so of the times of the calls still running. A call that raises one of ONNX Runtime's
+    when every call has; once every call has ``min_runs`` and ``budget_s`` seconds have passed (None: never),
+    unless ``extend`` says to go on; or once ``enough`` says so. Both are asked of the times of the calls still
+    running. A call that raises one of ONNX Runtime's
     errors in the warm-up gets its message in place of times and runs no more."""
     results: list[list[float] | str] = [[] for _ in calls]
     live = list(range(len(calls)))
@@ -164,7 +166,8 @@ def interleaved_runs(
                 if ended - block_started >= BLOCK_S:
                     break
         done = min((len(t) for t in times), default=runs)
-        if done >= runs or (budget_s is not None and done >= min_runs and time.perf_counter() - started >= budget_s):
+        spent = budget_s is not None and done >= min_runs and time.perf_counter() - started >= budget_s
+        if done >= runs or (spent and not (extend is not None and extend(times))):
             break
         if enough is not None and enough(times):
             break

@@ -23,12 +23,15 @@ size's first run (it only grows the arena; untimed, it would be a third of the p
 of 32 takes seconds) lengthen a kernel and never shorten it, so of two runs the shorter is the one to keep:
 two are the least. A third round would cost the most where the budget can least afford it: the first
 profile, always made, runs two models at batch 32, and its third round alone runs half as many samples as a
-calibration of 128. The unprofiled runs, at the batch sizes that need them, are interleaved as the
-latency stage's (``cpu_latency.interleaved_runs``: one untimed round, then blocks of runs in a row,
-``MIN_RUNS`` and on to ``UNPROFILED_RUNS`` of each model until the batch size's seconds have passed): being
-short, they cost little, and where the whole-run times are read as a verdict (a placed model no slower than
-FP32) five runs of a 50 µs model are no evidence. ``NodeProfile.timed_us`` counts them with the profiled
-runs they replace. With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to
+calibration of 128. Unless the profile could be a verdict: a caller comparing a model against a reference
+passes ``extend`` (``paired_latency.within_reach``), and the rounds go on past the budget while it holds of the
+runs' wall-clock times, so that a quantized model far faster than FP32 gets the runs (four of each) that settle
+it without a whole-model comparison after the profile. The unprofiled runs, at the batch sizes that need them,
+are interleaved as the latency stage's (``cpu_latency.interleaved_runs``: one untimed round, then blocks of
+runs in a row, ``MIN_RUNS`` and on to ``UNPROFILED_RUNS`` of each model until the batch size's seconds have
+passed): being short, they cost little, and where the whole-run times are read as a verdict (a placed model no
+slower than FP32) five runs of a 50 µs model are no evidence. ``NodeProfile.timed_us`` counts them with the
+profiled runs they replace. With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to
 nearly the run's; what is left is the executor's own overhead.
 """
 
@@ -117,13 +120,15 @@ def profile_nodes(
     sample: Mapping[str, np.ndarray] | None,
     threads: int | None,
     budget_s: float | None = None,
+    extend: Callable[[list[list[float]]], bool] | None = None,
 ) -> list[dict[int, NodeProfile] | str]:
     """The default ``Profiler``: each model's profile at each batch size by the module's protocol, or, for a
     model ONNX Runtime refuses to build, run or profile, its message. The models' runs are interleaved (each
     round runs every model once, the order rotated), so that load from other processes falls on all alike
     and their profiles compare; a batch size's rounds stop at ``RUNS``, or after ``MIN_RUNS`` once its timed
-    rounds took ``budget_s`` seconds. Preconditions as ``paired_latency.interleaved_times``'s (``specs``,
-    ``sample``)."""
+    rounds took ``budget_s`` seconds, unless ``extend`` says to go on (asked of each live model's wall-clock ms,
+    in the models' order; the unprofiled runs likewise). Preconditions as ``paired_latency.interleaved_times``'s
+    (``specs``, ``sample``)."""
     with tempfile.TemporaryDirectory(prefix="quantcore-profile-") as scratch:
         directories = [Path(scratch) / str(i) for i in range(len(models))]
         sessions: list[Any] = []
@@ -139,18 +144,24 @@ def profile_nodes(
             feeds = feeds_for(specs, batch, sample)
             untimed = 1 if position == 0 else 0
             started = time.perf_counter()
+            walls: dict[int, list[float]] = {i: [] for i in live}  # ms of each timed run, for ``extend``
             for round_index in range(untimed + RUNS):
                 shift = round_index % max(len(live), 1)
                 for i in live[shift:] + live[:shift]:  # rotated: no model always runs first
                     try:
+                        begun = time.perf_counter()
                         sessions[i].run(None, feeds)
+                        walls[i].append((time.perf_counter() - begun) * 1000.0)
                     except RUNTIME_ERRORS as error:
                         sessions[i] = runtime_message(error)
                 live = [i for i in live if not isinstance(sessions[i], str)]
                 timed = round_index + 1 - untimed
                 if timed == 0:
                     started = time.perf_counter()  # the untimed round does not count against the budget
-                elif timed >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s:
+                    walls = {i: [] for i in live}
+                    continue
+                spent = timed >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s
+                if spent and (extend is None or not extend([walls[i] for i in live])):
                     break
             counts.append(timed)
         profiles = [
@@ -167,6 +178,7 @@ def profile_nodes(
                     runs=UNPROFILED_RUNS,
                     min_runs=MIN_RUNS,
                     budget_s=budget_s,
+                    extend=extend,
                 )
                 for i, ms in zip(live, clean, strict=True):
                     if isinstance(ms, str):

@@ -287,6 +287,22 @@ def two_heads(seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def matmuls(count: int, rows: int = 64, width: int = 1024) -> onnx.ModelProto:
+    """input (N, rows, width) → ``count`` chained MatMuls by a width x width weight → out: about
+    N x count x 64 M multiply-adds at the defaults."""
+    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32) * 0.5, "w")
+    names = ["input", *(f"t{i}" for i in range(count - 1)), "out"]
+    nodes = [helper.make_node("MatMul", [names[i], "w"], [names[i + 1]], name=f"mm{i}") for i in range(count)]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", rows, width])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", rows, width])],
+        [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def save(model: onnx.ModelProto, path) -> str:
     onnx.save_model(model, str(path))
     return str(path)

@@ -18,8 +18,10 @@ from quantcore.evaluate import latency_cache, node_profile
 from quantcore.evaluate.cpu_latency import BLOCK_RUNS
 from quantcore.evaluate.latency_cache import TimingCache
 from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode, profile_nodes
+from quantcore.evaluate.paired_latency import SEPARATED_RUNS, Timing, conclusive, within_reach
 from quantcore.export.qdq import build_qdq_model
 from quantcore.runtime.batching import input_specs
+from tests.quantcore.models import matmuls
 from tests.quantcore.placement_cases import FAST, calibration_data, placement_run
 
 
@@ -111,6 +113,21 @@ def test_a_spent_budget_stops_each_batch_size_after_two_rounds(tmp_path, data) -
         for b in (1, 4):
             replaced = profile[b].timed_us > sum(profile[b].run_times_us)
             assert profile[b].runs == (BLOCK_RUNS if replaced else node_profile.MIN_RUNS), (b, replaced)
+
+
+def test_a_spent_budget_goes_on_to_a_verdict_within_reach_of_a_model_far_faster_than_the_first() -> None:
+    """One MatMul against 32 (about 1 against 100 ms on one thread here: apart beyond what a loaded machine's
+    preemptions add to a run), the budget spent at once: profiled with ``within_reach``, the slow reference first,
+    each runs ``SEPARATED_RUNS``, enough for a verdict; the fast one first (no verdict of "no slower" to reach),
+    or without ``extend``, ``MIN_RUNS``."""
+    light, heavy = matmuls(1), matmuls(32)
+    specs, models = input_specs(light), [heavy.SerializeToString(), light.SerializeToString()]
+    options = {"specs": specs, "sample": None, "threads": 1, "budget_s": 0.0}
+    reached = profile_nodes(models, (1,), **options, extend=within_reach)
+    assert [p[1].runs for p in reached] == [SEPARATED_RUNS, SEPARATED_RUNS]
+    assert conclusive({1: Timing.of(reached[1][1].run_times_us)}, {1: Timing.of(reached[0][1].run_times_us)})
+    assert [p[1].runs for p in profile_nodes(models[::-1], (1,), **options, extend=within_reach)] == [2, 2]
+    assert [p[1].runs for p in profile_nodes(models, (1,), **options)] == [node_profile.MIN_RUNS] * 2
 
 
 def test_a_node_time_is_its_lower_median_so_a_preempted_run_does_not_count() -> None:

@@ -1,31 +1,21 @@
 """``quantcore.evaluate.paired_latency``: models whose times lie far apart end the rounds early, twins run
-their minimum; the separation rule itself on fixed times."""
+their minimum; the separation rule, the verdict it gives and when a few more runs could give it, on fixed times."""
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 from quantcore.evaluate.cpu_latency import BLOCK_RUNS
-from quantcore.evaluate.paired_latency import MIN_RUNS, SEPARATED_RUNS, interleaved_times, separated
+from quantcore.evaluate.paired_latency import (
+    MIN_RUNS,
+    SEPARATED_RUNS,
+    Timing,
+    conclusive,
+    interleaved_times,
+    separated,
+    span,
+    within_reach,
+)
 from quantcore.runtime.batching import input_specs
-
-
-def matmuls(count: int, rows: int = 64, width: int = 1024) -> onnx.ModelProto:
-    """input (N, rows, width) → ``count`` chained MatMuls by a width x width weight → out: about
-    N x count x 64 M multiply-adds at the defaults."""
-    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32) * 0.5, "w")
-    names = ["input", *(f"t{i}" for i in range(count - 1)), "out"]
-    nodes = [helper.make_node("MatMul", [names[i], "w"], [names[i + 1]], name=f"mm{i}") for i in range(count)]
-    graph = helper.make_graph(
-        nodes,
-        "chain",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", rows, width])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", rows, width])],
-        [weight],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+from tests.quantcore.models import matmuls
 
 
 def test_separated_needs_every_pair_far_apart() -> None:
@@ -35,6 +25,44 @@ def test_separated_needs_every_pair_far_apart() -> None:
     assert not separated([[1.0, 1.05], [1.1, 1.2]])  # apart, but by less than SEPARATION: a close call
     assert not separated([[1.0, 9.0], [2.0, 3.0], [10.0, 11.0]])  # a span containing another
     assert not separated([[1.0, 2.0]])  # a lone model has nothing to be apart from
+
+
+def test_of_four_runs_or_more_the_slowest_is_let_off() -> None:
+    """Load lengthens runs, and a batch size's first runs grow the arena (smart-turn's quantized model: 841 and
+    1303 ms, then 665-680, against FP32's 1520 and more): one slow run does not keep models apart from a verdict,
+    two do. Here the second run is slower still, 1450 ms: apart from FP32's runs only once it is let off."""
+    quantized, fp32 = [841.0, 1450.0, 670.0, 665.0], [1716.0, 2121.0, 1523.0, 1521.0]
+    assert span(quantized) == (665.0, 841.0) and span(quantized[:3]) == (670.0, 1450.0)
+    assert separated([fp32, quantized]) and not separated([fp32[:3], quantized[:3]])
+    assert not separated([fp32, [841.0, 1450.0, 1400.0, 665.0]])  # two slow runs: the second is not let off
+    assert conclusive({32: Timing.of(quantized)}, {32: Timing.of(fp32)})
+    assert Timing.of(quantized).high_ms == 841.0 and Timing.of(quantized).min_ms == 665.0
+
+
+def test_a_verdict_rests_on_the_minimum_of_runs_or_on_fewer_far_apart() -> None:
+    fp32_4, fast_4 = Timing.of([10.0, 11.0, 12.0, 13.0]), Timing.of([5.0, 6.0, 7.0, 9.0])  # 10 > 1.1 x 9
+    assert SEPARATED_RUNS == 4 and conclusive({1: fast_4}, {1: fp32_4}) and conclusive({1: fp32_4}, {1: fast_4})
+    close_4 = Timing.of([5.0, 6.0, 9.5, 9.6])  # 10 < 1.1 x 9.5, the slowest let off: a close call needs its MIN_RUNS
+    assert not conclusive({1: close_4}, {1: fp32_4})
+    fp32_7, close_7 = Timing.of([10.0, 11.0, 12.0, 13.0] * 2), Timing.of([5.0, 6.0, 9.5, 9.6] * 2)
+    assert MIN_RUNS <= 8 and conclusive({1: close_7}, {1: fp32_7})
+    fast_3 = Timing.of([5.0, 6.0, 7.0])  # far apart, but three runs
+    assert not conclusive({1: fast_3}, {1: fp32_4})
+    assert not conclusive({1: fast_4, 32: fast_3}, {1: fp32_4, 32: fp32_4})  # every batch size must be
+    assert not conclusive({1: fast_4}, {32: fp32_4})  # no batch size timed for both
+
+
+def test_rounds_go_on_for_a_verdict_only_where_every_model_ran_far_faster_than_the_first() -> None:
+    """By each model's fastest run: load lengthens runs, and a batch size's first runs grow the arena (smart-turn's
+    quantized model, a batch of 32: about 900 and 1860 ms, then 670-680 against FP32's 1520 and more)."""
+    assert within_reach([[10.0, 12.0], [5.0, 9.0]])  # two runs each, 10 > 1.1 x 5
+    assert within_reach([[2100.0, 2300.0], [900.0, 1860.0]])  # 1860 is a warm-up: the fastest runs are 2.3x apart
+    assert within_reach([[10.0, 12.0], [5.0, 9.0], [2.0, 3.0]])
+    assert not within_reach([[5.0, 9.0], [10.0, 12.0]])  # the first faster: no verdict of "no slower" to reach
+    assert not within_reach([[10.0, 12.0], [9.5, 9.6]])  # too close: 10 < 1.1 x 9.5
+    assert not within_reach([[10.0, 12.0], [5.0, 9.0], [11.0, 11.5]])  # one of them is not
+    assert not within_reach([[10.0, 11.0, 12.0, 13.0], [5.0, 6.0, 7.0, 8.0]])  # reached: enough runs
+    assert not within_reach([[10.0, 12.0]]) and not within_reach([[10.0, 12.0], []])
 
 
 def test_models_clearly_apart_stop_after_the_separated_rounds() -> None:

@@ -340,11 +340,33 @@ def test_a_quantized_model_is_not_kept_on_too_few_profile_runs_however_small_the
     assert report["kept"] == "fp32" and report["final"]["batch_1"]["quantized"]["p50_ms"] == pytest.approx(1.5)
     assert report["past_budget"] == (
         "the profiles' runs (2 at batch 1, 2 at batch 32) are too few to promise the quantized model no slower than "
-        "FP32; the final comparison was timed (at least 7 runs a batch size) past the budget"
+        "FP32 (7 a batch size, or 4 far apart); the final comparison was timed past the budget"
     )
     assert report["timed_seconds"] > report["timing_budget_s"] == pytest.approx(0.02)
     even = place(run, config, profiler=profiler, timer=FakeTimer()).report
     assert even["kept"] == "quantized" and even["final_source"] == "timed" and even["past_budget"]
+
+
+def test_four_profile_runs_far_apart_keep_a_quantized_model_without_a_timing(tmp_path, data) -> None:
+    """The scenario above with four runs a batch size, as a profile gets where the model it profiles runs far faster
+    than FP32 (``paired_latency.within_reach``): all quantized at 0.5x FP32's time, its runs 0.3-0.4 ms (its span
+    0.3-0.35 ms: the slowest let off) against FP32's from 0.6 ms. Those runs promise it no slower: it is kept from
+    the profiles, nothing more is timed. Four runs of a quantized model 0.9x FP32's time overlap FP32's: the final
+    comparison is timed past the budget."""
+    config = QuantizeConfig(**FAST, cpu_objective="latency")
+    run = placement_run(tmp_path, data, config, calibration_seconds=0.02 / config.cpu_timing_share)
+    profiler = FakeProfiler({"conv2": 40.0}, run_us=placed_slower_than_all_quantized, runs=4)
+    timer = FakeTimer()
+    report = place(run, config, profiler=profiler, timer=timer).report
+    assert report["kept"] == "quantized" and report["final_source"] == "profiles" and timer.calls == 0
+    assert report["past_budget"] is None and report["final"]["batch_32"]["quantized"]["high_ms"] == pytest.approx(0.35)
+
+    def close(model: onnx.ModelProto, _batch: int) -> float:
+        return 900.0 if any(node.op_type == "QuantizeLinear" for node in model.graph.node) else 1000.0
+
+    close_report = place(run, config, profiler=FakeProfiler({"conv2": 40.0}, run_us=close, runs=4), timer=timer).report
+    assert close_report["final_source"] == "timed" and timer.calls == 1
+    assert "(4 at batch 1, 4 at batch 32) are too few" in close_report["past_budget"]
 
 
 def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_path, data) -> None:
@@ -370,14 +392,19 @@ def test_fp32_is_kept_when_faster_by_its_median_though_within_the_spread(tmp_pat
 
 def test_no_slower_than_fp32_is_judged_by_median_unless_a_gain_beyond_the_spread_pays() -> None:
     """Timings (p25, p50, p75 ms) at batch sizes 1 and 32 of a candidate against FP32's."""
-    fp32 = {1: Timing(0.8, 1.0, 1.4, 9), 32: Timing(8.0, 10.0, 14.0, 9)}
-    within_spread_slower = {1: Timing(1.0, 1.3, 1.8, 9), 32: Timing(10.0, 13.0, 18.0, 9)}
+    fp32 = {1: quartiles(0.8, 1.0, 1.4), 32: quartiles(8.0, 10.0, 14.0)}
+    within_spread_slower = {1: quartiles(1.0, 1.3, 1.8), 32: quartiles(10.0, 13.0, 18.0)}
     assert not no_slower(within_spread_slower, fp32)  # 30 % slower by median everywhere: no
-    assert no_slower({1: Timing(0.8, 1.01, 1.4, 9), 32: Timing(8.0, 10.1, 14.0, 9)}, fp32)  # within MIN_GAIN
-    trade = {1: Timing(0.85, 1.05, 1.45, 9), 32: Timing(4.0, 5.0, 6.0, 9)}  # 5 % slower within the spread, 2x faster
+    assert no_slower({1: quartiles(0.8, 1.01, 1.4), 32: quartiles(8.0, 10.1, 14.0)}, fp32)  # within MIN_GAIN
+    trade = {1: quartiles(0.85, 1.05, 1.45), 32: quartiles(4.0, 5.0, 6.0)}  # 5 % slower within the spread, 2x faster
     assert no_slower(trade, fp32) and not no_slower(trade, fp32, trade=False)
-    clearly_slower_once = {1: Timing(1.5, 1.6, 1.7, 9), 32: Timing(4.0, 5.0, 6.0, 9)}
+    clearly_slower_once = {1: quartiles(1.5, 1.6, 1.7), 32: quartiles(4.0, 5.0, 6.0)}
     assert not no_slower(clearly_slower_once, fp32)
+
+
+def quartiles(p25: float, p50: float, p75: float) -> Timing:
+    """Nine runs' ``Timing``, its extremes a quarter beyond its quartiles."""
+    return Timing(p25 * 0.75, p25, p50, p75, p75 * 1.25, 9)
 
 
 def test_the_round_limit_bounds_the_search(tmp_path, data, monkeypatch) -> None:

@@ -111,6 +111,22 @@ def test_interleaved_runs_rotate_blocks_and_stop_at_the_budget_but_not_before_th
     assert [len(t) for t in enough] == [BLOCK_RUNS, BLOCK_RUNS]  # one round
 
 
+def test_interleaved_runs_go_on_past_the_budget_while_extend_says_so_up_to_their_cap() -> None:
+    def call() -> None:  # 20 ms: a block of one run
+        time.sleep(0.02)
+
+    asked: list[list[int]] = []
+
+    def extend(times: list[list[float]]) -> bool:
+        asked.append([len(t) for t in times])
+        return len(times[0]) < 4
+
+    times = interleaved_runs([call, call], warmup=0, runs=50, min_runs=2, budget_s=0.0, extend=extend)
+    assert [len(t) for t in times] == [4, 4] and asked == [[2, 2], [3, 3], [4, 4]]  # asked once the budget stops them
+    capped = interleaved_runs([call, call], warmup=0, runs=3, min_runs=2, budget_s=0.0, extend=lambda t: True)
+    assert [len(t) for t in capped] == [3, 3]
+
+
 def test_a_call_that_onnx_runtime_refuses_in_the_warm_up_gets_its_message_and_runs_no_more(models) -> None:
     """A model whose batch axis is fixed at 4, fed a batch of 2: ONNX Runtime's own error, while the other model
     is timed on."""
