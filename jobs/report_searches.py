@@ -215,9 +215,9 @@ class Placement(Section):
         "(or, where it has no quantized region left, the quantized one) when the last profile's runs find it no "
         "slower than FP32: clearly slower at no batch size and its median within 2 % of FP32's at every one, "
         "on at least 7 runs of each at every batch size, or 4 lying 10 % apart, each one's slowest let off. "
-        "Otherwise, from the final "
-        "comparison: of the two quantized ones the placed one only where clearly faster, and that one only where no "
-        "slower than FP32 (as above, or clearly faster at one batch size), else the other, else FP32."
+        "Otherwise, from the final comparison: of the two quantized ones the placed one only where clearly faster, "
+        "and that one only where no slower than FP32 (as above, or clearly faster at one batch size), else the "
+        "other, else FP32."
     )
     float_nodes: list[str] = Field(description="Nodes kept float for speed (added to config.exclude_node_patterns).")
     final: dict[str, PlacementFinal] = Field(

@@ -138,8 +138,8 @@ def interleaved_runs(
     (fewer once ``warmup_s`` seconds have passed, one at least). A call stops at ``runs`` runs; the rounds stop
     when every call has; once every call has ``min_runs`` and ``budget_s`` seconds have passed (None: never),
     unless ``extend`` says to go on; or once ``enough`` says so. Both are asked of the times of the calls still
-    running. A call that raises one of ONNX Runtime's
-    errors in the warm-up gets its message in place of times and runs no more."""
+    running. A call that raises one of ONNX Runtime's errors in the warm-up gets its message in place of times and
+    runs no more."""
     results: list[list[float] | str] = [[] for _ in calls]
     live = list(range(len(calls)))
     started = time.perf_counter()

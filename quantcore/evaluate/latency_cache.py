@@ -32,7 +32,7 @@ from quantcore.evaluate.paired_latency import Timing
 from quantcore.runtime.cpu_features import cpu_flags, cpu_model
 
 CACHE_FILE = "cpu-timings.json"
-# the entries' layout and meaning (5: a timing's min and max): another is read as empty
+# the entries' layout and meaning (5: a timing's span, min_ms and high_ms): another is read as empty
 FORMAT = 5
 MAX_ENTRIES = 20_000  # far more than the models one service times
 MAX_BYTES = 16 * 2**20  # of JSON in all: a timing takes ~0.3 KB, a node profile ~20 KB per model and batch size

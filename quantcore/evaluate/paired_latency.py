@@ -28,8 +28,8 @@ clearly faster at one (a gain beyond the spread pays for a loss within it). That
 the early stop rests on. A caller whose rounds a budget cuts short (``node_profile``) goes on past it while
 ``within_reach``: the first model is the reference, and every other one's fastest run is faster than all of its
 runs by ``SEPARATION``. Load lengthens runs, so the fastest runs foretell where two models settle, and a few more
-runs would make that conclusive. A large model's profile that
-would stop at two runs of a batch of 32 then runs four, and no whole-model comparison after it has to run seven.
+runs would make that conclusive. A large model's profile that would stop at two runs of a batch of 32 then runs
+four, and no whole-model comparison after it has to run seven.
 
 ``signature(model)`` identifies what the timing depends on (each node's op type, attributes, inputs
 and outputs; each initializer's type and shape; the graph's inputs and outputs), not the weights' or
@@ -64,7 +64,7 @@ Timer = Callable[[Sequence[bytes], Sequence[int]], dict[int, list[list[float] | 
 
 @dataclass(frozen=True)
 class Timing:
-    """Quartiles and extremes of one model's times at one batch size (ms), and how many runs they summarize."""
+    """Quartiles and span of one model's times at one batch size (ms), and how many runs they summarize."""
 
     min_ms: float
     p25_ms: float
