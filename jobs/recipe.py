@@ -318,10 +318,11 @@ class Recipe(_Spec):
     )
     smoothquant: bool = Field(
         False,
-        description="SmoothQuant before quantizing: where a MatMul/Gemm input has outlier channels (as transformer "
-        "activations do), each channel is divided by a factor its weight rows are multiplied by, so the per-tensor "
-        "activation scale is not spent on a few channels; the FP32 model computes the same function. The migration "
-        "strength alpha is chosen on the calibration data; the report's prepare stage states it.",
+        description="SmoothQuant before quantizing: where a MatMul/Gemm or Conv input has outlier channels (as "
+        "transformer activations and some CNN feature maps do), each channel is divided by a factor the weights "
+        "reading it are multiplied by, so the per-tensor activation scale is not spent on a few channels; the FP32 "
+        "model computes the same function. The migration strength alpha is chosen on the calibration data; the "
+        "report's prepare stage states it.",
     )
     mixed_precision: MixedPrecisionSpec | None = Field(
         None,

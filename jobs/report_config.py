@@ -157,8 +157,8 @@ class RunConfig(Section):
     )
     smoothquant: bool = Field(
         False,
-        description="Whether SmoothQuant was asked for: MatMul/Gemm inputs' outlier channels moved into their "
-        "weights (the prepare stage's message gives the layers smoothed and the alpha kept).",
+        description="Whether SmoothQuant was asked for: MatMul/Gemm and Conv inputs' outlier channels moved into "
+        "their weights (the prepare stage's message gives the layers smoothed and the alpha kept).",
     )
     strategy: Literal["fixed", "auto"] = Field(
         "fixed",

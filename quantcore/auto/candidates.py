@@ -18,7 +18,8 @@ skipped, with why, and spends no time on it.
     floating         the FP8 scale search observer (tensorrt-fp8)
     equalization     cross-layer equalization before calibration
     bias_correction  each quantized layer's bias corrected for its weight quantization's mean shift
-    smoothquant      MatMul/Gemm inputs' outlier channels moved into their weights (``quantcore.calibrate.smoothquant``)
+    smoothquant      MatMul/Gemm and Conv inputs' outlier channels moved into their weights
+                     (``quantcore.calibrate.smoothquant``)
     mixed_precision  the most sensitive layers promoted to 16 bits, or kept float where the platform takes no
                      16-bit tensors (``quantcore.analysis.mixed_precision``), until the objective is met on the
                      candidate's calibration samples, at most ``MixedPrecisionConfig``'s default fraction
@@ -140,7 +141,9 @@ CANDIDATES: tuple[Candidate, ...] = (
         "SmoothQuant on",
         lambda config: replace(config, smoothquant=True),
         lambda prepared, _: (
-            None if find_groups(prepared.model.graph) else "no MatMul/Gemm reading an activation through its own weight"
+            None
+            if find_groups(prepared.model.graph, convolutions=True)
+            else "no MatMul/Gemm or Conv reading an activation through its own weight"
         ),
     ),
     Candidate(

@@ -1,25 +1,33 @@
 """SmoothQuant (Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for Large
-Language Models", section 4): move the outlier channels of a MatMul's activation into its weight, where
+Language Models", section 4): move the outlier channels of a layer's activation into its weight, where
 per-channel weight quantization absorbs them, so that the per-tensor activation grid serves the other
 channels.
 
-A group (``quantcore.graph.channel_scaling``) is the MatMul/Gemm nodes that read one float activation X
-through a float32 weight W of their own. For each channel j of X's last axis, the axis the product
-reduces over:
+A group (``quantcore.graph.channel_scaling``) is the layers that read one float activation X through a
+float32 weight W of their own: MatMul/Gemm nodes, whose channels are X's last axis (the axis the product
+reduces over), or Conv nodes, whose channels are X's axis 1. For each channel j:
 
-    m_j = max |X[..., j]|                     over the calibration samples (streamed, one batch at a time)
-    r_j = max over the group of max |W_j|     (W_j: row j of W, the weights that multiply channel j)
+    m_j = max |X_j|                           over the calibration samples (streamed, one batch at a time)
+    r_j = max over the group of max |W_j|     (W_j: the weights that multiply channel j)
     s_j = m_j^alpha / r_j^(1-alpha)           (s_j = 1 where m_j = 0 or r_j = 0: nothing to move)
     W_j ← s_j · W_j  for every W of the group,  X_j ← X_j / s_j
 
-A group whose largest m_j is under ``OUTLIER_RATIO`` times its median has no outlier to move and keeps
-its graph. X ÷ s is absorbed exactly into X's producer (a LayerNormalization, a Mul or Add of a constant,
-a MatMul/Gemm with a constant weight) where X is read by the group alone, else a Mul by the constant 1/s
-is inserted before the group (``quantcore.graph.channel_scaling``). ONNX Runtime runs such a Mul as its
-own Mul before the QuantizeLinear (float: the onnxruntime platform keeps a Mul by a constant spread over
-more than 2x float, ``annotate/platforms/onnxruntime.py``; no QDQ fusion absorbs it). TensorRT builds it
-as a pointwise layer, which its builder may fuse with the neighbouring element-wise layers (its fusion
-catalog); not measured on a GPU here.
+A group whose largest m_j is under its outlier ratio times its median has no outlier to move and keeps
+its graph: ``OUTLIER_RATIO`` where a Mul is inserted, ``ABSORBED_OUTLIER_RATIO`` where the division is
+absorbed and costs nothing at run time. X ÷ s is absorbed exactly into X's producer (a
+LayerNormalization, a Mul or Add of a constant, a MatMul/Gemm or Conv with a constant weight) where X is
+read by the group alone; else a MatMul/Gemm group gets a Mul by the constant 1/s inserted before it
+(``quantcore.graph.channel_scaling``), and a Conv group is not formed. ONNX Runtime runs such a Mul as
+its own Mul before the QuantizeLinear (float: the onnxruntime platform keeps a Mul by a constant spread
+over more than 2x float, ``annotate/platforms/onnxruntime.py``; no QDQ fusion absorbs it). TensorRT
+builds it as a pointwise layer, which its builder may fuse with the neighbouring element-wise layers
+(its fusion catalog); not measured on a GPU here.
+
+Convolutions: a CNN's activations carry outlier channels as a transformer's do (PP-OCRv4's recognizer:
+feature maps whose largest channel spans 7-10x their median after a per-tensor affine step or a Conv
+with no activation after it), and per-channel weight quantization absorbs s on a Conv's output channels
+exactly as on a MatMul's columns. In a depthwise Conv channel j meets its own filter only, so s costs
+its weights nothing.
 
 alpha is chosen per model from ``ALPHAS`` as ``quantcore.calibrate.clip_search`` chooses a clip: each
 candidate's smoothed model is annotated, calibrated and exported as exact Q/DQ on the first
@@ -58,6 +66,8 @@ ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 # max_j m_j / median_j m_j from which a group is smoothed: below it, per-tensor quantization of X loses
 # under 3 bits to its largest channel, and an inserted Mul would cost time for little
 OUTLIER_RATIO = 8.0
+# the same where X ÷ s is absorbed into X's producer: nothing to pay at run time, so from 2 bits on
+ABSORBED_OUTLIER_RATIO = 4.0
 SEARCH_SAMPLES = 32
 
 
@@ -93,17 +103,23 @@ def _weight_rows(node: onnx.NodeProto, weight: np.ndarray) -> np.ndarray:
     """(K,) max |W_j| over the weights that multiply channel j of the data operand."""
     if node.op_type == "Gemm" and attributes(node).get("transB", 0):
         return np.abs(weight).max(axis=0)  # B is (N, K)
+    if node.op_type == "Conv":  # (O, C/g, k...): channel j meets column j mod C/g of its group's filters
+        groups = attributes(node).get("group", 1)
+        columns = np.abs(weight).reshape(weight.shape[0], weight.shape[1], -1).max(axis=2)  # (O, C/g)
+        return columns.reshape(groups, -1, weight.shape[1]).max(axis=1).reshape(-1)
     return np.abs(np.moveaxis(weight, -2, 0)).reshape(weight.shape[-2], -1).max(axis=1)  # (..., K, N)
 
 
 def channel_maxima(
-    prepared: PreparedModel, tensors: list[str], batches: Batches, config: QuantizeConfig, monitor: Monitor
+    prepared: PreparedModel, groups: list[Group], batches: Batches, config: QuantizeConfig, monitor: Monitor
 ) -> dict[str, np.ndarray]:
-    """tensor → (C,) max |X[..., j]| over ``batches``, each batch reduced as soon as it is run (ONNX Runtime
-    returns the exposed tensors of one batch at a time; batches whose exposed tensors would pass
-    ``EXPOSED_BYTES_PER_BATCH`` are split, as calibration's are). Checks for cancellation before each batch."""
+    """group input → (C,) max |X_j| along the group's axis over ``batches``, each batch reduced as soon as
+    it is run (ONNX Runtime returns the exposed tensors of one batch at a time; batches whose exposed
+    tensors would pass ``EXPOSED_BYTES_PER_BATCH`` are split, as calibration's are). Checks for
+    cancellation before each batch."""
+    axes = {group.input: group.axis for group in groups}
     graph_inputs = set(GraphIndex(prepared.model.graph).graph_inputs)
-    fetched = [name for name in tensors if name not in graph_inputs]
+    fetched = [name for name in axes if name not in graph_inputs]
     maxima: dict[str, np.ndarray] = {}
     with open_session(prepared.model, device=config.device, outputs=fetched) as session:
         if fetched:
@@ -112,10 +128,11 @@ def channel_maxima(
         for batch in batches:
             monitor.check(STAGE)
             values = dict(zip(fetched, session.run(fetched, dict(batch)), strict=True)) if fetched else {}
-            values.update((name, batch[name]) for name in tensors if name in graph_inputs)
-            for name in tensors:
+            values.update((name, batch[name]) for name in axes if name in graph_inputs)
+            for name, axis in axes.items():
                 x = values[name]
-                per_channel = np.abs(x.reshape(-1, x.shape[-1])).max(axis=0).astype(np.float64)
+                others = tuple(i for i in range(x.ndim) if i != axis % x.ndim)
+                per_channel = np.abs(x).max(axis=others).astype(np.float64)
                 maxima[name] = np.maximum(maxima[name], per_channel) if name in maxima else per_channel
             del values
     return maxima
@@ -155,6 +172,11 @@ def _quantized_sqnr(
     return worst_sqnr({name: a for name, a in agreements.items() if a.elements})  # float outputs
 
 
+def _threshold(group: Group) -> float:
+    """The outlier ratio from which ``group`` is smoothed (module docstring)."""
+    return OUTLIER_RATIO if group.absorbed is None else ABSORBED_OUTLIER_RATIO
+
+
 def smooth(
     prepared: PreparedModel, batches: Batches, config: QuantizeConfig, monitor: Monitor | None = None
 ) -> tuple[PreparedModel, Smoothing]:
@@ -162,13 +184,13 @@ def smooth(
     ``prepared`` itself when no group has outliers or no alpha beats the unsmoothed model. ``batches``: the
     calibration data for the prepared model. Reports progress per candidate, checks for cancellation."""
     monitor = monitor or Monitor()
-    groups = find_groups(prepared.model.graph)
-    maxima = channel_maxima(prepared, [g.input for g in groups], batches, config, monitor) if groups else {}
+    groups = find_groups(prepared.model.graph, convolutions=True)
+    maxima = channel_maxima(prepared, groups, batches, config, monitor) if groups else {}
     ratios = {}
     for group in groups:
         median = float(np.median(maxima[group.input]))
         ratios[group.input] = float(np.max(maxima[group.input])) / median if median > 0 else float("inf")
-    groups = [g for g in groups if ratios[g.input] >= OUTLIER_RATIO]
+    groups = [g for g in groups if ratios[g.input] >= _threshold(g)]
     ratios = {g.input: ratios[g.input] for g in groups}
     if not groups:
         return prepared, Smoothing((), None, {}, 0, {})

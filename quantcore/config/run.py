@@ -107,9 +107,10 @@ class QuantizeConfig:
     bias_correction: after calibration, each quantized Conv/Gemm's bias minus the mean shift its
     weight quantization causes on the calibration data (``quantcore.calibrate.bias_correction``); not
     with ``target``, which may keep a corrected layer in float.
-    smoothquant: SmoothQuant of the prepared model (``quantcore.calibrate.smoothquant``): MatMul/Gemm inputs
-    with outlier channels divided per channel by s and their weights' rows multiplied by it, the same FP32
-    function, alpha chosen by the quantized model's SQNR on the calibration data.
+    smoothquant: SmoothQuant of the prepared model (``quantcore.calibrate.smoothquant``): MatMul/Gemm and
+    Conv inputs with outlier channels divided per channel by s and the weights reading each channel
+    multiplied by it, the same FP32 function, alpha chosen by the quantized model's SQNR on the
+    calibration data.
     mixed_precision: promote the layers the layer-wise ranking of the calibration data finds most harmful
     (``MixedPrecisionConfig``; ``quantcore.analysis.mixed_precision``), as the platform allows
     (``MIXED_PRECISION_FORMS``): their tensors to 16 bits, or the layers kept float; the promotions land in
