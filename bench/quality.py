@@ -135,12 +135,10 @@ QUANTCORE_CONFIGS = {  # QuantizeConfig fields of each quantcore method, besides
     "quantcore-smoothquant": {"smoothquant": True},
     "quantcore-ort-smoothquant": {"platform": "onnxruntime", "smoothquant": True},
 }
-# strategy auto (``quantcore.quantize_auto``): a search of up to --auto-budget seconds per model, then the
-# final run with the config it chose
+# strategy auto (``quantcore.quantize_auto``): a search of up to --auto-budget seconds, then the final run
 AUTO_METHODS = ("quantcore-auto", "quantcore-ort-auto", "quantcore-ort-auto-latency")
-# run only when --methods names them: the default recipe's other activation observers, SmoothQuant on
-# both presets, and the auto searches
-OPT_IN_METHODS = ("quantcore-mse", "quantcore-kl", "quantcore-smoothquant", "quantcore-ort-smoothquant", *AUTO_METHODS)
+# run only when --methods names them: the auto searches, the other observers, SmoothQuant on both presets
+OPT_IN_METHODS = tuple(method for method in QUANTCORE_CONFIGS if method not in METHODS)
 ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
 # what an auto search is compared with: it should never fall behind the best of them beyond the noise
 AUTO_PEERS = (*ORT_METHODS, "quantcore", "quantcore-ort")
