@@ -169,5 +169,10 @@ def test_retry_after_export_reuses_the_checkpoint(service: Service, slow_job_inp
         assert report["resumed"] == ["calibrate", "export"]
         assert "calibrate" not in report["stage_seconds"]
         assert_no_overlap(events)
+        # The worker removes the work directory once the terminal state has committed (a commit that fails
+        # leaves it to the retry), so a reader can see "succeeded" a moment before it is gone.
         work = service.var_dir / "storage" / ".work" / job_id
+        deadline = time.monotonic() + 30
+        while work.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert not work.exists(), "the work directory outlived the job"
