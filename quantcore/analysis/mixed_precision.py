@@ -133,22 +133,6 @@ def _better(objective: AccuracyTarget, a: _Step, b: _Step) -> bool:
     return len(a.layers) < len(b.layers)
 
 
-def _held_out(batches: Batches) -> tuple[Batches, Batches] | None:
-    """(the calibration part the steps calibrate on, the last ``SCORED_FRACTION`` they are scored on, at most
-    ``SEARCH_SAMPLES``; a fixed batch: whole batches), or None when either part would be under
-    ``MIN_HELD_OUT`` samples."""
-    step = batches.batch_size if batches.fixed else 1
-    count = math.ceil(min(SEARCH_SAMPLES, batches.num_samples * SCORED_FRACTION) / step) * step
-    cut = batches.num_samples - count
-    if count < MIN_HELD_OUT or cut < max(MIN_HELD_OUT, step):
-        return None
-
-    def part(start: int, size: int) -> Batches:
-        return Batches(batches.window(start, size), batches.specs, batches.batch_size, what=batches.what)
-
-    return part(0, cut), part(cut, count)
-
-
 def promote(run: PromotionRun, config: QuantizeConfig, monitor: Monitor | None = None) -> Promotion:
     """Search the promotions as the module says. Precondition: ``config.mixed_precision`` is set and the
     platform has a form. Reports progress under ``STAGE``; raises ``Canceled`` between steps and batches."""
@@ -157,7 +141,7 @@ def promote(run: PromotionRun, config: QuantizeConfig, monitor: Monitor | None =
         raise ValueError("promote needs config.mixed_precision")
     monitor = monitor or Monitor()
     objective, form = options.objective, MIXED_PRECISION_FORMS[config.platform]
-    split = _held_out(run.calibration)
+    split = run.calibration.held_out(SCORED_FRACTION, SEARCH_SAMPLES, MIN_HELD_OUT)
     fit, samples = split if split is not None else (run.calibration, run.calibration.first(SEARCH_SAMPLES))
     outputs = [o.name for o in run.prepared.model.graph.output]
     with open_session(run.prepared.model, device=config.device) as session:

@@ -29,14 +29,19 @@ with no activation after it), and per-channel weight quantization absorbs s on a
 exactly as on a MatMul's columns. In a depthwise Conv channel j meets its own filter only, so s costs
 its weights nothing.
 
-alpha is chosen per model from ``ALPHAS`` as ``quantcore.calibrate.clip_search`` chooses a clip: each
-candidate's smoothed model is annotated, calibrated and exported as exact Q/DQ on the first
-``SEARCH_SAMPLES`` calibration samples, and the one whose worst float output comes closest to FP32 (SQNR)
-is kept; the unsmoothed model competes too, and keeps its graph when no alpha beats it. Every s comes from
-the original weights and statistics, so the groups' rescalings commute. The smoothed FP32 model computes
-the same function, to the float32 rounding of the rescaled constants.
-Cost: one FP32 pass over the calibration data for m, one over the search samples for the reference, and
-per candidate (alpha and the unsmoothed model) one calibration and one exact Q/DQ run on those samples.
+alpha is chosen per model from ``ALPHAS`` on calibration samples split in two: the last ``SCORED_FRACTION``
+(at most ``SEARCH_SAMPLES``) are held out, and each candidate is smoothed with the m of the rest, annotated,
+calibrated on the first ``SEARCH_SAMPLES`` of the rest, exported as exact Q/DQ and scored on the held-out
+samples; the one whose worst float output comes closest to FP32 (SQNR) is kept, and smoothed again with
+the m of every sample. The unsmoothed model competes too, and keeps its graph when no alpha beats it.
+Scored on the samples it was calibrated on, an alpha could win by fitting the ranges to those samples
+alone. Where the data is too small to hold ``MIN_HELD_OUT`` samples out of both parts, the first ``SEARCH_SAMPLES`` are
+calibrated on and scored on. Every s comes from the original weights and statistics, so the groups'
+rescalings commute. The smoothed FP32 model computes the same function, to the float32 rounding of the
+rescaled constants.
+Cost: one FP32 pass over the calibration data for m, one over the scored samples for the reference, and per
+candidate (alpha and the unsmoothed model) one calibration on ``SEARCH_SAMPLES`` samples and one exact Q/DQ
+run of the scored ones.
 """
 
 from __future__ import annotations
@@ -68,19 +73,23 @@ ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 OUTLIER_RATIO = 8.0
 # the same where X ÷ s is absorbed into X's producer: nothing to pay at run time, so from 2 bits on
 ABSORBED_OUTLIER_RATIO = 4.0
-SEARCH_SAMPLES = 32
+SEARCH_SAMPLES = 32  # calibrated on by each candidate, and scored on, at most
+SCORED_FRACTION = 0.5  # of the calibration samples, held out of the candidates' calibration to score them on
+MIN_HELD_OUT = 8  # samples in either part, or none is held out (one sample moves an SQNR a lot)
 
 
 @dataclass(frozen=True)
 class Smoothing:
     """What ``smooth`` did: the groups smoothed (none when the unsmoothed model won), the alpha kept (None:
     none), every candidate's worst output SQNR in dB (key None: the unsmoothed model) on ``samples``
-    calibration samples, and each group's outlier ratio max m / median m."""
+    calibration samples (``held_out``: ones the candidates were not calibrated on), and each group's outlier
+    ratio max m / median m."""
 
     groups: tuple[Group, ...]
     alpha: float | None
     scores: dict[float | None, float]
     samples: int
+    held_out: bool
     ratios: dict[str, float]
 
     def statement(self) -> str:
@@ -95,7 +104,7 @@ class Smoothing:
         return (
             f"smoothquant: {smoothed}, alpha = {self.alpha:g} "
             f"({self.scores[self.alpha]:.1f} dB vs {self.scores[None]:.1f} dB unsmoothed on {self.samples} "
-            f"calibration samples; {inserted} Mul inserted)"
+            f"{'held-out ' if self.held_out else ''}calibration samples; {inserted} Mul inserted)"
         )
 
 
@@ -158,15 +167,19 @@ def apply_smoothing(
 
 
 def _quantized_sqnr(
-    prepared: PreparedModel, samples: Batches, reference: list[list[np.ndarray]], config: QuantizeConfig
+    prepared: PreparedModel,
+    fit: Batches,
+    scored: Batches,
+    reference: list[list[np.ndarray]],
+    config: QuantizeConfig,
 ) -> float:
-    """The worst float output's SQNR (dB) of ``prepared`` annotated, calibrated on ``samples`` and run as
-    exact Q/DQ on them, against ``reference`` (FP32's outputs of the same batches)."""
-    calibrated = calibrate(prepared, annotate(prepared, config), samples, config)
+    """The worst float output's SQNR (dB) of ``prepared`` annotated, calibrated on ``fit`` and run as exact
+    Q/DQ on ``scored``, against ``reference`` (FP32's outputs of the same batches)."""
+    calibrated = calibrate(prepared, annotate(prepared, config), fit, config)
     outputs = [o.name for o in prepared.model.graph.output]
     agreements = {name: OutputAgreement(argmax=False) for name in outputs}
     with open_session(build_qdq_model(prepared, calibrated), device=config.device, exact_qdq=True) as session:
-        for batch, expected in zip(samples, reference, strict=True):
+        for batch, expected in zip(scored, reference, strict=True):
             for name, x, y in zip(outputs, expected, session.run(outputs, batch), strict=True):
                 agreements[name].update(x, y)
     return worst_sqnr({name: a for name, a in agreements.items() if a.elements})  # float outputs
@@ -185,7 +198,15 @@ def smooth(
     calibration data for the prepared model. Reports progress per candidate, checks for cancellation."""
     monitor = monitor or Monitor()
     groups = find_groups(prepared.model.graph, convolutions=True)
-    maxima = channel_maxima(prepared, groups, batches, config, monitor) if groups else {}
+    if not groups:
+        return prepared, Smoothing((), None, {}, 0, False, {})
+    split = batches.held_out(SCORED_FRACTION, SEARCH_SAMPLES, MIN_HELD_OUT)
+    fit, scored = split if split is not None else (batches, batches.first(SEARCH_SAMPLES))
+    fit_maxima = channel_maxima(prepared, groups, fit, config, monitor)
+    maxima = fit_maxima
+    if split is not None:
+        held_maxima = channel_maxima(prepared, groups, scored, config, monitor)
+        maxima = {name: np.maximum(m, held_maxima[name]) for name, m in fit_maxima.items()}
     ratios = {}
     for group in groups:
         median = float(np.median(maxima[group.input]))
@@ -193,20 +214,21 @@ def smooth(
     groups = [g for g in groups if ratios[g.input] >= _threshold(g)]
     ratios = {g.input: ratios[g.input] for g in groups}
     if not groups:
-        return prepared, Smoothing((), None, {}, 0, {})
+        return prepared, Smoothing((), None, {}, 0, False, {})
 
-    samples = batches.first(SEARCH_SAMPLES)
     outputs = [o.name for o in prepared.model.graph.output]
     with open_session(prepared.model, device=config.device) as session:
-        reference = [session.run(outputs, batch) for batch in samples]
+        reference = [session.run(outputs, batch) for batch in scored]
     candidates: dict[float | None, PreparedModel] = {None: prepared}
-    candidates.update((alpha, apply_smoothing(prepared, groups, maxima, alpha)) for alpha in ALPHAS)
+    candidates.update((alpha, apply_smoothing(prepared, groups, fit_maxima, alpha)) for alpha in ALPHAS)
     scores: dict[float | None, float] = {}
     for i, (alpha, candidate) in enumerate(candidates.items()):
         monitor.check(STAGE)
-        scores[alpha] = _quantized_sqnr(candidate, samples, reference, config)
+        scores[alpha] = _quantized_sqnr(candidate, fit.first(SEARCH_SAMPLES), scored, reference, config)
         label = "unsmoothed" if alpha is None else f"smoothquant alpha = {alpha:g}"
         monitor.report(STAGE, (i + 1) / len(candidates), f"{label}: {scores[alpha]:.1f} dB")
     best = max(scores, key=lambda a: (scores[a], a is None))  # ties: the graph as it was
-    kept = tuple(groups) if best is not None else ()
-    return candidates[best], Smoothing(kept, best, scores, samples.num_samples, ratios)
+    if best is None:
+        return prepared, Smoothing((), None, scores, scored.num_samples, split is not None, ratios)
+    smoothed = apply_smoothing(prepared, groups, maxima, best) if split is not None else candidates[best]
+    return smoothed, Smoothing(tuple(groups), best, scores, scored.num_samples, split is not None, ratios)

@@ -19,6 +19,7 @@ can't run a short batch), otherwise the configured ``batch_size`` (the last batc
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -239,6 +240,21 @@ class Batches:
         count = min(self.num_samples, samples)
         other.num_samples = max(count // self.batch_size, 1) * self.batch_size if self.fixed else count
         return other
+
+    def held_out(self, fraction: float, at_most: int, at_least: int) -> tuple[Batches, Batches] | None:
+        """(the samples before, the last ``fraction`` of these samples, ``at_most`` of them; a fixed batch: whole
+        batches), each as batches of their own: a part to fit on and a part the fit is scored on without having
+        seen it. None when either part would hold under ``at_least`` samples or under one batch."""
+        step = self.batch_size if self.fixed else 1
+        count = math.ceil(min(at_most, self.num_samples * fraction) / step) * step
+        cut = self.num_samples - count
+        if count < at_least or cut < max(at_least, step):
+            return None
+
+        def part(start: int, size: int) -> Batches:
+            return Batches(self.window(start, size), self.specs, self.batch_size, what=self.what)
+
+        return part(0, cut), part(cut, count)
 
     def window(self, start: int, count: int) -> dict[str, np.ndarray]:
         """Samples ``start`` .. ``start + count - 1`` of every batched input (views, fewer at the end), each

@@ -109,6 +109,18 @@ def test_inputs_without_a_leading_sample_axis_are_batched_along_their_own_axis()
         Batches({**data, "state": data["state"][:, :10]}, input_specs(model), 8, what="calibration")
 
 
+def test_held_out_samples_are_the_last_part_along_each_input_s_own_axis() -> None:
+    model = stateful_model()
+    data = stateful_data(64, seed=0)
+    fit, scored = Batches(data, input_specs(model), 8, what="calibration").held_out(0.5, 24, 8)
+    assert (fit.num_samples, scored.num_samples) == (40, 24)  # half is 32, at most 24
+    np.testing.assert_array_equal(next(iter(scored))["state"], data["state"][:, 40:48])  # exact: a slice
+    np.testing.assert_array_equal(next(iter(fit))["x"], data["x"][:8])
+    assert next(iter(scored))["sr"] == data["sr"]  # a constant input whole in both parts
+    # too few for 8 samples in either part: nothing held out
+    assert Batches(stateful_data(15, seed=0), input_specs(model), 8, what="calibration").held_out(0.5, 24, 8) is None
+
+
 def test_stateful_model_calibrates_on_the_samples_of_every_input(tmp_path) -> None:
     model = stateful_model()
     data = stateful_data(20, seed=1)

@@ -12,6 +12,7 @@ from quantcore import QuantizeConfig, annotate, calibrate, export, prepare, quan
 from quantcore.auto.candidates import CANDIDATES
 from quantcore.calibrate import smoothquant
 from quantcore.calibrate.smoothquant import apply_smoothing, channel_maxima, find_groups, smooth
+from quantcore.export.qdq import build_qdq_model
 from quantcore.graph.index import GraphIndex
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches, input_specs
@@ -83,8 +84,8 @@ def _prepared(tmp_path, model: onnx.ModelProto):
     return prepare(path)
 
 
-def _run(model: onnx.ModelProto | str, x: np.ndarray) -> np.ndarray:
-    with open_session(model) as session:
+def _run(model: onnx.ModelProto | str, x: np.ndarray, exact_qdq: bool = False) -> np.ndarray:
+    with open_session(model, exact_qdq=exact_qdq) as session:
         return session.run(None, {session.get_inputs()[0].name: x})[0]
 
 
@@ -185,7 +186,10 @@ def test_gemm_rows_and_a_gemm_producer_absorb(tmp_path) -> None:
 def _quantized(tmp_path, prepared, config: QuantizeConfig, calibration: np.ndarray, x: np.ndarray) -> np.ndarray:
     annotation = calibrate(prepared, annotate(prepared, config), {"x": calibration}, config)
     tmp_path.mkdir()
-    return _run(str(export(prepared, annotation, tmp_path, platform=config.platform).model_path), x)
+    path = str(export(prepared, annotation, tmp_path, platform=config.platform).model_path)
+    # a TensorRT engine accumulates int8 products in int32 as exact Q/DQ does; ONNX Runtime's u8s8 kernels
+    # on a CPU without VNNI saturate pairs of them in int16, which the onnxruntime preset's grids allow for
+    return _run(path, x, exact_qdq=config.platform == "tensorrt")
 
 
 def _smoothing_gain(tmp_path, model: onnx.ModelProto, calibration: np.ndarray, x: np.ndarray, platform: str):
@@ -209,6 +213,34 @@ def test_smoothquant_improves_per_tensor_activation_quantization(tmp_path, platf
     # their range; smoothed, the channels share the grid. Held-out samples; measured 13.4 → 40.8 dB
     # (onnxruntime), 13.0 → 39.9 dB (tensorrt)
     assert on > off + 15.0, (off, on)
+
+
+def test_alphas_are_scored_on_calibration_samples_they_were_not_calibrated_on(tmp_path) -> None:
+    """The last half of 64 calibration samples spans 3x the first (the residual path carries it past the
+    LayerNorms): ranges calibrated on the first 32 clip it, which only a score on held-out samples sees."""
+    prepared = _prepared(tmp_path, _block(0))
+    config = QuantizeConfig(platform="tensorrt", observer="minmax")
+    calibration = _inputs(2, 64)
+    calibration[32:] *= 3.0
+    batches = Batches({"x": calibration}, input_specs(prepared.model), 16, what="calibration")
+    _, result = smooth(prepared, batches, config)
+    assert (result.samples, result.held_out) == (32, True)
+    assert "on 32 held-out calibration samples" in result.statement()
+
+    def unsmoothed_sqnr(scored: np.ndarray) -> float:
+        calibrated = calibrate(prepared, annotate(prepared, config), {"x": calibration[:32]}, config)
+        with open_session(build_qdq_model(prepared, calibrated), exact_qdq=True) as session:
+            return _sqnr(_run(prepared.model, scored), session.run(None, {"x": scored})[0])
+
+    # the same exact Q/DQ run of the same samples, batched differently: float32 sums, 0.01 dB
+    assert result.scores[None] == pytest.approx(unsmoothed_sqnr(calibration[32:]), abs=0.01)
+    # in-sample the same model reads better (measured 15.3 against 13.0 dB): the scores could not agree by chance
+    assert unsmoothed_sqnr(calibration[:32]) > result.scores[None] + 1.0
+
+    few = _inputs(2, 12)  # too few to hold 8 out of both parts: scored on the samples calibrated on
+    _, result = smooth(prepared, Batches({"x": few}, input_specs(prepared.model), 16, what="calibration"), config)
+    assert (result.samples, result.held_out) == (12, False)
+    assert "unsmoothed on 12 calibration samples" in result.statement()
 
 
 def test_quantize_reports_smoothquant_and_runs_nothing_when_off(tmp_path, monkeypatch) -> None:
