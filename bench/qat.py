@@ -20,7 +20,8 @@ fetched into ``--workdir``; ``--calibration-samples`` N and ``--evaluation-sampl
 generated stream), one at a time, each quantized twice by the service's pipeline ``quantcore.quantize`` on
 platform ``onnxruntime`` (INT8), batch 8 as ``bench.quality``, latency and layer-wise analysis off (neither
 changes the model): without QAT, then with ``QuantizeConfig(qat=QatConfig(...))`` on the N calibration
-samples (their last 20 % held out to choose the epoch kept; one torch thread; the first of ``--seeds``).
+samples (their last 20 % held out to choose the epoch kept; one torch thread; the first of ``--seeds``);
+with ``--smoothquant``, both runs smooth first (QAT then starts from the smoothed post-training model).
 Both exported models are run by ONNX Runtime's CPU EP as their reports say they must be
 (``bench.quality.run_model``) on the M held-out samples; "cosine" is the first output's over all of them
 (``bench.quality``'s). "gap closed" is (QAT - PTQ) / (1 - PTQ); the qat stage's wall seconds are the
@@ -97,12 +98,16 @@ def _cosine(reference: list[np.ndarray], quantized: list[np.ndarray]) -> float:
     return float(y @ y_hat / (np.linalg.norm(y) * np.linalg.norm(y_hat) + 1e-30))
 
 
-def run_real(case, qat_config: QatConfig, workdir: Path) -> dict:
+def run_real(case, qat_config: QatConfig, workdir: Path, smoothquant: bool) -> dict:
     """PTQ and QAT of one ``bench.models.cases.Case`` through ``quantcore.quantize`` (module docstring)."""
     from bench.quality import run_model as run_outputs
 
     base = QuantizeConfig(
-        platform="onnxruntime", batch_size=REAL_BATCH, cpu_latency=False, analysis=AnalysisOptions(enabled=False)
+        platform="onnxruntime",
+        batch_size=REAL_BATCH,
+        cpu_latency=False,
+        analysis=AnalysisOptions(enabled=False),
+        smoothquant=smoothquant,
     )
     reference, _, _ = run_outputs(case.model_path, case, case.evaluation)
     row: dict = {"model": case.name, "calibration": _samples(case.calibration, case.model_path)}
@@ -195,12 +200,13 @@ def main_real(args: argparse.Namespace) -> None:
             if not cases:
                 print(f"# {name}: not available (fetch failed or unknown)", file=sys.stderr)
                 continue
-            rows.append(run_real(cases[0], qat_config, workdir / "qat"))
+            rows.append(run_real(cases[0], qat_config, workdir / "qat", args.smoothquant))
     print(
         f"platform onnxruntime (INT8), {args.calibration_samples} calibration / {args.evaluation_samples} held-out "
         f"samples; QAT {qat_config.epochs} epochs x {qat_config.steps or 'one pass'} steps, batch "
         f"{qat_config.batch_size}, lr {qat_config.lr:g}, scale lr {qat_config.scale_lr:g}, loss {qat_config.loss}, "
         f"learn scales {qat_config.learn_scales}, seed {qat_config.seed}, torch threads {torch.get_num_threads()}"
+        f"{', SmoothQuant before both' if args.smoothquant else ''}"
     )
     print(real_table(rows))
 
@@ -226,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="--real: optimizer steps per epoch (default one pass)")
     parser.add_argument("--scale-lr", type=float, default=QatConfig.scale_lr, help="Adam step on the log-scales")
     parser.add_argument("--fixed-scales", action="store_true", help="--real: do not learn the scales")
+    parser.add_argument("--smoothquant", action="store_true", help="--real: SmoothQuant before PTQ and QAT alike")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # small models: one thread is fastest and does not fight other processes
     if args.real:

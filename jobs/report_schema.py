@@ -43,6 +43,52 @@ class Preparation(Section):
         "quantized (its inputs and outputs keep their types; errors are against its float32 computation); null "
         "for a float32 model.",
     )
+    equalization: Equalization | None = Field(None, description="Null: not asked for.")
+    smoothquant: SmoothQuantOutcome | None = Field(None, description="Null: not asked for.")
+
+
+class EqualizedPair(Section):
+    first: str
+    second: str
+    activation: str | None = Field(description="The node between the two layers (a ReLU, ...); null: none.")
+
+
+class Equalization(Section):
+    """Cross-layer equalization of the prepared model (recipe ``equalization``)."""
+
+    pairs: list[EqualizedPair] = Field(description="Layer pairs rescaled channel by channel.")
+    sweeps: int
+    max_log_scale: float = Field(
+        description="The largest |ln s| of the composed per-channel scales: how far the model was from equalized."
+    )
+
+
+class SmoothedGroup(Section):
+    input: str = Field(description="The activation divided channel by channel.")
+    layers: list[str] = Field(description="The nodes reading it, whose weights take the factors.")
+    division: Literal["Mul inserted", "absorbed into its producer"]
+
+
+class SmoothQuantOutcome(Section):
+    """SmoothQuant of the prepared model (recipe ``smoothquant``)."""
+
+    alpha: float | None = Field(
+        description="The migration strength kept; null: no alpha beat the unsmoothed model, or no group had outliers."
+    )
+    scores_db: dict[str, float | None] = Field(
+        description="Each candidate's worst float output SQNR in dB, quantized as exact Q/DQ: key 'unsmoothed' or "
+        "the alpha; null: the outputs matched exactly."
+    )
+    scored_on_samples: int
+    held_out: bool = Field(
+        description="Whether those calibration samples were held out of the candidates' calibration (too few "
+        "samples to split: scored on the ones calibrated on)."
+    )
+    outlier_ratios: dict[str, float | None] = Field(
+        description="Each activation with outlier channels: its largest channel maximum over the median one "
+        "(null: a median of 0)."
+    )
+    smoothed: list[SmoothedGroup]
 
 
 class NodeDecision(Section):

@@ -86,3 +86,22 @@ def test_an_auto_report_is_fully_documented(tmp_path) -> None:
     assert undocumented(report) == []
     assert report.auto is not None and report.auto.fallback is not None
     assert report.auto.candidates[0].latency_p50_ms is not None
+
+
+@pytest.mark.parametrize("rewrite", ["equalization", "smoothquant"])
+def test_the_function_preserving_rewrites_are_fully_documented(tmp_path, rewrite: str) -> None:
+    """One at a time: equalized, the model's outlier channel is gone and SmoothQuant has no group to smooth."""
+    from tests.quantcore.test_smoothquant import _convolutions, _images
+
+    path = save(_convolutions(0), tmp_path / "convolutions.onnx")
+    config = QuantizeConfig(platform="onnxruntime", cpu_latency=False, **{rewrite: True})
+    result = quantize(path, {"x": _images(2, 64)}, {"x": _images(3, 16)}, config, tmp_path / "out")
+    report = Report.model_validate(result.report)
+    assert undocumented(report) == []
+    if rewrite == "equalization":
+        assert report.prepare.equalization is not None and report.prepare.equalization.pairs
+        assert report.prepare.smoothquant is None
+    else:
+        assert report.prepare.smoothquant is not None and report.prepare.smoothquant.smoothed
+        assert report.prepare.smoothquant.held_out and "unsmoothed" in report.prepare.smoothquant.scores_db
+        assert report.prepare.equalization is None

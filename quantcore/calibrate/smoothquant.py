@@ -35,9 +35,9 @@ calibrated on the first ``SEARCH_SAMPLES`` of the rest, exported as exact Q/DQ a
 samples; the one whose worst float output comes closest to FP32 (SQNR) is kept, and smoothed again with
 the m of every sample. The unsmoothed model competes too, and keeps its graph when no alpha beats it.
 Scored on the samples it was calibrated on, an alpha could win by fitting the ranges to those samples
-alone. Where the data is too small to hold ``MIN_HELD_OUT`` samples out of both parts, the first ``SEARCH_SAMPLES`` are
-calibrated on and scored on. Every s comes from the original weights and statistics, so the groups'
-rescalings commute. The smoothed FP32 model computes the same function, to the float32 rounding of the
+alone. Where the data is too small to hold ``MIN_HELD_OUT`` samples out of both parts, the first
+``SEARCH_SAMPLES`` are calibrated on and scored on. Every s comes from the original weights and statistics,
+so the groups' rescalings commute. The smoothed FP32 model computes the same function, to the float32 rounding of the
 rescaled constants.
 Cost: one FP32 pass over the calibration data for m, one over the scored samples for the reference, and per
 candidate (alpha and the unsmoothed model) one calibration on ``SEARCH_SAMPLES`` samples and one exact Q/DQ
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -91,6 +92,25 @@ class Smoothing:
     samples: int
     held_out: bool
     ratios: dict[str, float]
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready, the report's ``prepare.smoothquant``: every outlier group's ratio, the groups smoothed
+        and how X ÷ s was applied, and each candidate's score (key "unsmoothed", or the alpha)."""
+        return {
+            "alpha": self.alpha,
+            "scores_db": {"unsmoothed" if a is None else f"{a:g}": v for a, v in self.scores.items()},
+            "scored_on_samples": self.samples,
+            "held_out": self.held_out,
+            "outlier_ratios": self.ratios,
+            "smoothed": [
+                {
+                    "input": g.input,
+                    "layers": list(g.layers),
+                    "division": "Mul inserted" if g.absorbed is None else "absorbed into its producer",
+                }
+                for g in self.groups
+            ],
+        }
 
     def statement(self) -> str:
         if self.alpha is None:

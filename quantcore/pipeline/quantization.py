@@ -87,9 +87,11 @@ def prepare_stage(run: Run, config: QuantizeConfig, *, external_data: bool = Tru
     started = run.clock.begin("prepare")
     prepared, sample = prepare_on_data(run.model_path, run.calibration, config.batch_size, external_data=external_data)
     done = f"folded {len(prepared.folded_batchnorms)} BatchNormalization, {prepared.folded_constants} constant nodes"
+    rewrites: dict[str, dict[str, Any]] = {}
     if config.equalization:
         prepared, equalization = equalize(prepared)
         done = f"{done}; {equalization.statement()}"
+        rewrites["equalization"] = equalization.summary()
     specs = input_specs(prepared.model)
     calibration = Batches(run.calibration, specs, config.batch_size, what="calibration")
     evaluation = Batches(run.evaluation, specs, config.batch_size, what="evaluation")
@@ -100,12 +102,13 @@ def prepare_stage(run: Run, config: QuantizeConfig, *, external_data: bool = Tru
     if config.smoothquant:  # after the data checks: it runs the model on the calibration data
         prepared, smoothing = smooth(prepared, calibration, config, run.monitor)
         done = f"{done}; {smoothing.statement()}"
+        rewrites["smoothquant"] = smoothing.summary()
     memory = plan_memory(prepared.model)  # priced now: a target that needs the analysis fails before the slow stages
     for option, name in ((config.target, "the accuracy target"), (config.mixed_precision, "mixed precision")):
         if option is not None and memory.skip is not None:
             raise UnsupportedModelError(f"{name} needs the layer-wise ranking, but {memory.skip}")
     run.clock.end("prepare", started, done)
-    return PreparedInputs(prepared, sample, calibration, evaluation, memory)
+    return PreparedInputs(prepared, sample, calibration, evaluation, memory, **rewrites)
 
 
 def annotate_stage(run: Run, inputs: PreparedInputs, config: QuantizeConfig) -> Annotation:

@@ -33,6 +33,7 @@ gone by now).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -63,6 +64,14 @@ class Equalization:
     pairs: tuple[EqualizedPair, ...]
     rounds: int
     max_log_scale: float
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready, the report's ``prepare.equalization``."""
+        return {
+            "pairs": [{"first": p.first, "second": p.second, "activation": p.activation} for p in self.pairs],
+            "sweeps": self.rounds,
+            "max_log_scale": self.max_log_scale,
+        }
 
     def statement(self) -> str:
         if not self.pairs:

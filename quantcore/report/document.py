@@ -63,6 +63,8 @@ def build_report(
                 "divisions_as_products": list(prepared.divisions_as_products),
                 "renamed_nodes": prepared.renamed_nodes,
                 "widened_from": prepared.widened_from,
+                "equalization": inputs.equalization,
+                "smoothquant": inputs.smoothquant,
             },
             "annotation": calibrated.summary(),
             "calibration": {

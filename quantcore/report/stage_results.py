@@ -33,13 +33,16 @@ from quantcore.runtime.memory_plan import MemoryPlan
 
 @dataclass(frozen=True)
 class PreparedInputs:
-    """The prepare stage's result: the prepared model, its data batched for it, and its memory plan."""
+    """The prepare stage's result: the prepared model, its data batched for it, its memory plan, and what the
+    function-preserving rewrites did (``equalization``, ``smoothquant``: their summaries; None: not asked for)."""
 
     prepared: PreparedModel  # as prepare returned it (reconstruct's learned weights are in QuantizedModel)
     sample: dict[str, np.ndarray] | None  # the first calibration batch, batched for the model as given
     calibration: Batches
     evaluation: Batches
     memory: MemoryPlan  # priced after prepare: whether (and how) the analysis may run
+    equalization: dict[str, Any] | None = None
+    smoothquant: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,9 @@ def test_quantize_reports_both_options(tmp_path) -> None:
         progress=lambda stage, fraction, message: messages.__setitem__(stage, message),
     )
     assert "equalized 2 layer pairs" in messages["prepare"]
+    section = result.report["prepare"]["equalization"]
+    assert len(section["pairs"]) == 2 and section["sweeps"] >= 1 and section["max_log_scale"] > 0
+    assert result.report["prepare"]["smoothquant"] is None
     assert "bias correction: 3 layers corrected" in messages["calibrate"]
     assert result.report["config"]["equalization"] is True
     assert result.report["config"]["bias_correction"] is True

@@ -258,6 +258,12 @@ def test_quantize_reports_smoothquant_and_runs_nothing_when_off(tmp_path, monkey
     )
     assert "smoothquant: 4 layers smoothed in 2 groups, alpha = " in messages["prepare"]
     assert result.report["config"]["smoothquant"] is True
+    section = result.report["prepare"]["smoothquant"]  # the message's figures, for a reader of the report
+    assert (section["scored_on_samples"], section["held_out"]) == (32, True)
+    assert {g["input"] for g in section["smoothed"]} == {"h", "h2"}
+    assert f"alpha = {section['alpha']:g} " in messages["prepare"]
+    assert section["scores_db"][f"{section['alpha']:g}"] > section["scores_db"]["unsmoothed"]
+    assert result.report["prepare"]["equalization"] is None
 
     def refuse(*args, **kwargs):
         raise AssertionError("smoothquant ran with the option off")
@@ -266,7 +272,7 @@ def test_quantize_reports_smoothquant_and_runs_nothing_when_off(tmp_path, monkey
     off = quantize(
         path, {"x": _inputs(2, 64)}, {"x": _inputs(3, 16)}, QuantizeConfig(cpu_latency=False), tmp_path / "off"
     )
-    assert off.report["config"]["smoothquant"] is False
+    assert off.report["config"]["smoothquant"] is False and off.report["prepare"]["smoothquant"] is None
 
 
 C = 8  # channels of the convolution model's feature maps
