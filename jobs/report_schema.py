@@ -15,7 +15,14 @@ from typing import Any, Literal
 from pydantic import Field
 
 from jobs.report_config import AnalysisConfig, QatConfig, ReconstructionConfig, RunConfig, Section, WeightOnlyConfig
-from jobs.report_searches import AutoSearch, MixedPrecisionOutcome, Placement, PlacementTiming, TargetOutcome
+from jobs.report_searches import (
+    AutoSearch,
+    MixedPrecisionOutcome,
+    PairedDifference,
+    Placement,
+    PlacementTiming,
+    TargetOutcome,
+)
 
 # ---- prepare, annotate, calibrate ----
 
@@ -83,6 +90,10 @@ class SmoothQuantOutcome(Section):
     held_out: bool = Field(
         description="Whether those calibration samples were held out of the candidates' calibration (too few "
         "samples to split: scored on the ones calibrated on)."
+    )
+    best_alpha_gain_db: PairedDifference | None = Field(
+        description="The best-scored alpha's SQNR minus the unsmoothed model's; it is kept only when the interval "
+        "lies above 0. Null: no alpha was scored (no group had outliers)."
     )
     outlier_ratios: dict[str, float | None] = Field(
         description="Each activation with outlier channels: its largest channel maximum over the median one "

@@ -65,7 +65,9 @@ class AutoSelection(Section):
     fraction: float
 
 
-class AutoDifference(Section):
+class PairedDifference(Section):
+    """One score minus another on the same samples, and its 95 % paired bootstrap interval."""
+
     value: float
     low: float
     high: float
@@ -92,7 +94,7 @@ class AutoCandidateResult(Section):
     final_seconds: float | None = Field(
         None, description="Its final run's estimated seconds (all calibration samples, the evaluation data)."
     )
-    difference: AutoDifference | None = Field(
+    difference: PairedDifference | None = Field(
         None,
         description="Its score minus the most accurate one's (the one chosen, unless speed chose a faster one; "
         "positive: better) with the paired 95 % bootstrap interval on the selection split; null for that one, "

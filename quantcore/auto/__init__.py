@@ -39,7 +39,6 @@ import onnx
 from quantcore.analysis.accuracy_target import check_target
 from quantcore.auto.budget import FinalRun, fit_final_run
 from quantcore.auto.candidates import candidate_configs
-from quantcore.auto.scoring import LEVEL
 from quantcore.auto.search import (
     BUDGET_SPENT,
     STAGE,
@@ -54,6 +53,7 @@ from quantcore.auto.selection import SELECTION_FRACTION, fp32_predictions, split
 from quantcore.auto.speed import SpeedChoice, faster_meeting
 from quantcore.config import QuantizeConfig
 from quantcore.errors import UnsupportedModelError
+from quantcore.numerics.paired_scores import LEVEL
 from quantcore.pipeline import QuantizeResult, quantize
 from quantcore.progress import CancelCheck, Monitor, ProgressCallback
 from quantcore.runtime.batching import Batches, input_specs

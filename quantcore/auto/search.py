@@ -69,13 +69,14 @@ import numpy as np
 from quantcore.analysis.accuracy_target import measure
 from quantcore.auto.budget import FinalRun
 from quantcore.auto.candidates import Candidate
-from quantcore.auto.scoring import SampleSums, choose, difference, sample_sums
+from quantcore.auto.scoring import choose, sample_sums
 from quantcore.auto.selection import SelectionSplit
 from quantcore.auto.timing import Memo, p50_change, time_models
 from quantcore.config import QuantizeConfig
 from quantcore.errors import Canceled, QuantcoreError
 from quantcore.evaluate.cpu_latency import LatencySettings, cpu_latency
 from quantcore.evaluate.paired_latency import compare
+from quantcore.numerics.paired_scores import SampleSums, difference
 from quantcore.pipeline import STAGES, quantize
 from quantcore.pipeline.quantization import prepare_on_data
 from quantcore.prepare.preparation import PreparedModel

@@ -10,7 +10,7 @@ conversions. So where the kept candidate meets the objective, the others that me
 (``quantcore.auto.timing``), and one clearly faster is kept instead.
 
 Which are timed: candidates that produced a model, whose final run fits the time left, and whose score meets
-the objective at the worse end of its bootstrap interval on the selection split (``scoring.worse_end``), not
+the objective at the worse end of its bootstrap interval on the selection split (``paired_scores.worse_end``), not
 only at its point: one just over the threshold would fall under it on other samples. Deployed models that
 share a timing signature (``paired_latency.signature``: observers, the clip search, equalization and bias
 correction change values, not the graph) run at the same speed, so one model per signature is timed: the
@@ -28,11 +28,12 @@ from typing import Any
 
 import onnx
 
-from quantcore.auto.scoring import choose, worse_end
+from quantcore.auto.scoring import choose
 from quantcore.auto.search import STAGE, Search, Tried
 from quantcore.auto.timing import p50_change, time_models
 from quantcore.config import QuantizeConfig
 from quantcore.evaluate.paired_latency import Timing, compare, signature
+from quantcore.numerics.paired_scores import worse_end
 from quantcore.wording import counted
 
 

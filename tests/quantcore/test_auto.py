@@ -24,6 +24,7 @@ from quantcore.auto.candidates import CANDIDATES
 from quantcore.auto.search import REMEDIED, Search
 from quantcore.config import AUTO_CANDIDATES, AccuracyTarget
 from quantcore.errors import UnsupportedModelError
+from quantcore.numerics import paired_scores
 from quantcore.runtime import cpu_features
 from tests.quantcore.auto_cases import NO_ANALYSIS, TimeLimit, auto_config, rows
 from tests.quantcore.models import conv_relu_gemm, planted_outlier, save
@@ -122,8 +123,8 @@ def test_per_sample_scores_reproduce_the_objective_value(small, tmp_path, monkey
 
 def test_identical_candidates_differ_by_nothing() -> None:
     rng = np.random.default_rng(0)
-    sums = scoring.SampleSums("cosine", {"out": np.abs(rng.normal(size=(12, 4)))})
-    d = scoring.difference(sums, sums, higher_is_better=True)
+    sums = paired_scores.SampleSums("cosine", {"out": np.abs(rng.normal(size=(12, 4)))})
+    d = paired_scores.difference(sums, sums, higher_is_better=True)
     assert (d.value, d.low, d.high) == (0.0, 0.0, 0.0) and not d.beyond
     assert scoring.choose([sums, sums], [True, True], higher_is_better=True) == 0
 
@@ -131,9 +132,9 @@ def test_identical_candidates_differ_by_nothing() -> None:
 def test_an_undefined_score_is_beaten_by_any_defined_one() -> None:
     rng = np.random.default_rng(0)
     columns = np.abs(rng.normal(size=(12, 4)))
-    undefined = scoring.SampleSums("sqnr", {"out": columns}, defined=False)  # non-finite outputs
-    defined = scoring.SampleSums("sqnr", {"out": columns})
-    assert scoring.difference(defined, undefined, higher_is_better=True).beyond
+    undefined = paired_scores.SampleSums("sqnr", {"out": columns}, defined=False)  # non-finite outputs
+    defined = paired_scores.SampleSums("sqnr", {"out": columns})
+    assert paired_scores.difference(defined, undefined, higher_is_better=True).beyond
     assert scoring.choose([undefined, defined], [False, False], higher_is_better=True) == 1
 
 

@@ -15,11 +15,11 @@ from jobs.report_schema import Report
 from quantcore import QuantizeConfig, quantize_auto
 from quantcore.auto import timing
 from quantcore.auto.budget import FinalRun
-from quantcore.auto.scoring import SampleSums
 from quantcore.auto.search import Search, Tried, pareto_front
 from quantcore.auto.selection import SelectionSplit
 from quantcore.auto.speed import faster_meeting
 from quantcore.evaluate.paired_latency import Timing, compare
+from quantcore.numerics.paired_scores import SampleSums
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import input_specs
 from tests.quantcore.auto_cases import auto_config

@@ -11,9 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 from quantcore import QuantizeConfig, annotate, calibrate, export, prepare, quantize
 from quantcore.auto.candidates import CANDIDATES
 from quantcore.calibrate import smoothquant
-from quantcore.calibrate.smoothquant import apply_smoothing, channel_maxima, find_groups, smooth
+from quantcore.calibrate.smoothquant import apply_smoothing, channel_maxima, find_groups, kept_alpha, smooth
 from quantcore.export.qdq import build_qdq_model
 from quantcore.graph.index import GraphIndex
+from quantcore.numerics.paired_scores import SampleSums
 from quantcore.progress import Monitor
 from quantcore.runtime.batching import Batches, input_specs
 from quantcore.runtime.session import open_session
@@ -240,7 +241,24 @@ def test_alphas_are_scored_on_calibration_samples_they_were_not_calibrated_on(tm
     few = _inputs(2, 12)  # too few to hold 8 out of both parts: scored on the samples calibrated on
     _, result = smooth(prepared, Batches({"x": few}, input_specs(prepared.model), 16, what="calibration"), config)
     assert (result.samples, result.held_out) == (12, False)
-    assert "unsmoothed on 12 calibration samples" in result.statement()
+    assert "on 12 calibration samples;" in result.statement()
+
+
+def _noise_sums(noise: np.ndarray) -> SampleSums:
+    """SQNR sums of 32 samples of unit signal energy and the given per-sample noise energies."""
+    ones = np.ones_like(noise)
+    return SampleSums("sqnr", {"output": np.stack([ones, ones, ones, noise], axis=1)})
+
+
+def test_an_alpha_is_kept_only_when_it_beats_the_unsmoothed_model_beyond_the_noise_of_the_samples() -> None:
+    unsmoothed = _noise_sums(np.full(32, 0.01))  # 20.0 dB
+    lucky = np.full(32, 0.001)
+    lucky[7] = 0.25  # 20.6 dB over all 32, the best score; resamples holding sample 7 twice read worse
+    steady = np.full(32, 0.0093)  # 20.3 dB: better than unsmoothed on every resample
+    alpha, gain = kept_alpha({None: unsmoothed, 0.4: _noise_sums(lucky)})
+    assert alpha is None and gain.value > 0 and gain.low < 0
+    alpha, gain = kept_alpha({None: unsmoothed, 0.4: _noise_sums(lucky), 0.6: _noise_sums(steady)})
+    assert alpha == 0.6 and gain.low > 0
 
 
 def test_quantize_reports_smoothquant_and_runs_nothing_when_off(tmp_path, monkeypatch) -> None:
