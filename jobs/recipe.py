@@ -322,8 +322,8 @@ class Recipe(_Spec):
         "transformer activations and some CNN feature maps do), each channel is divided by a factor the weights "
         "reading it are multiplied by, so the per-tensor activation scale is not spent on a few channels; the FP32 "
         "model computes the same function. The migration strength alpha is chosen on the calibration data, each "
-        "alpha scored on samples held out from its calibration (half of them, 32 at most); the report's prepare "
-        "stage states it.",
+        "alpha scored on samples held out from its calibration (half of them, 32 at most) and kept only where it "
+        "beats the unsmoothed model beyond those samples' noise; the report's prepare.smoothquant gives every score.",
     )
     mixed_precision: MixedPrecisionSpec | None = Field(
         None,

@@ -109,8 +109,9 @@ class QuantizeConfig:
     with ``target``, which may keep a corrected layer in float.
     smoothquant: SmoothQuant of the prepared model (``quantcore.calibrate.smoothquant``): MatMul/Gemm and
     Conv inputs with outlier channels divided per channel by s and the weights reading each channel
-    multiplied by it, the same FP32 function, alpha chosen by the quantized model's SQNR on the
-    calibration data.
+    multiplied by it, the same FP32 function, alpha chosen by the quantized model's SQNR on calibration
+    samples held out of its calibration, and kept only where it beats the unsmoothed model beyond their
+    noise (the report's ``prepare.smoothquant``).
     mixed_precision: promote the layers the layer-wise ranking of the calibration data finds most harmful
     (``MixedPrecisionConfig``; ``quantcore.analysis.mixed_precision``), as the platform allows
     (``MIXED_PRECISION_FORMS``): their tensors to 16 bits, or the layers kept float; the promotions land in
