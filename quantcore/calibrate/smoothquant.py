@@ -102,8 +102,9 @@ class Smoothing:
     ratios: dict[str, float]
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready, the report's ``prepare.smoothquant``: every outlier group's ratio, the groups smoothed
-        and how X ÷ s was applied, and each candidate's score (key "unsmoothed", or the alpha)."""
+        """JSON-ready, the report's ``prepare.smoothquant``: each candidate's score (key "unsmoothed", or the
+        alpha), the samples scored and whether held out, the kept (else best) alpha's gain and interval, every
+        outlier group's ratio, and the groups smoothed with how X ÷ s was applied."""
         return {
             "alpha": self.alpha,
             "scores_db": {"unsmoothed" if a is None else f"{a:g}": v for a, v in self.scores.items()},
