@@ -12,27 +12,31 @@ duration is kept too: the models are profiled interleaved, so their runs compare
 and run, falls on the model with more nodes, and on a short run it is most of the run: ocr-cls's FP32 model
 (238 nodes) and its quantized one (190) ran 1.95 and 2.06 ms per run profiled at batch 1, 0.58 and 0.81 ms
 unprofiled, so the profile read as even a model that ran at 0.72x FP32's speed. Where that cost could reach
-``paired_latency.MIN_GAIN`` of a run (nodes x ``PROFILER_NODE_US`` above that share of its median), the
-run durations are taken from unprofiled runs instead, made in the same sessions once profiling has ended.
+``paired_latency.MIN_GAIN`` of a run (the optimized graph's nodes x ``PROFILER_NODE_US`` above that share of its
+median), the run durations are taken from unprofiled runs instead, made in the same sessions once profiling has
+ended.
 
-Protocol per batch size, the models compared interleaved (one session each): at the first batch size one
-untimed run (a session's first run initializes its kernels and is several times slower), then ``MIN_RUNS``
-to ``RUNS`` runs, all profiled; a node's time is the lower median of its kernel times over those runs (µs),
-the run's time the median of the profiler's ``model_run`` durations. Other processes' load and a later batch
-size's first run (it only grows the arena; untimed, it would be a third of the profile of a model whose batch
-of 32 takes seconds) lengthen a kernel and never shorten it, so of two runs the shorter is the one to keep:
-two are the least. A third round would cost the most where the budget can least afford it: the first
-profile, always made, runs two models at batch 32, and its third round alone runs half as many samples as a
-calibration of 128. Unless the profile could be a verdict: a caller comparing a model against a reference
-passes ``extend`` (``paired_latency.within_reach``), and the rounds go on past the budget while it holds of the
-runs' wall-clock times, so that a quantized model far faster than FP32 gets the runs (four of each) that settle
-it without a whole-model comparison after the profile. The unprofiled runs, at the batch sizes that need them,
-are interleaved as the latency stage's (``cpu_latency.interleaved_runs``: one untimed round, then blocks of
-runs in a row, ``MIN_RUNS`` and on to ``UNPROFILED_RUNS`` of each model until the batch size's seconds have
-passed): being short, they cost little, and where the whole-run times are read as a verdict (a placed model no
-slower than FP32) five runs of a 50 µs model are no evidence. ``NodeProfile.timed_us`` counts them with the
-profiled runs they replace. With intra-op threads each kernel's time is its wall clock, so the nodes' times add up to
-nearly the run's; what is left is the executor's own overhead.
+Protocol per batch size, the models compared interleaved (one session each): at the first batch size one untimed run
+(a session's first run initializes its kernels and is several times slower), then ``MIN_RUNS`` to ``RUNS`` runs, all
+profiled; a node's time is the lower median of its kernel times over those runs (µs), the run's time the median of
+the profiler's ``model_run`` durations. Other processes' load and a later batch size's first run (it only grows the
+arena; untimed, it would be a third of the profile of a model whose batch of 32 takes seconds) lengthen a kernel and
+never shorten it, so of two runs the shorter is the one to keep: two are the least. A third round would cost the
+most where the budget can least afford it: the first profile, always made, runs two models at batch 32, and its
+third round alone runs half as many samples as a calibration of 128. Unless the profile could be a verdict: a caller
+comparing a model against a reference passes ``extend`` (``paired_latency.within_reach``), and the rounds go on past
+the budget while it holds of the runs' wall-clock times, so that a quantized model far faster than FP32 gets the
+runs (four of each) that settle it without a whole-model comparison after the profile; not where the profiler's cost
+already weighs on the runs made (the same test on them), whose durations the unprofiled runs will replace. The
+unprofiled runs, at the batch sizes that need them, are interleaved as the latency stage's
+(``cpu_latency.interleaved_runs``: one untimed round, then blocks of runs in a row, ``MIN_RUNS`` and on to
+``UNPROFILED_RUNS`` of each model until the batch size's seconds have passed, or until the models lie far apart,
+``paired_latency.decided``): being short, they cost little, and where the whole-run times are read as a verdict (a
+placed model no slower than FP32) five runs of a 50 µs model are no evidence, while four far apart are one (magika's
+batch of 1 ran 21 to 50 unprofiled runs of each model until its budget was spent, a quarter to half a second, where
+its quantized model ran 1.7x faster: four or five settle it).
+``NodeProfile.timed_us`` counts them with the profiled runs they replace. With intra-op threads each kernel's time
+is its wall clock, so the nodes' times add up to nearly the run's; what is left is the executor's own overhead.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ import numpy as np
 import onnx
 
 from quantcore.evaluate.cpu_latency import feeds_for, interleaved_runs, latency_session
-from quantcore.evaluate.paired_latency import MIN_GAIN
+from quantcore.evaluate.paired_latency import MIN_GAIN, decided
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
 
@@ -139,6 +143,7 @@ def profile_nodes(
             except Exception as error:  # ONNX Runtime raises its own exception types
                 sessions.append(runtime_message(error) if isinstance(error, RUNTIME_ERRORS) else str(error)[:400])
         live = [i for i, session in enumerate(sessions) if not isinstance(session, str)]
+        graphs = [_optimized(directory) for directory in directories]  # written when its session was made
         counts = []  # timed rounds per batch size
         for position, batch in enumerate(batch_sizes):
             feeds = feeds_for(specs, batch, sample)
@@ -161,16 +166,16 @@ def profile_nodes(
                     walls = {i: [] for i in live}
                     continue
                 spent = timed >= MIN_RUNS and budget_s is not None and time.perf_counter() - started >= budget_s
-                if spent and (extend is None or not extend([walls[i] for i in live])):
-                    break
+                if spent and (extend is None or _weighs(graphs, walls) or not extend([walls[i] for i in live])):
+                    break  # extended runs would be no verdict where unprofiled ones replace them
             counts.append(timed)
         profiles = [
-            session if isinstance(session, str) else _read(session, directory, batch_sizes, counts)
-            for session, directory in zip(sessions, directories, strict=True)
+            session if isinstance(session, str) else _read(session, graph, batch_sizes, counts)
+            for session, graph in zip(sessions, graphs, strict=True)
         ]
-        read = [p for p in profiles if not isinstance(p, str)]
         for batch in batch_sizes:
-            if any(len(p[batch].nodes) * PROFILER_NODE_US > MIN_GAIN * p[batch].run_us for p in read if batch in p):
+            runs = {i: p[batch].run_times_us for i, p in enumerate(profiles) if not isinstance(p, str) and batch in p}
+            if _weighs(graphs, {i: [us / 1000.0 for us in times] for i, times in runs.items()}):
                 feeds = feeds_for(specs, batch, sample)
                 clean = interleaved_runs(
                     [lambda s=sessions[i], f=feeds: s.run(None, f) for i in live],
@@ -178,6 +183,7 @@ def profile_nodes(
                     runs=UNPROFILED_RUNS,
                     min_runs=MIN_RUNS,
                     budget_s=budget_s,
+                    enough=decided,
                     extend=extend,
                 )
                 for i, ms in zip(live, clean, strict=True):
@@ -192,16 +198,35 @@ def profile_nodes(
         return profiles
 
 
+def _optimized(directory: Path) -> onnx.GraphProto | str:
+    """The optimized graph a profiled session wrote into ``directory``, or why there is none."""
+    try:
+        return onnx.load(str(directory / "optimized.onnx"), load_external_data=False).graph
+    except (OSError, ValueError) as error:  # no session was made, or it wrote no optimized graph
+        return f"no profile: {str(error)[:300]}"
+
+
+def _weighs(graphs: Sequence[onnx.GraphProto | str], walls: Mapping[int, Sequence[float]]) -> bool:
+    """Whether the profiler's cost could reach ``MIN_GAIN`` of some model's runs so far (its optimized graph's nodes
+    x ``PROFILER_NODE_US`` against their median wall clock): the forecast of the test that has unprofiled runs
+    replace the profiled ones."""
+    return any(
+        not isinstance(graphs[i], str)
+        and times
+        and len(graphs[i].node) * PROFILER_NODE_US > MIN_GAIN * 1000.0 * statistics.median(times)
+        for i, times in walls.items()
+    )
+
+
 def _read(
-    session: Any, directory: Path, batch_sizes: Sequence[int], counts: Sequence[int]
+    session: Any, graph: onnx.GraphProto | str, batch_sizes: Sequence[int], counts: Sequence[int]
 ) -> dict[int, NodeProfile] | str:
-    """The profile ``session`` wrote into ``directory``, parsed (``_parse``); its profiling ends here."""
+    """The profile ``session`` wrote, parsed against its optimized ``graph`` (``_parse``); its profiling ends here."""
     try:
         events = json.loads(Path(session.end_profiling()).read_text())
-        optimized = onnx.load(str(directory / "optimized.onnx"), load_external_data=False)
-    except (OSError, ValueError) as error:  # no profile file or optimized graph was written
+    except (OSError, ValueError) as error:  # no profile file was written
         return f"no profile: {str(error)[:300]}"
-    return _parse(events, optimized.graph, batch_sizes, counts)
+    return graph if isinstance(graph, str) else _parse(events, graph, batch_sizes, counts)
 
 
 def _parse(

@@ -175,11 +175,17 @@ def interleaved_times(
             runs=RUNS,
             min_runs=MIN_RUNS,
             budget_s=budget_s,
-            enough=lambda runs: min(map(len, runs), default=0) >= SEPARATED_RUNS and separated(runs),
+            enough=decided,
         )
         timed = iter(measured)  # in the order of ``live``
         result[batch] = [s if isinstance(s, str) else next(timed) for s in sessions]
     return result
+
+
+def decided(times: Sequence[Sequence[float]]) -> bool:
+    """Whether interleaved rounds may stop before their budget: every model has ``SEPARATED_RUNS`` runs and they
+    lie far apart (``separated``), a conclusive verdict."""
+    return min(map(len, times), default=0) >= SEPARATED_RUNS and separated(times)
 
 
 def separated(times: Sequence[Sequence[float]]) -> bool:

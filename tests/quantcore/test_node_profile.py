@@ -54,18 +54,32 @@ def test_real_profiles_are_traced_back_to_their_regions(tmp_path, data) -> None:
 
 
 class _CountingSession:
-    """A real session that counts the runs made after its profiling ended."""
+    """A real session that counts the runs made while it profiled and after its profiling ended."""
 
     def __init__(self, session) -> None:
-        self.session, self.ended, self.after = session, False, 0
+        self.session, self.ended, self.before, self.after = session, False, 0, 0
 
     def run(self, *args, **kwargs):
         self.after += self.ended
+        self.before += not self.ended
         return self.session.run(*args, **kwargs)
 
     def end_profiling(self):
         self.ended = True
         return self.session.end_profiling()
+
+
+def _counted(monkeypatch) -> list[_CountingSession]:
+    """The sessions ``profile_nodes`` makes from now on, counting their runs."""
+    sessions: list[_CountingSession] = []
+    real = node_profile.latency_session
+
+    def counting(*args, **kwargs):
+        sessions.append(_CountingSession(real(*args, **kwargs)))
+        return sessions[-1]
+
+    monkeypatch.setattr(node_profile, "latency_session", counting)
+    return sessions
 
 
 @pytest.mark.parametrize("node_us", [0.0, 1e6])
@@ -75,14 +89,7 @@ def test_short_profiled_runs_are_timed_again_unprofiled(tmp_path, data, monkeypa
     per node never asks for them; one of a second always does: one untimed run, then as many timed runs as the
     profile reports, per model and batch size. Which way the times point is the machine's, not checked."""
     monkeypatch.setattr(node_profile, "PROFILER_NODE_US", node_us)
-    sessions: list[_CountingSession] = []
-    real = node_profile.latency_session
-
-    def counting(*args, **kwargs):
-        sessions.append(_CountingSession(real(*args, **kwargs)))
-        return sessions[-1]
-
-    monkeypatch.setattr(node_profile, "latency_session", counting)
+    sessions = _counted(monkeypatch)
     config = QuantizeConfig(**FAST)
     run = placement_run(tmp_path, data, config)
     qdq = build_qdq_model(run.prepared, run.base_calibrated)
@@ -128,6 +135,34 @@ def test_a_spent_budget_goes_on_to_a_verdict_within_reach_of_a_model_far_faster_
     assert conclusive({1: Timing.of(reached[1][1].run_times_us)}, {1: Timing.of(reached[0][1].run_times_us)})
     assert [p[1].runs for p in profile_nodes(models[::-1], (1,), **options, extend=within_reach)] == [2, 2]
     assert [p[1].runs for p in profile_nodes(models, (1,), **options)] == [node_profile.MIN_RUNS] * 2
+
+
+def test_unprofiled_runs_stop_once_the_models_lie_far_apart(monkeypatch) -> None:
+    """The profiler's cost made to weigh on every run (a second per node), so unprofiled runs replace the profiled
+    ones; one MatMul against 32 (about 1 against 100 ms on one thread) lie far apart, and with 30 s of budget the
+    unprofiled rounds stop at ``SEPARATED_RUNS`` runs of the slower, a conclusive verdict, where the budget alone
+    would run it ``UNPROFILED_RUNS`` times (five seconds)."""
+    monkeypatch.setattr(node_profile, "PROFILER_NODE_US", 1e6)
+    light, heavy = matmuls(1), matmuls(32)
+    models = [heavy.SerializeToString(), light.SerializeToString()]
+    slow, fast = profile_nodes(models, (1,), specs=input_specs(light), sample=None, threads=1, budget_s=30.0)
+    assert slow[1].runs == SEPARATED_RUNS < node_profile.UNPROFILED_RUNS
+    assert conclusive({1: Timing.of(fast[1].run_times_us)}, {1: Timing.of(slow[1].run_times_us)})
+
+
+def test_profiled_runs_the_unprofiled_ones_replace_are_not_extended(monkeypatch) -> None:
+    """As above with the budget spent at once and ``within_reach``: the profiled rounds stop at ``MIN_RUNS``, since
+    their durations will not be the verdict (where the profiler's cost does not weigh they go on to
+    ``SEPARATED_RUNS``: the test before), and the unprofiled runs reach the verdict instead."""
+    monkeypatch.setattr(node_profile, "PROFILER_NODE_US", 1e6)
+    sessions = _counted(monkeypatch)
+    light, heavy = matmuls(1), matmuls(32)
+    models = [heavy.SerializeToString(), light.SerializeToString()]
+    options = {"specs": input_specs(light), "sample": None, "threads": 1, "budget_s": 0.0}
+    slow, fast = profile_nodes(models, (1,), **options, extend=within_reach)
+    assert [s.before for s in sessions] == [1 + node_profile.MIN_RUNS] * 2  # the untimed run and the timed ones
+    assert slow[1].runs == SEPARATED_RUNS
+    assert conclusive({1: Timing.of(fast[1].run_times_us)}, {1: Timing.of(slow[1].run_times_us)})
 
 
 def test_a_node_time_is_its_lower_median_so_a_preempted_run_does_not_count() -> None:
