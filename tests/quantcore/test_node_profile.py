@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from quantcore import QuantizeConfig
 from quantcore.analysis.region_costs import attribute, region_costs
 from quantcore.analysis.regions import quantized_regions
-from quantcore.evaluate import latency_cache, node_profile
+from quantcore.evaluate import latency_cache, node_profile, paired_latency
 from quantcore.evaluate.cpu_latency import BLOCK_RUNS
 from quantcore.evaluate.latency_cache import TimingCache
 from quantcore.evaluate.node_profile import NodeProfile, ProfiledNode, profile_nodes
@@ -140,13 +140,15 @@ def test_a_spent_budget_goes_on_to_a_verdict_within_reach_of_a_model_far_faster_
 def test_unprofiled_runs_stop_once_the_models_lie_far_apart(monkeypatch) -> None:
     """The profiler's cost made to weigh on every run (a second per node), so unprofiled runs replace the profiled
     ones; one MatMul against 32 (about 1 against 100 ms on one thread) lie far apart, and with 30 s of budget the
-    unprofiled rounds stop at ``SEPARATED_RUNS`` runs of the slower, a conclusive verdict, where the budget alone
-    would run it ``UNPROFILED_RUNS`` times (five seconds)."""
+    unprofiled rounds stop in the round that gives each model ``paired_latency.MIN_RUNS`` runs (a conclusive verdict,
+    and a median of several rounds), where the budget alone would run the slower ``UNPROFILED_RUNS`` times (five
+    seconds)."""
     monkeypatch.setattr(node_profile, "PROFILER_NODE_US", 1e6)
     light, heavy = matmuls(1), matmuls(32)
     models = [heavy.SerializeToString(), light.SerializeToString()]
     slow, fast = profile_nodes(models, (1,), specs=input_specs(light), sample=None, threads=1, budget_s=30.0)
-    assert slow[1].runs == SEPARATED_RUNS < node_profile.UNPROFILED_RUNS
+    assert min(slow[1].runs, fast[1].runs) >= paired_latency.MIN_RUNS
+    assert slow[1].runs < paired_latency.MIN_RUNS + BLOCK_RUNS < node_profile.UNPROFILED_RUNS
     assert conclusive({1: Timing.of(fast[1].run_times_us)}, {1: Timing.of(slow[1].run_times_us)})
 
 
