@@ -56,7 +56,8 @@ load the spread of a run can swallow a 2x gap between medians. For the same reas
 only on ``conclusive`` runs (``paired_latency.MIN_RUNS`` of it and of FP32 at every batch size, or
 ``SEPARATED_RUNS`` far apart): a profile runs a batch of 32 two to five times, four where the model it profiles
 has run far faster than FP32 (``paired_latency.within_reach``: a verdict two runs more could give, cheaper than a
-final comparison), and where fewer decide, the final comparison is timed instead, past the budget when it has
+final comparison; where the profiler's cost weighs on a run, the unprofiled runs replacing the profiled ones go on
+instead), and where fewer decide, the final comparison is timed instead, past the budget when it has
 no room for it (the report's ``past_budget`` says so). FP32 may be kept on fewer runs: it is never
 slower than itself. Every profile and timing
 runs each batch size for ``RUN_SHARE`` x the calibration seconds, at most ``RUN_S``, and at least its
