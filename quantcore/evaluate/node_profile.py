@@ -217,9 +217,9 @@ def _optimized(directory: Path) -> onnx.GraphProto | str:
 
 
 def _weighs(graphs: Sequence[onnx.GraphProto | str], walls: Mapping[int, Sequence[float]]) -> bool:
-    """Whether the profiler's cost could reach ``MIN_GAIN`` of some model's runs so far (its optimized graph's nodes
-    x ``PROFILER_NODE_US`` against their median wall clock): the forecast of the test that has unprofiled runs
-    replace the profiled ones."""
+    """Whether the profiler's cost could reach ``MIN_GAIN`` of some model's runs (its optimized graph's nodes x
+    ``PROFILER_NODE_US`` against their median, in ms): the test that has unprofiled runs replace the profiled ones,
+    asked of the profiled durations, and of the runs' wall clock so far while the rounds go on."""
     return any(
         not isinstance(graphs[i], str)
         and times

@@ -155,7 +155,7 @@ def test_unprofiled_runs_stop_once_the_models_lie_far_apart(monkeypatch) -> None
 def test_profiled_runs_the_unprofiled_ones_replace_are_not_extended(monkeypatch) -> None:
     """As above with the budget spent at once and ``within_reach``: the profiled rounds stop at ``MIN_RUNS``, since
     their durations will not be the verdict (where the profiler's cost does not weigh they go on to
-    ``SEPARATED_RUNS``: the test before), and the unprofiled runs reach the verdict instead."""
+    ``SEPARATED_RUNS``, as in the within-reach test above), and the unprofiled runs reach the verdict instead."""
     monkeypatch.setattr(node_profile, "PROFILER_NODE_US", 1e6)
     sessions = _counted(monkeypatch)
     light, heavy = matmuls(1), matmuls(32)
