@@ -44,10 +44,13 @@ def _end(session: Session, commit: bool) -> None:
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
     """The request's session (as `jobs.db.session_scope`): committed when the route returns, rolled back
-    when anything raises, closed either way. Creating it does no I/O (it connects at its first
-    statement), so only its end goes to a thread: under a limiter of its own, as FastAPI ends a sync
-    dependency, so that a request can give its connection back while every thread-pool token is held by
-    requests waiting for a connection (FastAPI also shields this end from the request's cancellation)."""
+    when anything raises, closed either way. Its scope is the route function, not the request: a
+    request-scoped end runs after the response is sent, so a client could read, in its next request,
+    the state before the write just acknowledged (a canceled job still holding its quota slot).
+    Creating it does no I/O (it connects at its first statement), so only its end goes to a thread:
+    under a limiter of its own, as FastAPI ends a sync dependency, so that a request can give its
+    connection back while every thread-pool token is held by requests waiting for a connection
+    (FastAPI also shields this end from the request's cancellation)."""
     session = get_sessionmaker(request.app.state.settings.resolved_database_url)()
     commit = False
     try:
@@ -57,7 +60,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         await anyio.to_thread.run_sync(_end, session, commit, limiter=anyio.CapacityLimiter(1))
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="A project's API key.")
 
