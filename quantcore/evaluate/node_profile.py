@@ -44,6 +44,7 @@ is its wall clock, so the nodes' times add up to nearly the run's; what is left 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import statistics
 import tempfile
@@ -58,7 +59,7 @@ import onnx
 
 from quantcore.evaluate import paired_latency
 from quantcore.evaluate.cpu_latency import feeds_for, interleaved_runs, latency_session
-from quantcore.evaluate.paired_latency import MIN_GAIN, separated
+from quantcore.evaluate.paired_latency import MIN_GAIN, decided
 from quantcore.graph.index import node_subgraphs
 from quantcore.runtime.batching import InputSpec
 from quantcore.runtime.session import RUNTIME_ERRORS, runtime_message
@@ -188,7 +189,8 @@ def profile_nodes(
                     runs=UNPROFILED_RUNS,
                     min_runs=MIN_RUNS,
                     budget_s=budget_s,
-                    enough=_settled,
+                    # MIN_RUNS, not four: a later profile's median is weighed against this one (see module)
+                    enough=functools.partial(decided, runs=paired_latency.MIN_RUNS),
                     extend=extend,
                 )
                 for i, ms in zip(live, clean, strict=True):
@@ -201,13 +203,6 @@ def profile_nodes(
                             profile, run_times_us=tuple(times), timed_us=profile.timed_us + sum(times)
                         )
         return profiles
-
-
-def _settled(times: Sequence[Sequence[float]]) -> bool:
-    """Whether unprofiled rounds may stop before their budget: the models lie far apart (``separated``) and each has
-    ``paired_latency.MIN_RUNS`` runs, so that its median, which a later profile's is weighed against, is not one
-    block's (see module)."""
-    return min(map(len, times), default=0) >= paired_latency.MIN_RUNS and separated(times)
 
 
 def _optimized(directory: Path) -> onnx.GraphProto | str:

@@ -182,10 +182,10 @@ def interleaved_times(
     return result
 
 
-def decided(times: Sequence[Sequence[float]]) -> bool:
-    """Whether interleaved rounds may stop before their budget: every model has ``SEPARATED_RUNS`` runs and they
-    lie far apart (``separated``), a conclusive verdict."""
-    return min(map(len, times), default=0) >= SEPARATED_RUNS and separated(times)
+def decided(times: Sequence[Sequence[float]], runs: int = SEPARATED_RUNS) -> bool:
+    """Whether interleaved rounds may stop before their budget: every model has ``runs`` runs (``SEPARATED_RUNS``,
+    a conclusive verdict, unless the caller needs more) and they lie far apart (``separated``)."""
+    return min(map(len, times), default=0) >= runs and separated(times)
 
 
 def separated(times: Sequence[Sequence[float]]) -> bool:
